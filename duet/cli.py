@@ -1,0 +1,115 @@
+"""The `duet` command line. Each subcommand parses its flags here and hands them
+to the module that owns the job, imported lazily so `duet gateway` never loads torch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _add_engine_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("engine", help="run one engine worker (gRPC)")
+    p.add_argument("kind", choices=["paged", "prefix", "sim"])
+    p.add_argument("--model", help="model directory (Hugging Face format); sim: only its tokenizer is read")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--page-size", type=int, default=16)
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--kv-cache-tokens", type=int, help="KV cache capacity in tokens")
+    budget.add_argument("--kv-cache-memory-gb", type=float, help="KV cache capacity in GiB")
+    p.add_argument("--version", default="v1", help="deploy label, used by canary pools")
+    p.add_argument("--worker-id", default=None, help="defaults to host:port")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish requests on SIGTERM")
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus metrics port (off if unset)")
+    p.add_argument("--speculative", choices=["off", "ngram"], default="off", help="prefix engine only")
+    p.add_argument("--num-draft-tokens", type=int, default=4)
+    p.add_argument("--schedule-policy", default=None, help="prefix engine: lpm, dfs-weight or fcfs")
+    p.add_argument("--redis", default=None, help="register this worker in Redis (heartbeats)")
+    # sim timing
+    p.add_argument("--sim-ms-per-token", type=float, default=20.0, help="sim: decode time per token")
+    p.add_argument("--sim-prefill-ms-per-token", type=float, default=0.05, help="sim: prefill time per uncached token")
+    p.add_argument("--sim-fail-rate", type=float, default=0.0, help="sim: fraction of requests that fail")
+    p.add_argument("--sim-cache-blocks", type=int, default=4096, help="sim: simulated prefix cache size")
+    p.set_defaults(func=_run_engine)
+
+
+def _run_engine(args: argparse.Namespace) -> int:
+    if args.kind == "paged":
+        from engine_paged.worker import main
+    elif args.kind == "prefix":
+        from engine_prefix.worker import main
+    else:
+        from loadtests.sim_engine import main
+    return main(args) or 0
+
+
+def _run_model_make(args: argparse.Namespace) -> int:
+    from duet.model_make import make_checkpoint
+
+    path = make_checkpoint(args.out, preset=args.preset, arch=args.arch)
+    print(f"wrote {args.preset} {args.arch} checkpoint to {path}")
+    return 0
+
+
+def _run_up(args: argparse.Namespace) -> int:
+    from duet.up import main
+
+    return main(args) or 0
+
+
+def _run_gateway(args: argparse.Namespace) -> int:
+    from gateway.server import main
+
+    return main(args) or 0
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from loadtests.cli import main
+
+    return main(args.bench_args) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="duet", description="Duet: paged + prefix-cache LLM serving")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="gateway + workers in one process tree")
+    up.add_argument("--model", default=None, help="model directory; default: the embedded tiny model")
+    up.add_argument("--paged", type=int, default=1, help="number of engine_paged workers")
+    up.add_argument("--prefix", type=int, default=1, help="number of engine_prefix workers")
+    up.add_argument("--redis", default=None, help="Redis URL; default: in-process state")
+    up.add_argument("--port", type=int, default=8000)
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    up.set_defaults(func=_run_up)
+
+    gw = sub.add_parser("gateway", help="the gateway alone")
+    gw.add_argument("--config", required=True, help="gateway config file (YAML), see docs/operations.md")
+    gw.set_defaults(func=_run_gateway)
+
+    _add_engine_parser(sub)
+
+    model = sub.add_parser("model", help="model utilities")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    make = model_sub.add_parser("make", help="write a random-weight checkpoint in Hugging Face format")
+    make.add_argument("--out", required=True)
+    make.add_argument("--preset", choices=["tiny", "bench"], default="tiny")
+    make.add_argument("--arch", choices=["llama", "qwen2", "qwen3"], default="llama")
+    make.set_defaults(func=_run_model_make)
+
+    bench = sub.add_parser("bench", help="load tests (see `duet bench -h`)", add_help=False)
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=_run_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
