@@ -1,0 +1,329 @@
+"""The routing policy: a pure function from a request and a snapshot of the workers to one
+worker. No I/O; the caller supplies the affinity lookup and the two prefix tables, and after
+the decision records it (`seen.add(req.block_hashes)`; `index.add(decision.worker_id,
+req.block_hashes)`; the session's affinity).
+
+The seven steps, in order (docs/routing.md explains each and every default):
+
+1. candidates  - workers serving the model, healthy, not draining;
+2. capability  - structured output / speculative decoding need engine_prefix, n > 1 and beam
+                 search need engine_paged; no capable worker -> NoCapableWorker (503);
+3. variant     - canary arm, sticky by the hash of the session or user key, or the
+                 operator's override (unknown name -> UnknownVariant, 400);
+4. affinity    - the session's previous worker, kept unless unhealthy or overloaded;
+5. engine      - estimated reuse (leading blocks seen recently / head blocks) >= threshold,
+                 or a multi-turn chat -> prefix, else paged; the other kind if one is missing;
+6. replica     - most blocks cached on the worker minus a load penalty, unless the pool is
+                 imbalanced, then the least loaded;
+7. decision    - the worker plus the reason, one of REASONS (a metric label).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gateway.canary import pick_weighted, sticky_point
+from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
+
+PAGED = "paged"
+PREFIX = "prefix"
+ENGINE_KINDS = (PAGED, PREFIX)
+
+# capability name (as workers advertise it in GetInfo) -> the engine kind that serves it best
+PREFIX_CAPABILITIES = frozenset({"structured_output", "speculative"})
+PAGED_CAPABILITIES = frozenset({"n", "beam_search"})
+
+REASONS = (
+    "capability", "affinity", "reuse_high", "reuse_low", "multi_turn",
+    "cache_match", "least_load", "imbalance", "override",
+)
+
+
+class NoCapableWorker(Exception):
+    """No healthy worker can serve this request (maps to HTTP 503)."""
+
+
+class UnknownVariant(Exception):
+    """The operator's variant override names no configured variant (maps to HTTP 400)."""
+
+
+class RoutingConfigError(ValueError):
+    """A routing config that cannot be applied (bad weights, unknown engine kind...)."""
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """A snapshot of one worker as the gateway last saw it."""
+
+    worker_id: str
+    model_id: str
+    engine_kind: str
+    version: str
+    capabilities: frozenset[str]
+    healthy: bool
+    draining: bool
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+
+    @property
+    def load(self) -> int:
+        """Requests in flight on the worker (running + queued)."""
+        return self.num_running + self.num_waiting
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Workers of one engine kind and one deploy version label ("*" matches any version)."""
+
+    engine_kind: str
+    version: str = "*"
+
+    def holds(self, w: WorkerView) -> bool:
+        return w.engine_kind == self.engine_kind and self.version in ("*", w.version)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One canary arm: a set of pools and its share of the traffic."""
+
+    name: str
+    pools: tuple[Pool, ...]
+    weight: float
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """Per-model routing knobs. Defaults are justified in docs/routing.md."""
+
+    variants: tuple[Variant, ...] = ()  # empty: one implicit variant "default" of all pools
+    sticky_key: str = "session"  # "session" | "user": what keeps a client in one canary arm
+    reuse_threshold: float = 0.5  # estimated reuse at or above it -> engine_prefix
+    overload_running: int = 48  # affinity is dropped at this many requests in flight ...
+    overload_kv_usage: float = 0.95  # ... or at this KV usage
+    load_penalty: float = 1.0  # cached blocks one extra in-flight request is worth
+    imbalance_ratio: float = 1.5  # guard fires when max load > ratio * min load ...
+    imbalance_abs: int = 8  # ... and max load - min load > this many requests
+
+    def validate(self) -> RoutingConfig:
+        """Return self, or raise RoutingConfigError with what is wrong."""
+        if self.sticky_key not in ("session", "user"):
+            raise RoutingConfigError(f"sticky_key must be 'session' or 'user', got {self.sticky_key!r}")
+        if not 0.0 <= self.reuse_threshold <= 1.0:
+            raise RoutingConfigError(f"reuse_threshold must be in [0, 1], got {self.reuse_threshold}")
+        if self.overload_running < 1 or self.imbalance_abs < 0 or self.imbalance_ratio < 1.0:
+            raise RoutingConfigError("overload_running >= 1, imbalance_abs >= 0, imbalance_ratio >= 1 required")
+        if self.load_penalty < 0:
+            raise RoutingConfigError(f"load_penalty must be >= 0, got {self.load_penalty}")
+        names = [v.name for v in self.variants]
+        if len(set(names)) != len(names):
+            raise RoutingConfigError(f"variant names must be unique, got {names}")
+        for v in self.variants:
+            if v.weight < 0 or not v.pools:
+                raise RoutingConfigError(f"variant {v.name!r} needs weight >= 0 and at least one pool")
+            for p in v.pools:
+                if p.engine_kind not in ENGINE_KINDS:
+                    raise RoutingConfigError(f"variant {v.name!r}: unknown engine kind {p.engine_kind!r}")
+        if self.variants and not any(v.weight > 0 for v in self.variants):
+            raise RoutingConfigError("at least one variant needs a positive weight")
+        return self
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """What routing needs to know about one request."""
+
+    model: str
+    block_hashes: tuple[int, ...]  # chained hashes of the prompt head (full blocks)
+    num_prompt_tokens: int
+    session_key: str | None = None
+    user_key: str | None = None
+    required_capabilities: frozenset[str] = frozenset()
+    variant_override: str | None = None
+    turn_count: int = 1  # user messages in the chat; > 1 means multi-turn
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    """The chosen worker and why. `reason` is the most decisive step (see REASONS);
+    `steps` lists every step's outcome, for logs and the simulator."""
+
+    worker_id: str
+    engine_kind: str
+    variant: str
+    reason: str
+    estimated_reuse: float
+    cached_blocks: int
+    steps: tuple[str, ...] = field(default=())
+
+
+DEFAULT_VARIANT = "default"
+
+
+def route(
+    req: RouteRequest,
+    workers: Sequence[WorkerView],
+    config: RoutingConfig,
+    affinity_worker: str | None,
+    seen: SeenBlocks,
+    index: WorkerBlockIndex,
+) -> RouteDecision:
+    """Choose a worker for `req` (steps 1-7 of the module docstring)."""
+    steps: list[str] = []
+    # 1. candidates
+    candidates = [w for w in workers if w.model_id == req.model and w.healthy and not w.draining]
+    if not candidates:
+        raise NoCapableWorker(f"no healthy worker serves model {req.model!r}")
+
+    # 2. capability
+    candidates, forced_kind = _capable(candidates, req.required_capabilities)
+    if forced_kind is not None:
+        steps.append("capability")
+
+    # 3. canary variant
+    variant, in_variant = _pick_variant(req, candidates, config)
+    if req.variant_override is not None:
+        steps.append("override")
+
+    reuse = seen.estimated_reuse(req.block_hashes)
+
+    # 4. session affinity
+    if affinity_worker is not None:
+        kept = next((w for w in in_variant if w.worker_id == affinity_worker), None)
+        if kept is not None and not _overloaded(kept, config):
+            steps.append("affinity")
+            return _decide(kept, variant, reuse, index, req, steps)
+
+    # 5. engine kind by estimated reuse
+    kinds = {w.engine_kind for w in in_variant}
+    if req.turn_count > 1:
+        wanted, engine_reason = PREFIX, "multi_turn"
+    elif reuse >= config.reuse_threshold and reuse > 0.0:
+        wanted, engine_reason = PREFIX, "reuse_high"
+    else:
+        wanted, engine_reason = PAGED, "reuse_low"
+    if wanted not in kinds:
+        wanted = next(iter(kinds))  # the variant has one kind only: it serves everything
+    elif len(kinds) > 1:
+        steps.append(engine_reason)  # the reuse estimate really chose between two kinds
+    pool = [w for w in in_variant if w.engine_kind == wanted]
+
+    # 6. replica: cached blocks against load, with an imbalance guard
+    worker, replica_reason = _pick_replica(pool, req.block_hashes, config, index)
+    steps.append(replica_reason)
+
+    # 7. decision
+    return _decide(worker, variant, reuse, index, req, steps)
+
+
+def _capable(
+    candidates: list[WorkerView], required: frozenset[str]
+) -> tuple[list[WorkerView], str | None]:
+    """Workers advertising every required capability, narrowed to the engine kind that serves
+    them best when one exists (structured output -> prefix, n/beam -> paged)."""
+    capable = [w for w in candidates if required <= w.capabilities]
+    if not capable:
+        raise NoCapableWorker(
+            f"no healthy worker supports {', '.join(sorted(required))} for this model"
+        )
+    wants_prefix = bool(required & PREFIX_CAPABILITIES)
+    wants_paged = bool(required & PAGED_CAPABILITIES)
+    if wants_prefix == wants_paged:  # neither, or both (then any worker advertising both)
+        return capable, None
+    kind = PREFIX if wants_prefix else PAGED
+    preferred = [w for w in capable if w.engine_kind == kind]
+    return (preferred, kind) if preferred else (capable, None)
+
+
+def _pick_variant(
+    req: RouteRequest, candidates: list[WorkerView], config: RoutingConfig
+) -> tuple[str, list[WorkerView]]:
+    """The canary arm and its capable candidates (step 3)."""
+    if not config.variants:
+        if req.variant_override not in (None, DEFAULT_VARIANT):
+            raise UnknownVariant(f"unknown variant {req.variant_override!r}; this model has only 'default'")
+        return DEFAULT_VARIANT, candidates
+
+    def members(v: Variant) -> list[WorkerView]:
+        return [w for w in candidates if any(p.holds(w) for p in v.pools)]
+
+    if req.variant_override is not None:
+        v = next((v for v in config.variants if v.name == req.variant_override), None)
+        if v is None:
+            names = ", ".join(v.name for v in config.variants)
+            raise UnknownVariant(f"unknown variant {req.variant_override!r}; configured: {names}")
+        found = members(v)
+        if not found:
+            raise NoCapableWorker(f"variant {v.name!r} has no healthy worker able to serve this request")
+        return v.name, found
+
+    point = sticky_point(_sticky_key(req, config))
+    usable = [(v, members(v)) for v in config.variants if v.weight > 0]
+    chosen = pick_weighted(point, usable, [v.weight for v, _ in usable])
+    if chosen[1]:
+        return chosen[0].name, chosen[1]
+    # the key's arm cannot serve this request: same point over the arms that can
+    usable = [(v, m) for v, m in usable if m]
+    if not usable:
+        raise NoCapableWorker("no canary variant has a healthy worker able to serve this request")
+    v, found = pick_weighted(point, usable, [v.weight for v, _ in usable])
+    return v.name, found
+
+
+def _sticky_key(req: RouteRequest, config: RoutingConfig) -> str:
+    first, second = (req.session_key, req.user_key)
+    if config.sticky_key == "user":
+        first, second = second, first
+    if first is not None:
+        return first
+    if second is not None:
+        return second
+    # anonymous: spread by prompt head, so identical prompts land in the same arm
+    return "prompt:" + ",".join(map(str, req.block_hashes[:4])) + f":{req.num_prompt_tokens}"
+
+
+def _overloaded(w: WorkerView, config: RoutingConfig) -> bool:
+    return w.load >= config.overload_running or w.kv_usage >= config.overload_kv_usage
+
+
+def _pick_replica(
+    pool: list[WorkerView], hashes: tuple[int, ...], config: RoutingConfig, index: WorkerBlockIndex
+) -> tuple[WorkerView, str]:
+    least = min(pool, key=lambda w: (w.load, w.kv_usage, w.worker_id))
+    busiest = max(w.load for w in pool)
+    if busiest - least.load > config.imbalance_abs and busiest > config.imbalance_ratio * least.load:
+        return least, "imbalance"
+    best, best_score, best_cached = least, None, 0
+    for w in pool:
+        cached = index.match(w.worker_id, hashes)
+        score = cached - config.load_penalty * w.load
+        if best_score is None or score > best_score or (
+            score == best_score and (w.load, w.worker_id) < (best.load, best.worker_id)
+        ):
+            best, best_score, best_cached = w, score, cached
+    return best, ("cache_match" if best_cached > 0 else "least_load")
+
+
+# the most decisive step names the decision: an operator action first, then hard constraints,
+# then what overrode the cache-first choice, then the engine choice, then the replica choice
+_PRECEDENCE = (
+    "override", "capability", "affinity", "imbalance", "multi_turn", "reuse_high", "reuse_low",
+    "cache_match", "least_load",
+)
+
+
+def _decide(
+    w: WorkerView, variant: str, reuse: float, index: WorkerBlockIndex,
+    req: RouteRequest, steps: list[str],
+) -> RouteDecision:
+    reason = next(r for r in _PRECEDENCE if r in steps)
+    return RouteDecision(
+        worker_id=w.worker_id,
+        engine_kind=w.engine_kind,
+        variant=variant,
+        reason=reason,
+        estimated_reuse=reuse,
+        cached_blocks=index.match(w.worker_id, req.block_hashes),
+        steps=tuple(steps),
+    )
