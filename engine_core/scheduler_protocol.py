@@ -1,0 +1,61 @@
+"""The seam between the shared serving loop (`engine_core.step_loop`) and an engine kind.
+
+An engine kind (engine_paged, engine_prefix) supplies one object that satisfies `Scheduler`.
+The step loop drives it from ONE dedicated thread, so implementations need no locks, except
+`validate`, which the gRPC event loop calls and which must only read immutable config.
+
+One step of the loop:
+
+    batch = scheduler.schedule()               # admit, allocate pages, pick chunks (may preempt)
+    logits = runner.forward(batch.chunks)      # the model (engine_core.model_runner.ModelRunner)
+    outputs = scheduler.process(batch, logits) # sample, append tokens, detect finish, free pages
+    -> outputs are streamed to their callers; finished requests are forgotten
+
+`add` and `abort` are called between steps; `abort` must free the request's pages before it
+returns, so a cancelled stream's pages are free by the next step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+from engine_core.request import KvEvent, LoadStats, Request, StepOutput
+
+
+class ScheduledBatch(Protocol):
+    """What `schedule` returns. `chunks` go to ModelRunner.forward; the rest is the scheduler's own."""
+
+    chunks: Sequence[Any]  # engine_core.forward_batch.SeqChunk
+
+
+class Scheduler(Protocol):
+    def validate(self, request: Request) -> None:
+        """Raise InvalidRequestError (bad input, e.g. prompt longer than the context) or
+        CapacityError (can never fit this worker). Called on the event loop: read-only, cheap."""
+
+    def add(self, request: Request) -> None:
+        """Queue a validated request. It starts WAITING."""
+
+    def abort(self, request_id: str) -> bool:
+        """Drop the request now and free its pages; False if it is unknown or already finished."""
+
+    def schedule(self) -> ScheduledBatch | None:
+        """The next batch, or None when there is nothing runnable now. May also return
+        immediate outputs through `take_outputs` (e.g. a request that can never fit ends with
+        FinishReason.ERROR instead of blocking others)."""
+
+    def process(self, batch: ScheduledBatch, logits: Any) -> list[StepOutput]:
+        """Sample from `logits` (one row per logits position of the batch, in order), update the
+        requests, free the pages of finished ones, and return what to stream."""
+
+    def take_outputs(self) -> list[StepOutput]:
+        """Outputs produced outside `process` (aborts, errors at scheduling); empties the buffer."""
+
+    def has_unfinished(self) -> bool:
+        """True while any request is waiting or running."""
+
+    def load(self) -> LoadStats:
+        """Counts for GetLoad and the metrics."""
+
+    def take_kv_events(self) -> list[KvEvent]:
+        """Prefix-cache events since the last call (engines without a prefix cache return [])."""
