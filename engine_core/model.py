@@ -1,0 +1,150 @@
+"""One decoder-only transformer for the Llama family: Llama (incl. Llama-3 rope scaling), Qwen2 (q/k/v bias)
+and Qwen3 (per-head q/k RMSNorm), with optional tied embeddings.
+
+The model computes nothing itself that a kernel owns: norms, rope, activation, KV store and attention all go
+through engine_core.kernels. Its forward takes a flat token batch (ForwardBatch) and the per-layer KV caches,
+writes every token's K/V into its page slot, then attends over the pages.
+
+Parameter layout (what weights.py fills): q/k/v projections packed in `qkv_proj` [(Hq + 2 Hk) * D, H] and
+gate/up in `gate_up_proj` [2 I, H], so each layer runs two input matmuls instead of five.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from engine_core import kernels
+from engine_core.forward_batch import ForwardBatch
+
+
+class RMSNorm(nn.Module):
+    """Holds the weight; the math is kernels.rms_norm / kernels.fused_add_rms_norm."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+
+def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: ForwardBatch, scale: float) -> Tensor:
+    """Attention of every token in the batch over its sequence's pages (its own K/V already stored).
+
+    The batch puts single-token (decode) chunks first: those rows use the paged decode kernel, the rest
+    (prefill chunks) the extend kernel. q: [T, Hq, D] -> out [T, Hq, D].
+    """
+    nd = batch.num_decode_tokens
+    if nd == q.shape[0]:
+        return kernels.paged_decode_attention(q, k_cache, v_cache, batch.decode_block_tables,
+                                              batch.decode_context_lens, scale)
+    extend = kernels.extend_attention(q[nd:], k_cache, v_cache, batch.extend_block_tables, batch.cu_seqlens_q,
+                                      batch.prefix_lens, scale)
+    if nd == 0:
+        return extend
+    decode = kernels.paged_decode_attention(q[:nd], k_cache, v_cache, batch.decode_block_tables,
+                                            batch.decode_context_lens, scale)
+    return torch.cat((decode, extend), dim=0)
+
+
+class Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.eps = config.rms_norm_eps
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        # Qwen2 puts a bias on q/k/v only; Llama/Qwen3 with attention_bias also on o_proj
+        o_bias = config.attention_bias and config.architecture != "qwen2"
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias)
+        self.qk_norm = config.qk_norm
+        if self.qk_norm:
+            self.q_norm = nn.Parameter(torch.ones(self.head_dim))
+            self.k_norm = nn.Parameter(torch.ones(self.head_dim))
+
+    def forward(self, hidden: Tensor, positions: Tensor, batch: ForwardBatch, k_cache: Tensor, v_cache: Tensor,
+                rope_cache: Tensor) -> Tensor:
+        t = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(t, self.num_heads, self.head_dim)
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:  # Qwen3: per-head RMSNorm before rope
+            q = kernels.rms_norm(q, self.q_norm, self.eps)
+            k = kernels.rms_norm(k, self.k_norm, self.eps)
+        q, k = kernels.apply_rope(q, k, positions, rope_cache)
+        kernels.store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        out = paged_attention(q, k_cache, v_cache, batch, self.scale)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, hidden, residual, positions, batch, k_cache, v_cache, rope_cache):
+        hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, positions, batch, k_cache, v_cache, rope_cache)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderModel(nn.Module):
+    """Llama / Qwen2 / Qwen3 causal LM over a paged KV cache.
+
+    forward(input_ids [T], positions [T], batch, k_caches, v_caches) -> hidden [T, H] (final-normed);
+    compute_logits(hidden [R, H]) -> [R, vocab] fp32. Call compute_logits only on the rows that need logits.
+    """
+
+    def __init__(self, config, max_positions: int | None = None):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.tie_word_embeddings = config.tie_word_embeddings
+        if not self.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.max_positions = max_positions or config.max_position_embeddings
+        # rope cache is derived, not a weight: rebuilt on device by build_rope_cache()
+        self.rope_cache: Tensor | None = None
+
+    def build_rope_cache(self, device) -> None:
+        c = self.config
+        self.rope_cache = kernels.build_rope_cache(c.head_dim, self.max_positions, c.rope_theta, c.rope_scaling,
+                                                   device=device, dtype=torch.float32)
+
+    def forward(self, input_ids: Tensor, positions: Tensor, batch: ForwardBatch, k_caches: list[Tensor],
+                v_caches: list[Tensor]) -> Tensor:
+        if self.rope_cache is None or self.rope_cache.device != input_ids.device:
+            self.build_rope_cache(input_ids.device)
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches):
+            hidden, residual = layer(hidden, residual, positions, batch, k_cache, v_cache, self.rope_cache)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, weight).float()

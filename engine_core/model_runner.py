@@ -1,0 +1,45 @@
+"""Runs the model on one mixed batch over the paged KV cache.
+
+ModelRunner owns the model weights (loaded once) and borrows a KVPool; it knows nothing about requests or
+scheduling. forward(chunks) writes each chunk's K/V into the chunk's pages and returns next-token logits for
+exactly the positions the chunks asked for, so a long prefill chunk costs one lm_head row, not one per token.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from engine_core.forward_batch import SeqChunk, build_forward_batch
+from engine_core.kv_pool import KVPool, torch_dtype
+from engine_core.model import DecoderModel
+from engine_core.weights import load_weights
+
+
+class ModelRunner:
+    def __init__(self, model_dir, kv_pool: KVPool, device: torch.device | str = "cpu",
+                 dtype: torch.dtype | str | None = None):
+        self.config = model_dir.config
+        self.device = torch.device(device)
+        self.dtype = torch_dtype(dtype or self.config.dtype)
+        self.kv_pool = kv_pool
+        self.max_model_len = self.config.max_position_embeddings
+        # build on the meta device: random init is wasted work, every parameter comes from the checkpoint
+        with torch.device("meta"):
+            model = DecoderModel(self.config)
+        self.model = model.to_empty(device=self.device).to(self.dtype).eval()
+        load_weights(self.model, model_dir.weight_files)
+        self.model.build_rope_cache(self.device)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @torch.inference_mode()
+    def forward(self, chunks: list[SeqChunk]) -> Tensor:
+        """Logits [sum of len(c.logits_positions)] x vocab, fp32, rows in chunk order then position order."""
+        for c in chunks:
+            assert c.end_pos <= self.max_model_len, f"position {c.end_pos} beyond the model's {self.max_model_len}"
+        batch = build_forward_batch(chunks, self.kv_pool.page_size, self.device)
+        hidden = self.model(batch.input_ids, batch.positions, batch, self.kv_pool.k_caches, self.kv_pool.v_caches)
+        return self.model.compute_logits(hidden[batch.logits_indices])

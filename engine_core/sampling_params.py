@@ -1,0 +1,104 @@
+"""Per-request sampling settings, with the validation every engine runs before any work starts.
+
+Semantics follow vLLM / the OpenAI API:
+- temperature 0 means greedy (argmax after penalties);
+- top_k None means no top-k cut; top_p 1.0 and min_p 0.0 mean no cut;
+- presence/frequency penalties count generated tokens only; repetition_penalty (HF/CTRL style) covers the
+  prompt and the generated tokens;
+- logprobs=k returns the sampled token's logprob plus the top k alternatives (k may be 0), computed from the
+  raw model logits (before penalties and temperature), at most 20;
+- min_tokens keeps EOS and stop_token_ids from being sampled until that many tokens exist;
+- ignore_eos keeps generating past EOS (stop_token_ids still stop).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from engine_core.errors import InvalidRequestError
+
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    logprobs: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    n: int = 1
+    beam_width: int = 1
+    length_penalty: float = 1.0
+    json_schema: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self, vocab_size: int) -> None:
+        """Raise InvalidRequestError naming the first bad field; return None when all are valid."""
+        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+               f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        _check(_finite(self.temperature) and self.temperature >= 0.0,
+               f"temperature must be >= 0 (0 means greedy), got {self.temperature!r}")
+        _check(_finite(self.top_p) and 0.0 < self.top_p <= 1.0,
+               f"top_p must be in (0, 1], got {self.top_p!r}")
+        _check(self.top_k is None or (isinstance(self.top_k, int) and self.top_k >= 1),
+               f"top_k must be an integer >= 1 (or unset for no limit), got {self.top_k!r}")
+        _check(_finite(self.min_p) and 0.0 <= self.min_p <= 1.0,
+               f"min_p must be in [0, 1], got {self.min_p!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(_finite(value) and -2.0 <= value <= 2.0, f"{name} must be in [-2, 2], got {value!r}")
+        _check(_finite(self.repetition_penalty) and self.repetition_penalty > 0.0,
+               f"repetition_penalty must be > 0 (1 means none), got {self.repetition_penalty!r}")
+        _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**64),
+               f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
+               f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        for token_id in self.stop_token_ids:
+            _check(isinstance(token_id, int) and 0 <= token_id < vocab_size,
+                   f"stop token id {token_id!r} is not in this model's vocabulary (0..{vocab_size - 1})")
+        _check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
+               f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+        _check(isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
+        _check(isinstance(self.beam_width, int) and self.beam_width >= 1,
+               f"beam_width must be an integer >= 1, got {self.beam_width!r}")
+        _check(_finite(self.length_penalty), f"length_penalty must be a finite number, got {self.length_penalty!r}")
+        constraints = [self.json_schema is not None, self.json_object, self.regex is not None]
+        _check(sum(constraints) <= 1, "at most one of json_schema, json_object and regex may be set")
+
+    def finish_reason(self, output_token_ids: list[int], eos_token_ids: tuple[int, ...]) -> str | None:
+        """"stop" when the last token is a stop id (or EOS, unless ignore_eos), "length" at max_tokens, else None.
+
+        min_tokens needs no check here: the sampler never emits a stop/EOS id before min_tokens.
+        """
+        if not output_token_ids:
+            return None
+        last = output_token_ids[-1]
+        if last in self.stop_token_ids or (not self.ignore_eos and last in eos_token_ids):
+            return "stop"
+        if len(output_token_ids) >= self.max_tokens:
+            return "length"
+        return None
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidRequestError(message)
