@@ -1,0 +1,281 @@
+// Duet ops dashboard: reads /admin/stats/stream (SSE, once a second) and the admin API.
+// The admin key lives only in this tab (sessionStorage) and is sent as a Bearer header; it never
+// goes into a URL, so the stream is read with fetch() rather than EventSource (which cannot set headers).
+"use strict";
+
+const KEY_SLOT = "duetAdminKey";
+const HISTORY = 120; // points kept per chart: two minutes at one event a second
+const $ = (sel) => document.querySelector(sel);
+const charts = {};
+let streamAbort = null;
+let lastRouting = "";
+
+function adminKey() { return sessionStorage.getItem(KEY_SLOT) || ""; }
+
+async function api(method, path, body) {
+  const resp = await fetch(path, {
+    method,
+    headers: { "Authorization": "Bearer " + adminKey(), "Content-Type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const data = await resp.json().catch(() => ({}));
+  if (!resp.ok) {
+    const msg = (data.error && data.error.message) || resp.statusText;
+    throw Object.assign(new Error(msg), { status: resp.status });
+  }
+  return data;
+}
+
+// ---- charts (Chart.js) ----
+function lineChart(id, yTitle) {
+  return new Chart(document.getElementById(id), {
+    type: "line",
+    data: { labels: [], datasets: [] },
+    options: {
+      animation: false, responsive: true, maintainAspectRatio: false,
+      elements: { point: { radius: 0 }, line: { borderWidth: 2 } },
+      scales: { x: { ticks: { maxTicksLimit: 6 } }, y: { beginAtZero: true, title: { display: true, text: yTitle } } },
+      plugins: { legend: { position: "bottom", labels: { boxWidth: 10 } } },
+    },
+  });
+}
+
+function barChart(id, horizontal) {
+  return new Chart(document.getElementById(id), {
+    type: "bar",
+    data: { labels: [], datasets: [] },
+    options: {
+      animation: false, responsive: true, maintainAspectRatio: false, indexAxis: horizontal ? "y" : "x",
+      scales: { y: { beginAtZero: true }, x: { beginAtZero: true } },
+      plugins: { legend: { position: "bottom", labels: { boxWidth: 10 } } },
+    },
+  });
+}
+
+const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
+
+function pushSeries(chart, label, values) {
+  // values: {seriesName: number}; series missing this tick get 0 so lines stay aligned.
+  const d = chart.data;
+  d.labels.push(label);
+  for (const name of Object.keys(values)) {
+    if (!d.datasets.find((s) => s.label === name)) {
+      const color = PALETTE[d.datasets.length % PALETTE.length];
+      d.datasets.push({ label: name, data: new Array(d.labels.length - 1).fill(0), borderColor: color, backgroundColor: color });
+    }
+  }
+  for (const s of d.datasets) s.data.push(values[s.label] ?? 0);
+  if (d.labels.length > HISTORY) { d.labels.shift(); for (const s of d.datasets) s.data.shift(); }
+  chart.update("none");
+}
+
+function initCharts() {
+  charts.rps = lineChart("chart-rps", "req/s");
+  charts.errors = lineChart("chart-errors", "errors/s");
+  charts.latency = lineChart("chart-latency", "ms");
+  charts.tokens = lineChart("chart-tokens", "tokens/s");
+  charts.reasons = barChart("chart-reasons", true);
+  charts.workers = barChart("chart-workers", false);
+}
+
+function groupValues(groups, field, prefix) {
+  const out = {};
+  for (const [name, g] of Object.entries(groups || {})) out[prefix + name] = g[field] || 0;
+  return out;
+}
+
+function onEvent(ev) {
+  const s = ev.stats;
+  const label = new Date(ev.t * 1000).toLocaleTimeString();
+  pushSeries(charts.rps, label, { ...groupValues(s.by_engine, "rps", "engine "), ...groupValues(s.by_variant, "rps", "variant ") });
+  const errs = {};
+  for (const [k, g] of Object.entries(s.by_engine || {})) errs["engine " + k] = g.errors / s.window_s;
+  for (const [k, g] of Object.entries(s.by_variant || {})) errs["variant " + k] = g.errors / s.window_s;
+  errs["all"] = s.errors / s.window_s;
+  pushSeries(charts.errors, label, errs);
+  pushSeries(charts.latency, label, {
+    "TTFT p50": s.ttft_p50_ms || 0, "TTFT p99": s.ttft_p99_ms || 0,
+    "ITL p50": s.itl_p50_ms || 0, "ITL p99": s.itl_p99_ms || 0,
+  });
+  pushSeries(charts.tokens, label, { "output tokens/s": s.output_tokens_per_s || 0 });
+
+  const reasons = s.by_reason || {};
+  charts.reasons.data.labels = Object.keys(reasons);
+  charts.reasons.data.datasets = [{ label: "requests", data: Object.values(reasons), backgroundColor: PALETTE[0] }];
+  charts.reasons.update("none");
+
+  const ws = ev.workers || [];
+  charts.workers.data.labels = ws.map((w) => w.worker_id);
+  charts.workers.data.datasets = [
+    { label: "KV usage %", data: ws.map((w) => 100 * (w.kv_usage || 0)), backgroundColor: PALETTE[0] },
+    { label: "prefix hit rate %", data: ws.map((w) => 100 * (w.prefix_hit_rate || 0)), backgroundColor: PALETTE[2] },
+  ];
+  charts.workers.update("none");
+
+  $("#summary").textContent = `${s.rps.toFixed(1)} req/s · ${s.errors} errors · TTFT p99 ${fmt(s.ttft_p99_ms)} ms · ` +
+    `${(s.output_tokens_per_s || 0).toFixed(0)} tok/s (last ${s.window_s} s)`;
+  document.body.dataset.requests = String(s.requests);
+  renderWorkers(ws);
+  renderCanary(ev.routing || {}, ev.rollback || {});
+}
+
+function fmt(v) { return v === null || v === undefined ? "–" : v.toFixed(1); }
+function esc(v) { const d = document.createElement("span"); d.textContent = String(v); return d.innerHTML; }
+
+// ---- tables ----
+function renderWorkers(ws) {
+  const body = $("#workers tbody");
+  body.innerHTML = ws.map((w) => {
+    const health = w.draining ? '<span class="pill warn">draining</span>'
+      : w.healthy ? '<span class="pill ok">healthy</span>' : '<span class="pill bad">down</span>';
+    const btn = w.draining ? "" : `<button class="danger drain" data-worker="${esc(w.worker_id)}">drain</button>`;
+    return `<tr><td>${esc(w.worker_id)}</td><td>${esc(w.model_id || "")}</td><td>${esc(w.engine_kind)}</td>` +
+      `<td>${esc(w.version || "")}</td><td>${health}</td><td>${w.num_running ?? 0}</td><td>${w.num_waiting ?? 0}</td>` +
+      `<td>${(100 * (w.kv_usage || 0)).toFixed(1)}%</td><td>${(100 * (w.prefix_hit_rate || 0)).toFixed(1)}%</td><td>${btn}</td></tr>`;
+  }).join("");
+  for (const b of body.querySelectorAll("button.drain")) {
+    b.onclick = async () => {
+      const id = b.dataset.worker;
+      if (!(await confirmAction(`Drain worker ${id}?`, "New requests stop going to it; running ones finish."))) return;
+      try { await api("POST", `/admin/workers/${encodeURIComponent(id)}/drain`); } catch (e) { alert(e.message); }
+    };
+  }
+}
+
+function renderCanary(routing, rollback) {
+  const key = JSON.stringify(routing);
+  const editing = document.activeElement && document.activeElement.closest && document.activeElement.closest("#canary");
+  if (key !== lastRouting && !editing) {
+    lastRouting = key;
+    const box = $("#canary");
+    box.innerHTML = "";
+    for (const [model, cfg] of Object.entries(routing)) {
+      const div = document.createElement("div");
+      div.className = "model";
+      div.dataset.model = model;
+      const vs = cfg.variants || [];
+      div.innerHTML = `<strong>${esc(model)}</strong> <span class="muted">sticky by ${esc(cfg.sticky_key)}, reuse threshold ${cfg.reuse_threshold}</span><br>` +
+        (vs.length ? vs.map((v) =>
+          `<label>${esc(v.name)} <span class="muted">(${v.pools.map((p) => esc(p.engine_kind + "@" + p.version)).join(", ")})</span> ` +
+          `<input type="number" min="0" step="1" data-variant="${esc(v.name)}" value="${v.weight}"></label>`).join("") +
+          `<button class="apply">Apply weights</button>` : '<span class="muted">no variants (all pools, one arm)</span>');
+      const btn = div.querySelector("button.apply");
+      if (btn) btn.onclick = () => applyWeights(model, div);
+      box.appendChild(div);
+    }
+  }
+  const events = rollback.events || [];
+  $("#rollbacks").innerHTML = events.length
+    ? events.slice().reverse().map((e) => `<li><span class="pill bad">rollback</span> ${new Date(e.at * 1000).toLocaleTimeString()} ` +
+      `${esc(e.model)} / ${esc(e.variant)}: ${esc(e.message)}</li>`).join("")
+    : '<li class="muted">none</li>';
+}
+
+async function applyWeights(model, div) {
+  const current = await api("GET", `/admin/models/${encodeURIComponent(model)}/routing`);
+  const next = JSON.parse(JSON.stringify(current));
+  const lines = [];
+  for (const v of next.variants) {
+    const input = div.querySelector(`input[data-variant="${CSS.escape(v.name)}"]`);
+    const w = Number(input.value);
+    if (w !== v.weight) lines.push(`${v.name}: ${v.weight} -> ${w}`);
+    v.weight = w;
+  }
+  if (!lines.length) return;
+  if (!(await confirmAction(`Change canary weights of ${model}?`, lines.join("\n")))) return;
+  try {
+    await api("PUT", `/admin/models/${encodeURIComponent(model)}/routing`, next);
+    lastRouting = ""; // redraw from the next event
+    document.activeElement.blur();
+    refreshTables();
+  } catch (e) { alert(`Rejected: ${e.message}`); }
+}
+
+function confirmAction(title, body) {
+  const dlg = $("#confirm");
+  $("#confirm-title").textContent = title;
+  $("#confirm-body").textContent = body;
+  return new Promise((resolve) => {
+    dlg.onclose = () => resolve(dlg.returnValue === "ok");
+    dlg.showModal();
+  });
+}
+
+async function refreshTables() {
+  try {
+    const audit = await api("GET", "/admin/audit?limit=50");
+    $("#audit tbody").innerHTML = (audit.entries || []).map((a) =>
+      `<tr><td>${new Date(a.at * 1000).toLocaleString()}</td><td>${esc(a.actor)}</td><td>${esc(a.model)}</td>` +
+      `<td>${esc(describeChange(a.before, a.after))}</td></tr>`).join("");
+    const dec = await api("GET", "/admin/decisions?limit=20");
+    $("#decisions tbody").innerHTML = (dec.decisions || []).map((d) =>
+      `<tr><td>${new Date(d.at * 1000).toLocaleTimeString()}</td><td>${esc(d.model)}</td><td>${esc(d.variant)}</td>` +
+      `<td>${esc(d.engine_kind)}</td><td>${esc(d.worker_id)}</td><td>${esc(d.reason)}</td>` +
+      `<td>${(100 * d.estimated_reuse).toFixed(0)}%</td><td>${d.cached_blocks}</td></tr>`).join("");
+  } catch (e) { if (e.status === 401 || e.status === 403) logout(); }
+}
+
+function describeChange(before, after) {
+  const w = (cfg) => (cfg && cfg.variants ? cfg.variants.map((v) => `${v.name}=${v.weight}`).join(" ") : "none");
+  return `${w(before)} → ${w(after)}`;
+}
+
+// ---- the stream ----
+async function stream() {
+  streamAbort = new AbortController();
+  const conn = $("#conn");
+  while (adminKey()) {
+    try {
+      const resp = await fetch("/admin/stats/stream", {
+        headers: { "Authorization": "Bearer " + adminKey() }, signal: streamAbort.signal,
+      });
+      if (resp.status === 401 || resp.status === 403) { logout("The admin key was refused."); return; }
+      conn.textContent = "live"; conn.className = "pill ok";
+      const reader = resp.body.getReader();
+      const decoder = new TextDecoder();
+      let buf = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += decoder.decode(value, { stream: true });
+        let cut;
+        while ((cut = buf.indexOf("\n\n")) >= 0) {
+          const frame = buf.slice(0, cut);
+          buf = buf.slice(cut + 2);
+          const data = frame.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("\n");
+          if (data) onEvent(JSON.parse(data));
+        }
+      }
+    } catch (e) {
+      if (e.name === "AbortError") return;
+    }
+    conn.textContent = "reconnecting"; conn.className = "pill bad";
+    await new Promise((r) => setTimeout(r, 1000));
+  }
+}
+
+function logout(message) {
+  sessionStorage.removeItem(KEY_SLOT);
+  if (streamAbort) streamAbort.abort();
+  $("#main").hidden = true; $("#logout").hidden = true; $("#login").hidden = false;
+  $("#login-error").textContent = message || "";
+  $("#conn").textContent = "disconnected"; $("#conn").className = "pill bad";
+}
+
+function start() {
+  $("#login").hidden = true; $("#main").hidden = false; $("#logout").hidden = false;
+  if (!charts.rps) initCharts();
+  stream();
+  refreshTables();
+}
+
+$("#login-form").onsubmit = async (e) => {
+  e.preventDefault();
+  sessionStorage.setItem(KEY_SLOT, $("#admin-key").value);
+  $("#admin-key").value = "";
+  try { await api("GET", "/admin/workers"); start(); }
+  catch (err) { logout(err.status === 401 || err.status === 403 ? "The admin key was refused." : err.message); }
+};
+$("#logout").onclick = () => logout();
+setInterval(() => { if (adminKey()) refreshTables(); }, 3000);
+if (adminKey()) start(); else logout();
