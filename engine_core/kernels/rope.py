@@ -81,3 +81,65 @@ def apply_rope_ref(q: Tensor, k: Tensor, positions: Tensor, cos_sin_cache: Tenso
     q_out = q * cos.to(q.dtype) + _rotate_half(q) * sin.to(q.dtype)
     k_out = k * cos.to(k.dtype) + _rotate_half(k) * sin.to(k.dtype)
     return q_out, k_out
+
+
+@lazy_jit
+def _rope_kernel(
+    q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, cache_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh,
+    stride_qot, stride_qoh, stride_kot, stride_koh, stride_cache,
+    num_q_heads, num_k_heads, half,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    # one program per token: every q and k head of it, the two halves of each head rotated in fp32
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    i = tl.arange(0, BLOCK_HALF)[None, :]
+    cos = tl.load(cache_ptr + pos * stride_cache + i, mask=i < half, other=0.0).to(tl.float32)
+    sin = tl.load(cache_ptr + pos * stride_cache + half + i, mask=i < half, other=0.0).to(tl.float32)
+
+    hq = tl.arange(0, BLOCK_HQ)[:, None]
+    mq = (hq < num_q_heads) & (i < half)
+    q1 = tl.load(q_ptr + t * stride_qt + hq * stride_qh + i, mask=mq, other=0.0).to(tl.float32)
+    q2 = tl.load(q_ptr + t * stride_qt + hq * stride_qh + half + i, mask=mq, other=0.0).to(tl.float32)
+    qo = q_out_ptr + t * stride_qot + hq * stride_qoh + i
+    tl.store(qo, (q1 * cos - q2 * sin).to(q_out_ptr.dtype.element_ty), mask=mq)
+    tl.store(qo + half, (q2 * cos + q1 * sin).to(q_out_ptr.dtype.element_ty), mask=mq)
+
+    hk = tl.arange(0, BLOCK_HK)[:, None]
+    mk = (hk < num_k_heads) & (i < half)
+    k1 = tl.load(k_ptr + t * stride_kt + hk * stride_kh + i, mask=mk, other=0.0).to(tl.float32)
+    k2 = tl.load(k_ptr + t * stride_kt + hk * stride_kh + half + i, mask=mk, other=0.0).to(tl.float32)
+    ko = k_out_ptr + t * stride_kot + hk * stride_koh + i
+    tl.store(ko, (k1 * cos - k2 * sin).to(k_out_ptr.dtype.element_ty), mask=mk)
+    tl.store(ko + half, (k2 * cos + k1 * sin).to(k_out_ptr.dtype.element_ty), mask=mk)
+
+
+def apply_rope_triton(q: Tensor, k: Tensor, positions: Tensor, cos_sin_cache: Tensor) -> tuple[Tensor, Tensor]:
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"apply_rope: q must be [T, Hq, D] and k [T, Hk, D], got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    tokens, _, dim = q.shape
+    if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != dim:
+        raise ValueError(f"apply_rope: cos_sin_cache must be [max_positions, {dim}], got {tuple(cos_sin_cache.shape)}")
+    if positions.shape != (tokens,) or positions.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"apply_rope: positions must be [{tokens}] int64, got {positions.dtype} {tuple(positions.shape)}")
+    if len({t.device for t in (q, k, positions, cos_sin_cache)}) != 1:
+        raise ValueError("apply_rope: all tensors must be on one device")
+    q = q if q.stride(2) == 1 else q.contiguous()
+    k = k if k.stride(2) == 1 else k.contiguous()
+    cache = cos_sin_cache if cos_sin_cache.stride(1) == 1 else cos_sin_cache.contiguous()
+    q_out, k_out = torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty_like(
+        k, memory_format=torch.contiguous_format
+    )
+    if tokens:
+        _rope_kernel[(tokens,)](
+            q, k, q_out, k_out, positions, cache,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), cache.stride(0),
+            q.shape[1], k.shape[1], dim // 2,
+            BLOCK_HQ=triton.next_power_of_2(q.shape[1]), BLOCK_HK=triton.next_power_of_2(k.shape[1]),
+            BLOCK_HALF=triton.next_power_of_2(dim // 2), num_warps=4,
+        )
+    return q_out, k_out
