@@ -5,7 +5,7 @@ TTFT p99 may be at most `max_ttft_p99_ratio` times the baseline's, and its error
 `max_error_rate_increase` above the baseline's, both measured over the last `window_s` seconds and only once
 the canary has `min_requests` requests in that window. When the canary stays outside the bounds for
 `confirm_s` seconds in a row, the controller sets its weight to 0 through the StateStore (so every replica
-applies it), writes an audit entry such as "automatic rollback: TTFT p99 2.4x baseline over 120 s",
+applies it), writes an audit entry (its actor) such as "automatic rollback: TTFT p99 2.4x baseline over 120 s",
 counts `duet_canary_rollbacks_total`, and keeps the event for the dashboard.
 
 A ramp is a list of (weight, hold_s) steps: the canary's share in percent (the baseline gets the rest).
@@ -36,8 +36,6 @@ ROLLBACKS = Counter(
 RAMP_STEPS = Counter(
     "duet_canary_ramp_steps_total", "Canary ramp steps applied automatically", ["model", "variant"]
 )
-
-ROLLBACK_ACTOR = "auto-rollback"
 
 
 class PolicyError(ValueError):
@@ -225,7 +223,7 @@ class RollbackController:
             others = sum(v.weight for v in config.variants if v.name != policy.canary)
             if base is not None and others <= 0:
                 weights[policy.baseline] = 100.0  # keep a positive sum
-            await self.store.put_routing(model, with_weights(config, weights), f"{ROLLBACK_ACTOR}: {message}")
+            await self.store.put_routing(model, with_weights(config, weights), message)
         ROLLBACKS.labels(model, policy.canary).inc()
         self.events.append({"at": self.wall_clock(), "model": model, "variant": policy.canary, "message": message})
         log.warning("%s: %s", model, message)
@@ -243,7 +241,7 @@ class RollbackController:
         weight = policy.ramp[step_index].weight
         new = with_weights(config, {policy.canary: weight, policy.baseline: 100.0 - weight})
         await self.store.put_routing(
-            model, new, f"{ROLLBACK_ACTOR}: canary ramp step {step_index + 1}/{len(policy.ramp)}: {weight:g}%"
+            model, new, f"canary ramp: step {step_index + 1}/{len(policy.ramp)}, canary at {weight:g}%"
         )
         st.ramp_index, st.step_since = step_index, now
         if step_index > 0:

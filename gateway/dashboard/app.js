@@ -205,7 +205,7 @@ async function refreshTables() {
   try {
     const audit = await api("GET", "/admin/audit?limit=50");
     $("#audit tbody").innerHTML = (audit.entries || []).map((a) =>
-      `<tr><td>${new Date(a.at * 1000).toLocaleString()}</td><td>${esc(a.actor)}</td><td>${esc(a.model)}</td>` +
+      `<tr><td>${new Date(a.time * 1000).toLocaleString()}</td><td>${esc(a.actor)}</td><td>${esc(a.model)}</td>` +
       `<td>${esc(describeChange(a.before, a.after))}</td></tr>`).join("");
     const dec = await api("GET", "/admin/decisions?limit=20");
     $("#decisions tbody").innerHTML = (dec.decisions || []).map((d) =>
