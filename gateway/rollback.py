@@ -24,18 +24,22 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from gateway.stats import RequestStats, WindowStats
 
 log = logging.getLogger("duet.gateway.rollback")
 
-ROLLBACKS = Counter(
-    "duet_canary_rollbacks_total", "Automatic canary rollbacks (canary weight set to 0)", ["model", "variant"]
-)
-RAMP_STEPS = Counter(
-    "duet_canary_ramp_steps_total", "Canary ramp steps applied automatically", ["model", "variant"]
-)
+
+
+def rollback_metrics(registry: CollectorRegistry) -> tuple[Counter, Counter]:
+    """The controller's counters, registered in the gateway's registry (so /metrics shows them)."""
+    return (
+        Counter("duet_canary_rollbacks", "Automatic canary rollbacks (canary weight set to 0)",
+                ("model", "variant"), registry=registry),
+        Counter("duet_canary_ramp_steps", "Canary ramp steps applied automatically",
+                ("model", "variant"), registry=registry),
+    )
 
 
 class PolicyError(ValueError):
@@ -164,15 +168,22 @@ class _ModelState:
 
 @dataclass
 class RollbackController:
-    """Applies the policies against `stats`, writing changes through `store` (a gateway StateStore)."""
+    """Applies the policies against `stats`, writing changes through `store` (a gateway StateStore).
+    Pass the gateway's metrics registry as `registry` (a private one is made otherwise)."""
 
     store: object
     stats: RequestStats
+    registry: CollectorRegistry | None = None
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
     policies: dict[str, CanaryPolicy] = field(default_factory=dict)
     events: deque = field(default_factory=lambda: deque(maxlen=100))
     _state: dict[str, _ModelState] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.registry is None:
+            self.registry = CollectorRegistry()
+        self.rollbacks_total, self.ramp_steps_total = rollback_metrics(self.registry)
 
     def set_policy(self, policy: CanaryPolicy | None, model: str | None = None) -> None:
         """Install (or with None, remove) a model's policy; resets its rollback and ramp state."""
@@ -224,7 +235,7 @@ class RollbackController:
             if base is not None and others <= 0:
                 weights[policy.baseline] = 100.0  # keep a positive sum
             await self.store.put_routing(model, with_weights(config, weights), message)
-        ROLLBACKS.labels(model, policy.canary).inc()
+        self.rollbacks_total.labels(model, policy.canary).inc()
         self.events.append({"at": self.wall_clock(), "model": model, "variant": policy.canary, "message": message})
         log.warning("%s: %s", model, message)
 
@@ -245,7 +256,7 @@ class RollbackController:
         )
         st.ramp_index, st.step_since = step_index, now
         if step_index > 0:
-            RAMP_STEPS.labels(model, policy.canary).inc()
+            self.ramp_steps_total.labels(model, policy.canary).inc()
 
     async def run(self, interval_s: float = 1.0) -> None:
         """Tick forever (cancel the task to stop)."""

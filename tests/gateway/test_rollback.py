@@ -3,7 +3,7 @@ with an injected clock (the end-to-end version with sim workers lives in test_ro
 
 import pytest
 
-from gateway.rollback import ROLLBACKS, CanaryPolicy, PolicyError, RollbackController, judge
+from gateway.rollback import CanaryPolicy, PolicyError, RollbackController, judge
 from gateway.routing import Pool, RoutingConfig, Variant
 from gateway.state.memory import MemoryStore
 from gateway.stats import RequestStats, WindowStats
@@ -88,7 +88,6 @@ async def test_slow_canary_is_rolled_back_after_confirm_and_audited():
     policy = CanaryPolicy(model="m", canary="canary", baseline="stable", window_s=30, min_requests=10,
                           max_ttft_p99_ratio=2.0, confirm_s=5)
     clock, store, stats, ctl = await setup(policy)
-    before = ROLLBACKS.labels("m", "canary")._value.get()
     feed(stats, "stable", 40, 0.05)
     feed(stats, "canary", 20, 0.2)
     await ctl.tick()
@@ -99,7 +98,7 @@ async def test_slow_canary_is_rolled_back_after_confirm_and_audited():
     entry = (await store.audit_log(1))[0]
     assert entry["actor"] == "automatic rollback: TTFT p99 4.0x baseline over 30 s"
     assert entry["before"]["variants"][1]["weight"] == 20.0 and entry["after"]["variants"][1]["weight"] == 0.0
-    assert ROLLBACKS.labels("m", "canary")._value.get() == before + 1
+    assert ctl.registry.get_sample_value("duet_canary_rollbacks_total", {"model": "m", "variant": "canary"}) == 1
     assert ctl.events[-1]["message"].startswith("automatic rollback")
     assert ctl.status("m")["rolled_back"]
 
