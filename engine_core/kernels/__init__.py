@@ -98,9 +98,12 @@ def extend_attention(
     cu_seqlens_q: Tensor,
     prefix_lens: Tensor,
     scale: float,
+    *,
+    max_seqlen_q: int | None = None,
 ) -> Tensor:
+    """`max_seqlen_q` (longest new chunk, optional) spares the Triton path a device->host sync."""
     if kernel_backend(q) == "triton":
         return _extend.extend_attention_triton(
-            q, k_cache, v_cache, block_tables, cu_seqlens_q, prefix_lens, scale
+            q, k_cache, v_cache, block_tables, cu_seqlens_q, prefix_lens, scale, max_seqlen_q=max_seqlen_q
         )
     return _extend.extend_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, prefix_lens, scale)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from engine_core.kernels._jit import lazy_jit, tl, triton
+from engine_core.kernels._jit import dot_settings, interpreting, lazy_jit, tl, triton
 from engine_core.kernels.decode_attention import check_paged_args, gather_pages
 
 
@@ -39,7 +39,7 @@ def extend_attention_ref(
 ) -> Tensor:
     check_paged_args("extend_attention", q, k_cache, v_cache, block_tables)
     check_extend_args(q, block_tables, cu_seqlens_q, prefix_lens)
-    t, hq, d = q.shape
+    _, hq, d = q.shape
     page_size, hk = k_cache.shape[1], k_cache.shape[2]
     g = hq // hk
     out = torch.empty_like(q)
@@ -64,3 +64,115 @@ def extend_attention_ref(
         o = torch.matmul(torch.softmax(scores, dim=-1), v[:, None])  # [Hk, G, n, D]
         out[start:end] = o.permute(2, 0, 1, 3).reshape(n, hq, d).to(q.dtype)
     return out
+
+
+@lazy_jit
+def _extend_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, cu_ptr, prefix_ptr, out_ptr,
+    stride_qt, stride_qh,
+    stride_cp, stride_cs, stride_ch,
+    stride_bt,
+    stride_ot, stride_oh,
+    qk_scale, head_dim, group,
+    PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # program (query block, sequence, query head): flash attention over the sequence's pages, online softmax
+    m_block = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(2)
+    kv_head = h // group
+    q_start = tl.load(cu_ptr + b)
+    num_new = tl.load(cu_ptr + b + 1) - q_start
+    prefix = tl.load(prefix_ptr + b)
+
+    m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    m_mask = m < num_new
+    d_mask = d < head_dim
+    q = tl.load(q_ptr + (q_start + m)[:, None].to(tl.int64) * stride_qt + h * stride_qh + d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [M, D]
+    if UPCAST:
+        q = q.to(tl.float32)
+    q_pos = prefix + m  # absolute positions of this block's queries
+
+    # keys up to the block's last query; a block past the sequence's end reads nothing and stores nothing
+    hi = tl.minimum(prefix + (m_block + 1) * BLOCK_M, prefix + num_new)
+    hi = tl.where(m_block * BLOCK_M < num_new, hi, 0)
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start in range(0, hi, BLOCK_N):
+        k_pos = start + n
+        n_mask = k_pos < hi
+        page = tl.load(bt_ptr + b * stride_bt + k_pos // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+        row = page * stride_cp + (k_pos % PAGE_SIZE) * stride_cs + kv_head * stride_ch  # [N]
+        k = tl.load(k_cache_ptr + row[None, :] + d[:, None], mask=n_mask[None, :] & d_mask[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [M, N], log2 units
+        visible = (k_pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + (q_start + m)[:, None].to(tl.int64) * stride_ot + h * stride_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+def extend_attention_triton(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    cu_seqlens_q: Tensor,
+    prefix_lens: Tensor,
+    scale: float,
+    *,
+    max_seqlen_q: int | None = None,
+) -> Tensor:
+    """Flash attention over paged K/V. `max_seqlen_q` (the longest new chunk) sizes the grid; when omitted it
+    is read from cu_seqlens_q, which costs a device->host sync on a GPU."""
+    check_paged_args("extend_attention", q, k_cache, v_cache, block_tables)
+    check_extend_args(q, block_tables, cu_seqlens_q, prefix_lens)
+    t, hq, d = q.shape
+    _, page_size, hk, _ = k_cache.shape
+    b = prefix_lens.shape[0]
+    if len({x.device for x in (q, k_cache, v_cache, block_tables, cu_seqlens_q, prefix_lens)}) != 1:
+        raise ValueError("extend_attention: all tensors must be on one device")
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1 or q.stride(2) != 1:
+        raise ValueError("extend_attention: q and the caches need a contiguous last dim, caches equal strides")
+    if block_tables.stride(1) != 1:
+        block_tables = block_tables.contiguous()
+    out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
+    if t == 0 or b == 0:
+        return out
+    if max_seqlen_q is None:
+        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    interp = interpreting()
+    block_d = max(triton.next_power_of_2(d), 16)
+    block_m = 16 if interp else (128 if block_d <= 64 else 64)
+    block_n = 16 if interp else 64
+    grid = (triton.cdiv(max_seqlen_q, block_m), b, hq)
+    _extend_kernel[grid](
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, prefix_lens, out,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        scale * _LOG2E, d, hq // hk,
+        PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        num_warps=4 if block_d <= 64 else 8, num_stages=2, **dot_settings(q.dtype),
+    )
+    return out
+
+
+_LOG2E = 1.4426950408889634
