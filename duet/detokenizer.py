@@ -14,7 +14,8 @@ Contract: the concatenation of every `push` result and the final `flush` equals
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 _REPLACEMENT = "\ufffd"
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import sys
 from array import array
+from collections.abc import Sequence
 from functools import lru_cache
 from hashlib import blake2b
-from typing import Sequence
 
 _MASK = (1 << 64) - 1
 assert array("I").itemsize == 4 and array("Q").itemsize == 8, "packing needs 4- and 8-byte array items"
