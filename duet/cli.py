@@ -33,6 +33,8 @@ def _add_engine_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sim-prefill-ms-per-token", type=float, default=0.05, help="sim: prefill time per uncached token")
     p.add_argument("--sim-fail-rate", type=float, default=0.0, help="sim: fraction of requests that fail")
     p.add_argument("--sim-cache-blocks", type=int, default=4096, help="sim: simulated prefix cache size")
+    p.add_argument("--sim-as", choices=["paged", "prefix"], default="prefix", help="sim: engine kind to pose as")
+    p.add_argument("--sim-capabilities", default=None, help="sim: comma-separated capabilities (default per kind)")
     p.set_defaults(func=_run_engine)
 
 

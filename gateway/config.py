@@ -1,0 +1,153 @@
+"""The gateway config file (YAML), read once at start into frozen dataclasses.
+
+Format (docs/operations.md has the full reference; deploy/gateway.yaml is an example):
+
+    host: 0.0.0.0
+    port: 8000
+    models:                       # each model the gateway serves: its tokenizer and chat template
+      - path: /models/qwen3-0.6b  # model directory; its id (dir name) is the API "model"
+    workers:                      # static workers (more may register themselves in Redis)
+      - address: 10.0.0.5:50051
+    redis: redis://redis:6379/0   # optional; default: in-process state (one gateway)
+    auth:
+      api_keys: [sk-a, {key: sk-b, cache_salt: tenant-b}]   # optional; none: /v1 is open
+      admin_key: adm-secret
+    limits: {max_body_bytes: 4194304, max_pending_requests: 4096, max_attempts: 3, default_max_tokens: null}
+    health: {poll_interval_s: 1.0, worker_ttl_s: 10.0}
+    hashing: {max_blocks: 256}
+    routing: {reuse_threshold: 0.5, ...}    # defaults of gateway.routing.RoutingConfig
+    tracing: {enabled: false}
+
+Environment `DUET_API_KEYS` (comma separated) and `DUET_ADMIN_KEY` add to / override `auth`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+from gateway.routing import Pool, RoutingConfig, RoutingConfigError, Variant
+
+
+class ConfigError(ValueError):
+    """The config file is unreadable or has a bad value (the message names it)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_pending_requests: int = 4096  # requests inside the gateway at once; beyond -> 429
+    max_attempts: int = 3  # workers tried for one request when they fail before the first token
+    default_max_tokens: int | None = None  # None: up to the context length, as OpenAI does
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_paths: tuple[str, ...] = ()
+    workers: tuple[str, ...] = ()
+    redis: str | None = None
+    api_keys: dict[str, str] = field(default_factory=dict)  # key -> cache_salt ("" = shared cache)
+    admin_key: str | None = None
+    limits: Limits = Limits()
+    poll_interval_s: float = 1.0
+    worker_ttl_s: float = 10.0
+    max_hash_blocks: int = 256
+    routing: RoutingConfig = RoutingConfig()
+    tracing: bool = False
+
+
+def _section(raw: dict, name: str) -> dict:
+    value = raw.get(name) or {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"'{name}' must be a mapping")
+    return value
+
+
+def _known(cls, values: dict, where: str) -> dict:
+    names = {f.name for f in fields(cls)}
+    unknown = set(values) - names
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(names)}")
+    return values
+
+
+def parse_api_keys(entries) -> dict[str, str]:
+    keys: dict[str, str] = {}
+    for e in entries or ():
+        if isinstance(e, str) and e:
+            keys[e] = ""
+        elif isinstance(e, dict) and isinstance(e.get("key"), str):
+            keys[e["key"]] = str(e.get("cache_salt") or "")
+        else:
+            raise ConfigError(f"auth.api_keys entries are strings or {{key, cache_salt}}, got {e!r}")
+    return keys
+
+
+def routing_from_dict(d: dict) -> RoutingConfig:
+    d = dict(d)
+    variants = tuple(
+        Variant(name=v["name"], weight=float(v.get("weight", 1.0)),
+                pools=tuple(Pool(engine_kind=p["engine_kind"], version=str(p.get("version", "*")))
+                            for p in v.get("pools", ())))
+        for v in d.pop("variants", ()) or ()
+    )
+    try:
+        return RoutingConfig(variants=variants, **_known(RoutingConfig, d, "routing")).validate()
+    except (RoutingConfigError, TypeError, KeyError) as e:
+        raise ConfigError(f"routing: {e}") from None
+
+
+def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError("the config file must hold a mapping")
+    models = []
+    for m in raw.get("models") or ():
+        path = m.get("path") if isinstance(m, dict) else m
+        if not isinstance(path, str):
+            raise ConfigError(f"models entries need a 'path', got {m!r}")
+        p = Path(os.path.expanduser(path))
+        models.append(str(p if p.is_absolute() or base_dir is None else base_dir / p))
+    workers = []
+    for w in raw.get("workers") or ():
+        addr = w.get("address") if isinstance(w, dict) else w
+        if not isinstance(addr, str) or ":" not in addr:
+            raise ConfigError(f"workers entries need an 'address' host:port, got {w!r}")
+        workers.append(addr)
+    auth = _section(raw, "auth")
+    keys = parse_api_keys(auth.get("api_keys"))
+    keys.update(parse_api_keys([k for k in os.environ.get("DUET_API_KEYS", "").split(",") if k]))
+    health = _section(raw, "health")
+    try:
+        return GatewayConfig(
+            host=str(raw.get("host", "127.0.0.1")),
+            port=int(raw.get("port", 8000)),
+            model_paths=tuple(models),
+            workers=tuple(workers),
+            redis=raw.get("redis") or None,
+            api_keys=keys,
+            admin_key=os.environ.get("DUET_ADMIN_KEY") or auth.get("admin_key") or None,
+            limits=Limits(**_known(Limits, _section(raw, "limits"), "limits")),
+            poll_interval_s=float(health.get("poll_interval_s", 1.0)),
+            worker_ttl_s=float(health.get("worker_ttl_s", 10.0)),
+            max_hash_blocks=int(_section(raw, "hashing").get("max_blocks", 256)),
+            routing=routing_from_dict(_section(raw, "routing")),
+            tracing=bool(_section(raw, "tracing").get("enabled", False)),
+        )
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(str(e)) from None
+
+
+def load(path: str | Path) -> GatewayConfig:
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"cannot read gateway config {p}: {e}") from None
+    return from_dict(raw or {}, base_dir=p.parent)

@@ -1,0 +1,110 @@
+"""The gateway's exceptions, and the one place they become OpenAI error objects.
+
+Hierarchy:
+
+    GatewayError                      500 internal_error
+    ├── InvalidRequest                400 invalid_request_error (param names the field)
+    │   ├── ContextLengthExceeded     400 code=context_length_exceeded (says both numbers)
+    │   └── UnknownVariantError       400 code=unknown_variant (operator override header)
+    ├── AuthenticationFailed          401 invalid_api_key
+    ├── PermissionDenied              403 permission_denied (admin endpoints)
+    ├── ModelNotFound                 404 model_not_found
+    ├── RequestTooLarge               413 request_too_large
+    ├── QueueFull                     429 rate_limit_exceeded (admission queue full)
+    ├── NoCapableWorker               503 service_unavailable (no capable healthy worker)
+    └── EngineFailure                 502 engine_error (every attempt failed / failed mid-stream)
+
+Raise these anywhere in the request path; `error_response` (for HTTP) and `error_payload` (for an
+SSE error event) are the only code that knows the wire shape.
+"""
+
+from __future__ import annotations
+
+from starlette.responses import JSONResponse
+
+
+class GatewayError(Exception):
+    status = 500
+    type = "internal_error"
+    code: str | None = None
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    code = "context_length_exceeded"
+
+    def __init__(self, num_tokens: int, max_len: int, param: str = "messages") -> None:
+        super().__init__(
+            f"This model's maximum context length is {max_len} tokens. However, you requested "
+            f"{num_tokens} tokens (prompt plus max_tokens). Please reduce the length of the messages "
+            f"or completion.",
+            param,
+        )
+        self.num_tokens = num_tokens
+        self.max_len = max_len
+
+
+class UnknownVariantError(InvalidRequest):
+    code = "unknown_variant"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class PermissionDenied(GatewayError):
+    status = 403
+    type = "invalid_request_error"
+    code = "permission_denied"
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model '{model}' does not exist or you do not have access to it.", "model")
+
+
+class RequestTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class QueueFull(GatewayError):
+    status = 429
+    type = "rate_limit_exceeded"
+    code = "rate_limit_exceeded"
+
+
+class NoCapableWorker(GatewayError):
+    status = 503
+    type = "service_unavailable"
+    code = "no_capable_worker"
+
+
+class EngineFailure(GatewayError):
+    status = 502
+    type = "engine_error"
+    code = "engine_error"
+
+
+def error_payload(exc: GatewayError) -> dict:
+    return {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
+
+
+def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_payload(exc), status_code=exc.status, headers=headers)

@@ -1,0 +1,226 @@
+"""OpenAI request bodies -> one validated `ApiRequest`.
+
+Both endpoints (`/v1/chat/completions`, `/v1/completions`) parse into the same dataclass, so the
+generation path does not care which one it serves. Unknown fields are ignored (as OpenAI-compatible
+servers do); a known field with a bad value raises `InvalidRequest` naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from gateway.errors import InvalidRequest
+
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+MAX_STOP_STRINGS = 16
+MAX_N = 64
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling fields of either endpoint; `max_tokens` None means "fill the context"."""
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per token; 0 with logprobs=True still returns the chosen token's
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    json_object: bool = False
+    json_schema: str | None = None
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    kind: str  # "chat" | "completion"
+    model: str
+    sampling: Sampling
+    messages: tuple[dict, ...] = ()
+    tools: tuple[dict, ...] | None = None
+    prompt: str | tuple[int, ...] = ""
+    stream: bool = False
+    include_usage: bool = False
+    user: str | None = None
+    echo: bool = False
+
+    @property
+    def turn_count(self) -> int:
+        return sum(1 for m in self.messages if m.get("role") == "user") or 1
+
+    @property
+    def required_capabilities(self) -> frozenset[str]:
+        caps = set()
+        if self.sampling.n > 1:
+            caps.add("n")
+        if self.sampling.json_object or self.sampling.json_schema is not None:
+            caps.add("structured_output")
+        return frozenset(caps)
+
+
+def _num(body: dict, name: str, default, lo: float, hi: float, integer: bool = False):
+    value = body.get(name)
+    if value is None:
+        return default
+    ok_type = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, ok_type):
+        raise InvalidRequest(f"'{name}' must be {'an integer' if integer else 'a number'}, got {value!r}", name)
+    if not lo <= value <= hi:
+        raise InvalidRequest(f"'{name}' must be between {lo} and {hi}, got {value}", name)
+    return value
+
+
+def _flag(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"'{name}' must be a boolean, got {value!r}", name)
+    return value
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise InvalidRequest("'stop' must be a non-empty string or a list of non-empty strings", "stop")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InvalidRequest(f"'stop' takes at most {MAX_STOP_STRINGS} strings, got {len(stop)}", "stop")
+    return tuple(stop)
+
+
+def _response_format(body: dict) -> tuple[bool, str | None]:
+    rf = body.get("response_format")
+    if rf is None:
+        return False, None
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind == "text":
+        return False, None
+    if kind == "json_object":
+        return True, None
+    if kind == "json_schema":
+        spec = rf.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise InvalidRequest("response_format json_schema needs json_schema.schema (an object)",
+                                 "response_format")
+        return False, json.dumps(schema)
+    raise InvalidRequest("response_format.type must be 'text', 'json_object' or 'json_schema'", "response_format")
+
+
+def _sampling(body: dict, chat: bool) -> Sampling:
+    max_tokens = _num(body, "max_tokens", None, 1, 1 << 31, integer=True)
+    if chat:
+        max_tokens = _num(body, "max_completion_tokens", max_tokens, 1, 1 << 31, integer=True)
+        logprobs = _flag(body, "logprobs")
+        top = _num(body, "top_logprobs", 0, 0, 20, integer=True)
+        if top and not logprobs:
+            raise InvalidRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    else:
+        top = _num(body, "logprobs", None, 0, 20, integer=True)
+        logprobs, top = top is not None, top or 0
+    json_object, json_schema = _response_format(body)
+    stop_ids = body.get("stop_token_ids") or ()
+    if not isinstance(stop_ids, (list, tuple)) or not all(isinstance(t, int) and t >= 0 for t in stop_ids):
+        raise InvalidRequest("'stop_token_ids' must be a list of token ids", "stop_token_ids")
+    return Sampling(
+        max_tokens=max_tokens,
+        temperature=float(_num(body, "temperature", 1.0, 0.0, 2.0)),
+        top_p=float(_num(body, "top_p", 1.0, 1e-9, 1.0)),
+        top_k=_num(body, "top_k", None, 0, 1 << 20, integer=True) or None,
+        min_p=float(_num(body, "min_p", 0.0, 0.0, 1.0)),
+        presence_penalty=float(_num(body, "presence_penalty", 0.0, -2.0, 2.0)),
+        frequency_penalty=float(_num(body, "frequency_penalty", 0.0, -2.0, 2.0)),
+        repetition_penalty=float(_num(body, "repetition_penalty", 1.0, 1e-3, 10.0)),
+        seed=_num(body, "seed", None, -(1 << 63), (1 << 64) - 1, integer=True),
+        n=_num(body, "n", 1, 1, MAX_N, integer=True),
+        logprobs=logprobs,
+        top_logprobs=top,
+        stop=_stop(body),
+        stop_token_ids=tuple(stop_ids),
+        ignore_eos=_flag(body, "ignore_eos"),
+        min_tokens=_num(body, "min_tokens", 0, 0, 1 << 31, integer=True),
+        json_object=json_object,
+        json_schema=json_schema,
+    )
+
+
+def _common(body: object) -> tuple[str, bool, bool, str | None]:
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required (a string)", "model")
+    stream = _flag(body, "stream")
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise InvalidRequest("'stream_options' must be an object", "stream_options")
+    include_usage = bool(opts and opts.get("include_usage"))
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise InvalidRequest("'user' must be a string", "user")
+    return model, stream, include_usage, user
+
+
+def _content_text(message: dict, i: int) -> dict:
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: only text parts carry meaning for a text model
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise InvalidRequest(f"messages[{i}].content: only text parts are supported", "messages")
+            parts.append(part["text"])
+        message = {**message, "content": "".join(parts)}
+    elif content is not None and not isinstance(content, str):
+        raise InvalidRequest(f"messages[{i}].content must be a string or a list of parts", "messages")
+    return message
+
+
+def parse_chat(body: object) -> ApiRequest:
+    model, stream, include_usage, user = _common(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' must be a non-empty list", "messages")
+    parsed = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES:
+            raise InvalidRequest(f"messages[{i}].role must be one of {sorted(CHAT_ROLES)}", "messages")
+        parsed.append(_content_text(m, i))
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise InvalidRequest("'tools' must be a list", "tools")
+    return ApiRequest(
+        kind="chat", model=model, sampling=_sampling(body, chat=True), messages=tuple(parsed),
+        tools=tuple(tools) if tools else None, stream=stream, include_usage=include_usage, user=user,
+    )
+
+
+def parse_completion(body: object) -> ApiRequest:
+    model, stream, include_usage, user = _common(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list):
+        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+            raise InvalidRequest("'prompt' must be a string or a list of token ids (one prompt per request)",
+                                 "prompt")
+        prompt = tuple(prompt)
+    elif not isinstance(prompt, str):
+        raise InvalidRequest("'prompt' must be a string or a list of token ids", "prompt")
+    return ApiRequest(
+        kind="completion", model=model, sampling=_sampling(body, chat=False), prompt=prompt, stream=stream,
+        include_usage=include_usage, user=user, echo=_flag(body, "echo"),
+    )

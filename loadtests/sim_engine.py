@@ -1,0 +1,284 @@
+"""`duet engine sim`: a model-free worker that speaks the whole engine proto.
+
+It paces tokens like a real engine (prefill time per uncached prompt token, then a fixed time per
+decoded token), keeps a simulated prefix cache (an LRU of duet.hashing block hashes, reported on
+WatchKvEvents and in `PromptInfo.cached_tokens`), accounts KV pages per running request so GetLoad
+shows pages coming back on abort or cancel, and serves grpc.health.v1. Token ids are deterministic:
+a seeded RNG (the request's seed, else a hash of the prompt) over the model's vocabulary.
+
+It is light: one coroutine per stream and no per-token work beyond an RNG draw, so one process can
+hold thousands of concurrent streams for gateway load tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import logging
+import random
+import signal
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import _async as health_async
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from duet.hashing import block_hashes
+from duet.rpc import engine_pb2 as pb
+from duet.rpc import engine_pb2_grpc as pb_grpc
+
+log = logging.getLogger("duet.sim")
+
+DEFAULT_CAPABILITIES = {
+    "prefix": ("logprobs", "structured_output", "speculative"),
+    "paged": ("n", "beam_search", "logprobs"),
+}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    model_id: str = "sim"
+    engine_kind: str = "prefix"
+    version: str = "v1"
+    worker_id: str = "sim"
+    page_size: int = 16
+    max_model_len: int = 4096
+    vocab_size: int = 256
+    excluded_ids: frozenset[int] = frozenset()  # special tokens the sim never samples
+    capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES["prefix"]
+    ms_per_token: float = 20.0
+    prefill_ms_per_token: float = 0.05
+    fail_rate: float = 0.0
+    cache_blocks: int = 4096
+
+
+class SimCache:
+    """LRU of block hashes standing in for a radix cache; every change becomes a KvEvent."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._watchers: list[asyncio.Queue] = []
+        self._sequence = 0
+
+    def match_and_insert(self, hashes: list[int]) -> int:
+        """Returns how many leading blocks were cached, then stores all of them (touching LRU order)."""
+        hit = 0
+        for h in hashes:
+            if h not in self._blocks:
+                break
+            hit += 1
+        for h in hashes:
+            self._blocks[h] = None
+            self._blocks.move_to_end(h)
+        events = []
+        new = hashes[hit:]
+        if new:
+            parent = hashes[hit - 1] if hit else 0
+            events.append(pb.KvEvent(kind=pb.KvEvent.STORED, block_hashes=new, parent_hash=parent))
+        evicted = []
+        while len(self._blocks) > self.capacity:
+            evicted.append(self._blocks.popitem(last=False)[0])
+        if evicted:
+            events.append(pb.KvEvent(kind=pb.KvEvent.EVICTED, block_hashes=evicted))
+        if events:
+            self._publish(events)
+        return hit
+
+    def _publish(self, events: list) -> None:
+        self._sequence += 1
+        batch = pb.KvEventBatch(sequence=self._sequence, events=events)
+        for q in self._watchers:
+            if q.qsize() < 10_000:  # a stuck watcher loses events; the gap in `sequence` says so
+                q.put_nowait(batch)
+
+    def subscribe(self) -> asyncio.Queue:
+        q: asyncio.Queue = asyncio.Queue()
+        self._watchers.append(q)
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue) -> None:
+        self._watchers.remove(q)
+
+
+class SimEngine(pb_grpc.EngineServicer):
+    """The Engine service over simulated time; `aborted` counts aborts and cancels (tests read it)."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.cache = SimCache(config.cache_blocks)
+        self.running: dict[str, int] = {}  # request id -> KV pages held
+        self.abort_flags: dict[str, asyncio.Event] = {}
+        self.aborted = 0
+        self.draining = False
+        self._fail_rng = random.Random(0)
+        self._ids = [i for i in range(config.vocab_size) if i not in config.excluded_ids]
+
+    def _pages(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.config.page_size)
+
+    async def Generate(self, request, context):
+        cfg = self.config
+        rid = request.request_id or f"sim-{id(request)}"
+        prompt = list(request.prompt_token_ids)
+        sp = request.sampling
+        if not prompt:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty prompt")
+        if len(prompt) + sp.max_tokens > cfg.max_model_len:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"prompt ({len(prompt)} tokens) + max_tokens ({sp.max_tokens}) exceeds max_model_len {cfg.max_model_len}",
+            )
+        if cfg.fail_rate and self._fail_rng.random() < cfg.fail_rate:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "sim: injected failure")
+        n = max(1, sp.n)
+        abort = asyncio.Event()
+        self.abort_flags[rid] = abort
+        self.running[rid] = self._pages(len(prompt)) * n
+        try:
+            hashes = block_hashes(prompt, cfg.page_size, cfg.model_id, request.cache_salt)
+            cached = self.cache.match_and_insert(hashes) * cfg.page_size
+            await asyncio.sleep((len(prompt) - cached) * cfg.prefill_ms_per_token / 1000)
+            seed = sp.seed if sp.HasField("seed") else _prompt_seed(prompt)
+            rngs = [random.Random(seed * 1000003 + i) for i in range(n)]
+            stop_ids = set(sp.stop_token_ids)
+            prompt_info = pb.PromptInfo(prompt_tokens=len(prompt), cached_tokens=cached)
+            done = [False] * n
+            cumulative = [0.0] * n
+            for step in range(sp.max_tokens):
+                if step:
+                    await asyncio.sleep(cfg.ms_per_token / 1000)
+                if abort.is_set():
+                    for i in range(n):
+                        if not done[i]:
+                            yield pb.GenerateResponse(index=i, finish_reason=pb.FINISH_REASON_ABORT)
+                    return
+                self.running[rid] = self._pages(len(prompt) + step + 1) * n
+                for i in range(n):
+                    if done[i]:
+                        continue
+                    msg = self._token(rngs[i], sp, step, stop_ids, cumulative, i)
+                    done[i] = msg.finish_reason != pb.FINISH_REASON_UNSPECIFIED
+                    if step == 0 and i == 0:
+                        msg.prompt.CopyFrom(prompt_info)
+                    yield msg
+                if all(done):
+                    return
+        except asyncio.CancelledError:
+            self.aborted += 1  # the client went away: free its pages now, like a real engine
+            raise
+        finally:
+            if abort.is_set():
+                self.aborted += 1
+            self.running.pop(rid, None)
+            self.abort_flags.pop(rid, None)
+
+    def _token(self, rng, sp, step, stop_ids, cumulative, index):
+        token = self._ids[rng.randrange(len(self._ids))]
+        lp = -rng.random() * 2
+        cumulative[index] += lp
+        msg = pb.GenerateResponse(index=index, token_ids=[token], cumulative_logprob=cumulative[index])
+        if sp.HasField("logprobs"):
+            top = [pb.TopLogprob(token_id=token, logprob=lp)]
+            for k in range(1, sp.logprobs):
+                top.append(pb.TopLogprob(token_id=self._ids[(token + k) % len(self._ids)], logprob=lp - k))
+            msg.logprobs.append(pb.TokenLogprob(token_id=token, logprob=lp, top=top[: sp.logprobs]))
+        if token in stop_ids and step + 1 >= sp.min_tokens:
+            msg.finish_reason = pb.FINISH_REASON_STOP
+        elif step + 1 >= sp.max_tokens:
+            msg.finish_reason = pb.FINISH_REASON_LENGTH
+        return msg
+
+    async def Abort(self, request, context):
+        flag = self.abort_flags.get(request.request_id)
+        if flag is not None:
+            flag.set()
+        return pb.AbortResponse(found=flag is not None)
+
+    async def GetInfo(self, request, context):
+        cfg = self.config
+        return pb.EngineInfo(
+            engine_kind=cfg.engine_kind, model_id=cfg.model_id, version=cfg.version,
+            page_size=cfg.page_size, max_model_len=cfg.max_model_len, capabilities=cfg.capabilities,
+            kv_capacity_tokens=cfg.cache_blocks * cfg.page_size, kv_total_pages=cfg.cache_blocks,
+            hash_block_size=cfg.page_size, vocab_size=cfg.vocab_size, worker_id=cfg.worker_id,
+        )
+
+    async def GetLoad(self, request, context):
+        return pb.EngineLoad(
+            num_running=len(self.running), num_waiting=0,
+            kv_pages_used=min(sum(self.running.values()), self.config.cache_blocks),
+            kv_pages_total=self.config.cache_blocks, draining=self.draining,
+        )
+
+    async def WatchKvEvents(self, request, context):
+        q = self.cache.subscribe()
+        try:
+            while True:
+                yield await q.get()
+        finally:
+            self.cache.unsubscribe(q)
+
+
+def _prompt_seed(prompt: list[int]) -> int:
+    digest = hashlib.blake2b(repr(prompt).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    kind = getattr(args, "sim_as", None) or "prefix"
+    caps = getattr(args, "sim_capabilities", None)
+    capabilities = tuple(c for c in caps.split(",") if c) if caps is not None else DEFAULT_CAPABILITIES[kind]
+    extra = {}
+    if args.model:
+        from duet.model_dir import read_model_dir
+
+        md = read_model_dir(args.model)
+        c = md.config
+        special = set(c.eos_token_ids) | ({c.bos_token_id} if c.bos_token_id is not None else set())
+        extra = dict(model_id=md.model_id, max_model_len=c.max_position_embeddings,
+                     vocab_size=c.vocab_size, excluded_ids=frozenset(special))
+    return SimConfig(
+        engine_kind=kind, version=args.version, worker_id=args.worker_id or f"{args.host}:{args.port}",
+        page_size=args.page_size, capabilities=capabilities, ms_per_token=args.sim_ms_per_token,
+        prefill_ms_per_token=args.sim_prefill_ms_per_token, fail_rate=args.sim_fail_rate,
+        cache_blocks=args.sim_cache_blocks, **extra,
+    )
+
+
+async def serve(config: SimConfig, host: str, port: int, ready: asyncio.Event | None = None,
+                stop: asyncio.Event | None = None) -> None:
+    """Runs the sim worker until `stop` is set (or SIGTERM/SIGINT when run as a process)."""
+    server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 100_000)])
+    engine = SimEngine(config)
+    pb_grpc.add_EngineServicer_to_server(engine, server)
+    health = health_async.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    server.add_insecure_port(f"{host}:{port}")
+    await server.start()
+    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    log.info("sim worker %s (%s) serving on %s:%d", config.worker_id, config.engine_kind, host, port)
+    stop = stop or asyncio.Event()
+    if ready is not None:
+        ready.set()
+    await stop.wait()
+    engine.draining = True
+    await health.enter_graceful_shutdown()
+    await server.stop(grace=1.0)
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = config_from_args(args)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(config, args.host, args.port, stop=stop)
+
+    asyncio.run(run())
+    return 0
