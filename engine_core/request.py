@@ -62,7 +62,7 @@ class StepOutput:
     replaces_previous: bool = False
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
-    error: str | None = None
+    error: Exception | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,124 @@
+"""One engine worker process: a grpc.aio server with the Engine service, grpc.health.v1, a
+Prometheus endpoint, and a drain on SIGTERM. Engine kinds call `run_worker` with a `build`
+function that loads the model and returns their `EngineParts`.
+
+Lifecycle:
+  1. the server listens at once, health NOT_SERVING, Generate answers UNAVAILABLE;
+  2. `build()` runs in a thread (loading weights never blocks the event loop); then SERVING;
+  3. SIGTERM/SIGINT: health NOT_SERVING, new requests refused (UNAVAILABLE), requests in flight
+     finish for up to `drain_timeout` seconds (the rest are aborted), the server stops, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from typing import Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from duet.rpc import engine_pb2, engine_pb2_grpc
+from engine_core.metrics import EngineMetrics
+from engine_core.request import EngineSpec
+from engine_core.scheduler_protocol import Scheduler
+from engine_core.servicer import EngineServicer
+from engine_core.step_loop import Runner, StepLoop
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name  # "duet.engine.v1.Engine"
+
+
+@dataclass
+class EngineParts:
+    """What an engine kind provides: its scheduler, the model runner, and what GetInfo reports."""
+
+    scheduler: Scheduler
+    runner: Runner
+    spec: EngineSpec
+
+
+class Worker:
+    def __init__(self, build: Callable[[], EngineParts], *, host: str = "127.0.0.1", port: int = 0,
+                 drain_timeout: float = 30.0, metrics_port: int | None = None, max_pending: int = 4096) -> None:
+        self.build = build
+        self.host, self.port = host, port
+        self.drain_timeout = drain_timeout
+        self.metrics_port = metrics_port
+        self.max_pending = max_pending
+        self.servicer = EngineServicer()
+        self.health = health.aio.HealthServicer()
+        self.step_loop: StepLoop | None = None
+        self.metrics: EngineMetrics | None = None
+        self.ready = asyncio.Event()
+        self._server: grpc.aio.Server | None = None
+        self._stop = asyncio.Event()
+
+    async def _set_health(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+    async def start(self) -> int:
+        """Listen (NOT_SERVING), load the engine, turn SERVING. Returns the bound port."""
+        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        engine_pb2_grpc.add_EngineServicer_to_server(self.servicer, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self.port = self._server.add_insecure_port(f"{self.host}:{self.port}")
+        await self._set_health(False)
+        await self._server.start()
+        log.info("listening on %s:%d, loading", self.host, self.port)
+        parts = await asyncio.to_thread(self.build)
+        self.metrics = EngineMetrics(parts.spec.engine_kind, parts.spec.model_id)
+        if self.metrics_port is not None:
+            self.metrics.serve(self.metrics_port)
+        self.step_loop = StepLoop(parts.scheduler, parts.runner, metrics=self.metrics, max_pending=self.max_pending)
+        self.step_loop.start()
+        self.servicer.attach(self.step_loop, parts.spec)
+        await self._set_health(True)
+        self.ready.set()
+        log.info("serving %s (%s) on port %d", parts.spec.model_id, parts.spec.engine_kind, self.port)
+        return self.port
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def shutdown(self) -> bool:
+        """Drain and stop. True when every request in flight finished within the timeout."""
+        await self._set_health(False)
+        clean = True
+        if self.step_loop is not None:
+            clean = await self.step_loop.drain(self.drain_timeout)
+        if self._server is not None:
+            await self._server.stop(grace=1.0)
+        if self.step_loop is not None:
+            self.step_loop.stop()
+        return clean
+
+    async def serve_until_signal(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        start = asyncio.create_task(self.start())
+        stop = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({start, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if start.done() and start.exception() is not None:
+            stop.cancel()
+            raise start.exception()
+        await stop
+        if not start.done():  # stopped while loading
+            start.cancel()
+        clean = await self.shutdown()
+        log.info("drained (%s), exiting", "clean" if clean else "timed out, requests aborted")
+        return 0
+
+
+def run_worker(build: Callable[[], EngineParts], *, host: str, port: int, drain_timeout: float,
+               metrics_port: int | None) -> int:
+    """Blocking entry for `duet engine <kind>`; returns the exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    worker = Worker(build, host=host, port=port, drain_timeout=drain_timeout, metrics_port=metrics_port)
+    return asyncio.run(worker.serve_until_signal())
