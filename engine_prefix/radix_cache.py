@@ -35,6 +35,16 @@ class Allocator(Protocol):
     def num_total(self) -> int: ...
 
 
+class CacheListener(Protocol):
+    """Told when whole pages enter or leave the tree (KV events, see kv_events.py)."""
+
+    def on_stored(self, cache: RadixCache, node: Node) -> None: ...
+
+    def on_evicted(self, cache: RadixCache, node: Node) -> None: ...
+
+    def on_cleared(self, cache: RadixCache) -> None: ...
+
+
 class Node:
     """One edge of the tree: ``key`` tokens stored in ``pages``; ``lock_ref`` counts requests using it."""
 
@@ -75,11 +85,12 @@ class InsertResult(NamedTuple):
 
 
 class RadixCache:
-    def __init__(self, allocator: Allocator, page_size: int) -> None:
+    def __init__(self, allocator: Allocator, page_size: int, listener: CacheListener | None = None) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.allocator = allocator
         self.page_size = page_size
+        self.listener = listener
         self._clock = itertools.count(1)
         self._roots: dict[str, Node] = {}
         self.evictable_pages = 0
@@ -150,6 +161,8 @@ class RadixCache:
                 self.evictable_pages += len(new.pages)
                 prefix_len = pos
                 node = new
+                if self.listener is not None:
+                    self.listener.on_stored(self, new)
                 break
             n = self._common_len(child.key, token_ids, pos, length)
             if n < len(child.key):
@@ -193,13 +206,14 @@ class RadixCache:
         freed = 0
         while freed < num_pages and heap:
             leaf = heapq.heappop(heap)
+            if self.listener is not None:
+                self.listener.on_evicted(self, leaf)  # while the leaf is still attached (its path is known)
             self.allocator.free(leaf.pages)
             freed += len(leaf.pages)
             self.evictable_pages -= len(leaf.pages)
             parent = leaf.parent
             assert parent is not None
             del parent.children[leaf.key[: self.page_size]]
-            self._on_evict(leaf)
             if not parent.is_root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, parent)
         return freed
@@ -211,17 +225,13 @@ class RadixCache:
             self.allocator.free(node.pages)
         self._roots.clear()
         self.evictable_pages = 0
+        if self.listener is not None:
+            self.listener.on_cleared(self)
 
-    # ---- hooks and internals -------------------------------------------------------------------------------
-
-    def _on_evict(self, leaf: Node) -> None:
-        """Called once per evicted leaf, before its pages may be reused (KV events override this)."""
-
-    def _on_split(self, upper: Node, lower: Node) -> None:
-        """Called when a node is split in two (KV events keep their block bookkeeping here)."""
+    # ---- internals -----------------------------------------------------------------------------------------
 
     def path_tokens(self, node: Node) -> list[int]:
-        """All tokens from the root to the end of ``node``."""
+        """All tokens from the root to the end of ``node`` (O(depth))."""
         parts: list[tuple[int, ...]] = []
         while not node.is_root:
             parts.append(node.key)
@@ -256,7 +266,6 @@ class RadixCache:
         child.pages = child.pages[k:]
         child.parent = upper
         upper.children[child.key[: self.page_size]] = child
-        self._on_split(upper, child)
         return upper
 
     def check_integrity(self, private_pages: Iterable[int] = ()) -> None:
