@@ -1,0 +1,278 @@
+"""The routing policy, rule by rule and in order (gateway/routing.py, docs/routing.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
+from gateway.routing import (
+    REASONS,
+    NoCapableWorker,
+    Pool,
+    RouteRequest,
+    RoutingConfig,
+    RoutingConfigError,
+    UnknownVariant,
+    Variant,
+    WorkerView,
+    route,
+)
+
+PAGED_CAPS = frozenset({"n", "beam_search", "logprobs"})
+PREFIX_CAPS = frozenset({"structured_output", "speculative", "logprobs"})
+
+
+def worker(wid: str, kind: str = "paged", version: str = "v1", running: int = 0, **kw) -> WorkerView:
+    fields = dict(
+        worker_id=wid, model_id="m", engine_kind=kind, version=version,
+        capabilities=PAGED_CAPS if kind == "paged" else PREFIX_CAPS,
+        healthy=True, draining=False, num_running=running, num_waiting=0, kv_usage=0.1,
+    )
+    fields.update(kw)
+    return WorkerView(**fields)
+
+
+def req(hashes=(), **kw) -> RouteRequest:
+    fields = dict(model="m", block_hashes=tuple(hashes), num_prompt_tokens=16 * len(hashes) + 5)
+    fields.update(kw)
+    return RouteRequest(**fields)
+
+
+class Router:
+    """route() plus the bookkeeping the gateway does after each decision."""
+
+    def __init__(self, config: RoutingConfig | None = None) -> None:
+        self.config = config or RoutingConfig()
+        self.seen = SeenBlocks(10_000)
+        self.index = WorkerBlockIndex(10_000)
+
+    def __call__(self, r: RouteRequest, workers, affinity=None, record=True):
+        d = route(r, workers, self.config, affinity, self.seen, self.index)
+        assert d.reason in REASONS
+        if record:
+            self.seen.add(r.block_hashes)
+            self.index.add(d.worker_id, r.block_hashes)
+        return d
+
+
+MIXED = [worker("p0", "paged"), worker("p1", "paged"), worker("x0", "prefix"), worker("x1", "prefix")]
+
+
+# 1. candidates -----------------------------------------------------------------------------
+
+def test_only_healthy_non_draining_workers_of_the_model_are_candidates():
+    pool = [
+        worker("other", model_id="another-model"),
+        worker("sick", healthy=False),
+        worker("leaving", draining=True),
+        worker("ok", running=30),
+    ]
+    assert Router()(req([1, 2]), pool).worker_id == "ok"
+    with pytest.raises(NoCapableWorker, match="no healthy worker serves model 'm'"):
+        Router()(req([1]), pool[:3])
+
+
+# 2. capability -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cap, kind", [
+    ("structured_output", "prefix"), ("speculative", "prefix"), ("n", "paged"), ("beam_search", "paged"),
+])
+def test_capabilities_pick_the_engine_that_serves_them(cap, kind):
+    d = Router()(req([1, 2, 3], required_capabilities=frozenset({cap})), MIXED)
+    assert (d.engine_kind, d.reason) == (kind, "capability")
+
+
+def test_capability_overrides_the_reuse_estimate():
+    r = Router()
+    r(req([1, 2, 3]), MIXED)  # now seen: high reuse would pick prefix
+    d = r(req([1, 2, 3], required_capabilities=frozenset({"n"})), MIXED)
+    assert (d.engine_kind, d.reason) == ("paged", "capability")
+    assert d.estimated_reuse == 1.0
+
+
+def test_no_capable_worker_names_the_missing_capability():
+    only_paged = [worker("p0", "paged"), worker("p1", "paged")]
+    with pytest.raises(NoCapableWorker, match="structured_output"):
+        Router()(req([1], required_capabilities=frozenset({"structured_output"})), only_paged)
+
+
+# 3. canary variant -------------------------------------------------------------------------
+
+def canary_config(canary_weight: float) -> RoutingConfig:
+    return RoutingConfig(variants=(
+        Variant("stable", (Pool("paged", "v1"), Pool("prefix", "v1")), 1.0 - canary_weight),
+        Variant("canary", (Pool("paged", "v2"),), canary_weight),
+    ))
+
+
+CANARY_POOL = [worker("s-paged", "paged", "v1"), worker("s-prefix", "prefix", "v1"), worker("c-paged", "paged", "v2")]
+
+
+def arms(weight: float, keys) -> dict[str, str]:
+    r = Router(canary_config(weight))
+    return {k: r(req([7], session_key=k), CANARY_POOL, record=False).variant for k in keys}
+
+
+def test_canary_weights_split_sessions_and_stay_sticky_as_weights_shift():
+    keys = [f"session-{i}" for i in range(2000)]
+    at10, at20, at50 = arms(0.1, keys), arms(0.2, keys), arms(0.5, keys)
+    share = {w: sum(v == "canary" for v in a.values()) / len(keys) for w, a in ((10, at10), (20, at20), (50, at50))}
+    assert abs(share[10] - 0.1) < 0.03 and abs(share[20] - 0.2) < 0.03 and abs(share[50] - 0.5) < 0.04
+    # raising the canary's weight only moves sessions into it, never out of it
+    assert all(at20[k] == "canary" for k in keys if at10[k] == "canary")
+    assert all(at50[k] == "canary" for k in keys if at20[k] == "canary")
+    # and the same session always lands in the same arm (every replica, every process)
+    assert arms(0.2, keys[:50]) == {k: at20[k] for k in keys[:50]}
+
+
+def test_canary_routes_only_to_the_variants_pools():
+    r = Router(canary_config(0.5))
+    for i in range(200):
+        d = r(req([i], session_key=f"s{i}"), CANARY_POOL)
+        assert d.worker_id == ("c-paged" if d.variant == "canary" else d.worker_id)
+        assert d.variant == "canary" or d.worker_id in ("s-paged", "s-prefix")
+
+
+def test_sticky_key_user_keeps_a_user_in_one_arm_across_sessions():
+    cfg = dataclasses.replace(canary_config(0.5), sticky_key="user")
+    r = Router(cfg)
+    seen = {r(req([1], user_key="bob", session_key=f"s{i}"), CANARY_POOL).variant for i in range(30)}
+    assert len(seen) == 1
+
+
+def test_operator_override_header_selects_the_variant():
+    r = Router(canary_config(0.0001))
+    d = r(req([1], session_key="s", variant_override="canary"), CANARY_POOL)
+    assert (d.variant, d.worker_id, d.reason) == ("canary", "c-paged", "override")
+    with pytest.raises(UnknownVariant, match="'nightly'.*stable, canary"):
+        r(req([1], variant_override="nightly"), CANARY_POOL)
+
+
+def test_an_arm_without_capable_workers_falls_back_to_one_that_has_them():
+    r = Router(canary_config(0.999))  # nearly everyone in the canary, which is paged only
+    d = r(req([1], session_key="s", required_capabilities=frozenset({"structured_output"})), CANARY_POOL)
+    assert (d.variant, d.worker_id) == ("stable", "s-prefix")
+
+
+def test_bad_routing_config_is_a_typed_error():
+    with pytest.raises(RoutingConfigError, match="reuse_threshold"):
+        RoutingConfig(reuse_threshold=1.5).validate()
+    with pytest.raises(RoutingConfigError, match="positive weight"):
+        RoutingConfig(variants=(Variant("a", (Pool("paged"),), 0.0),)).validate()
+
+
+# 4. session affinity -----------------------------------------------------------------------
+
+def test_affinity_keeps_the_session_on_its_worker():
+    r = Router()
+    d = r(req([9, 9, 9], session_key="s"), MIXED, affinity="p1")
+    assert (d.worker_id, d.reason) == ("p1", "affinity")
+
+
+def test_affinity_is_dropped_when_the_worker_is_unhealthy_overloaded_or_gone():
+    r = Router(RoutingConfig(overload_running=10))
+    busy = [worker("p0"), worker("p1", running=10), worker("x0", "prefix")]
+    assert r(req([1], session_key="s"), busy, affinity="p1").reason != "affinity"
+    sick = [worker("p0"), worker("p1", healthy=False)]
+    assert r(req([1], session_key="s"), sick, affinity="p1").worker_id == "p0"
+    full = [worker("p0"), worker("p1", kv_usage=0.99)]
+    assert r(req([1], session_key="s"), full, affinity="p1").worker_id == "p0"
+    assert r(req([1], session_key="s"), MIXED, affinity="vanished").reason != "affinity"
+
+
+# 5. engine by estimated reuse --------------------------------------------------------------
+
+def test_low_reuse_goes_to_paged_and_high_reuse_to_prefix():
+    r = Router(RoutingConfig(reuse_threshold=0.5))
+    first = r(req([1, 2, 3, 4]), MIXED)
+    assert (first.engine_kind, first.reason, first.estimated_reuse) == ("paged", "reuse_low", 0.0)
+    again = r(req([1, 2, 3, 4]), MIXED)
+    assert (again.engine_kind, again.reason, again.estimated_reuse) == ("prefix", "reuse_high", 1.0)
+    half = r(req([1, 2, 50, 51]), MIXED)
+    assert (half.engine_kind, half.estimated_reuse) == ("prefix", 0.5)
+    low = r(req([1, 60, 61, 62]), MIXED)
+    assert (low.engine_kind, low.reason, low.estimated_reuse) == ("paged", "reuse_low", 0.25)
+
+
+def test_multi_turn_chat_goes_to_prefix_even_when_unseen():
+    d = Router()(req([100, 101], turn_count=3), MIXED)
+    assert (d.engine_kind, d.reason) == ("prefix", "multi_turn")
+
+
+def test_a_pool_with_one_engine_kind_serves_everything():
+    only_prefix = [worker("x0", "prefix"), worker("x1", "prefix")]
+    d = Router()(req([1, 2]), only_prefix)  # low reuse would want paged
+    assert d.engine_kind == "prefix" and d.reason in ("least_load", "cache_match")
+
+
+# 6. replica by cache match and load --------------------------------------------------------
+
+def test_replica_with_most_cached_blocks_wins():
+    pool = [worker("a", "prefix"), worker("b", "prefix"), worker("c", "prefix")]
+    r = Router()
+    r.index.add("b", (1, 2, 3, 4, 5, 6))
+    r.index.add("c", (1, 2))
+    d = r(req([1, 2, 3, 4, 5, 6, 7]), pool)
+    assert (d.worker_id, d.reason, d.cached_blocks) == ("b", "cache_match", 6)
+
+
+def test_load_penalty_trades_cached_blocks_against_queued_requests():
+    r = Router(RoutingConfig(load_penalty=1.0, imbalance_abs=100))
+    r.index.add("a", (1, 2, 3))
+    pool = [worker("a", "prefix", running=5), worker("b", "prefix", running=0)]
+    assert r(req([1, 2, 3], ), pool, record=False).worker_id == "b"  # 3 - 5 < 0 - 0
+    pool = [worker("a", "prefix", running=2), worker("b", "prefix", running=0)]
+    assert r(req([1, 2, 3]), pool, record=False).worker_id == "a"  # 3 - 2 > 0
+
+
+def test_nothing_cached_anywhere_takes_the_least_loaded():
+    pool = [worker("a", running=3), worker("b", running=1), worker("c", running=2)]
+    d = Router()(req([5, 6]), pool)
+    assert (d.worker_id, d.reason) == ("b", "least_load")
+
+
+def test_imbalance_guard_overrides_the_cache_match():
+    cfg = RoutingConfig(imbalance_ratio=1.5, imbalance_abs=8, load_penalty=0.0)
+    r = Router(cfg)
+    r.index.add("hot", tuple(range(1, 101)))
+    pool = [worker("hot", "prefix", running=20), worker("cold", "prefix", running=2)]
+    d = r(req(range(1, 101)), pool, record=False)
+    assert (d.worker_id, d.reason) == ("cold", "imbalance")
+    # a small gap is not imbalance: the cache wins again
+    pool = [worker("hot", "prefix", running=9), worker("cold", "prefix", running=2)]
+    assert r(req(range(1, 101)), pool).worker_id == "hot"
+
+
+# 7. the whole pipeline, in order ----------------------------------------------------------
+
+def test_steps_apply_in_order_and_the_decision_names_the_decisive_one():
+    r = Router()
+    d = r(req([1, 2], session_key="s", required_capabilities=frozenset({"structured_output"})), MIXED,
+          affinity="x1")
+    assert d.steps == ("capability", "affinity") and d.reason == "capability" and d.worker_id == "x1"
+    # affinity beats the reuse estimate: this prompt is unseen (paged), the session stays on x1
+    d = r(req([77, 78], session_key="s"), MIXED, affinity="x1")
+    assert (d.worker_id, d.reason) == ("x1", "affinity")
+
+
+def test_route_decision_is_fast_for_an_8000_token_prompt():
+    # 8,000 tokens = 500 blocks of 16; the gateway hashes the head, up to 256 blocks
+    pool = [worker(f"x{i}", "prefix", running=i % 3) for i in range(8)]
+    r = Router()
+    heads = [tuple(range(k * 1000, k * 1000 + 256)) for k in range(20)]
+    for k, h in enumerate(heads):
+        for i in range(8):
+            r.index.add(f"x{i}", h[: 64 + 24 * i])
+        r.seen.add(h)
+    times = []
+    for _ in range(5):
+        for h in heads:
+            t0 = time.perf_counter()
+            route(req(h), pool, r.config, None, r.seen, r.index)
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    p99 = times[int(0.99 * len(times))]
+    assert p99 < 0.002, f"route p99 {p99 * 1e3:.3f} ms"  # target 0.5 ms; slack for a shared CI core
