@@ -1,13 +1,13 @@
 """deploy/grafana/duet.json must only query metrics that Duet really exports: the names are read from
 the live registries of the gateway's metrics, the rollback controller and the engine worker's metrics."""
 
-import importlib
 import json
 import re
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from engine_core.metrics import EngineMetrics
 from gateway.metrics import GatewayMetrics
 from gateway.rollback import RollbackController
 from gateway.state.memory import MemoryStore
@@ -26,27 +26,10 @@ def exported_names(registry: CollectorRegistry) -> set[str]:
     return names
 
 
-def worker_registries() -> list[CollectorRegistry]:
-    """The engine worker's registry, when that module exists in this checkout."""
-    try:
-        mod = importlib.import_module("engine_core.metrics")
-    except ImportError:
-        return []
-    regs = [v for v in vars(mod).values() if isinstance(v, CollectorRegistry)]
-    for cls in (v for v in vars(mod).values() if isinstance(v, type) and v.__module__ == mod.__name__):
-        try:
-            obj = cls()
-        except TypeError:
-            continue
-        regs.extend(v for v in vars(obj).values() if isinstance(v, CollectorRegistry))
-    return regs
-
-
 def all_exported() -> set[str]:
     names = exported_names(GatewayMetrics().registry)
     names |= exported_names(RollbackController(store=MemoryStore(), stats=RequestStats()).registry)
-    for reg in worker_registries():
-        names |= exported_names(reg)
+    names |= exported_names(EngineMetrics("paged", "m").registry)
     return names
 
 
