@@ -1,0 +1,53 @@
+"""Two gateways sharing one real Redis: a weight change made through one's admin API is what the other
+routes with within a second, and both show the audit entry."""
+
+import asyncio
+import json
+import time
+
+import httpx
+from starlette.applications import Starlette
+
+from gateway.admin import admin_routes, key_id
+from gateway.state.redis_store import RedisStore
+from test_admin import AUTH, GOOD, KEY, Backend
+
+
+async def test_weight_change_reaches_the_other_gateway_within_a_second(clean_redis_url):
+    a, b = Backend(), Backend()
+    a.state, b.state = RedisStore(clean_redis_url), RedisStore(clean_redis_url)
+    await a.state.start()
+    await b.state.start()
+    try:
+        apps = [Starlette(routes=admin_routes(x)) for x in (a, b)]
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=apps[0]), base_url="http://a") as ca, \
+                httpx.AsyncClient(transport=httpx.ASGITransport(app=apps[1]), base_url="http://b") as cb:
+            assert (await ca.put("/admin/models/m/routing", json=GOOD, headers=AUTH)).status_code == 200
+            await _until(lambda: cb.get("/admin/models/m/routing", headers=AUTH), lambda body: body["variants"])
+
+            changed = json.loads(json.dumps(GOOD))
+            changed["variants"][0]["weight"], changed["variants"][1]["weight"] = 50, 50
+            t0 = time.monotonic()
+            assert (await ca.put("/admin/models/m/routing", json=changed, headers=AUTH)).status_code == 200
+            await _until(lambda: cb.get("/admin/models/m/routing", headers=AUTH),
+                         lambda body: body["variants"][1]["weight"] == 50)
+            assert time.monotonic() - t0 < 1.0
+            # what B routes with (its StateStore), not only what its admin API prints
+            assert [v.weight for v in (await b.state.get_routing("m")).variants] == [50.0, 50.0]
+
+            entries = (await cb.get("/admin/audit", headers=AUTH)).json()["entries"]
+            assert entries[0]["actor"] == key_id(KEY)
+            assert entries[0]["after"]["variants"][1]["weight"] == 50
+    finally:
+        await a.state.close()
+        await b.state.close()
+
+
+async def _until(get, ok, timeout_s=1.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = await get()
+        if r.status_code == 200 and ok(r.json()):
+            return
+        assert time.monotonic() < deadline, f"not seen within {timeout_s}s: {r.text}"
+        await asyncio.sleep(0.02)
