@@ -60,11 +60,9 @@ class Sampler:
     @torch.inference_mode()
     def sample(self, logits: Tensor, rows: Sequence[SampleRow]) -> SamplerOutput:
         assert logits.shape[0] == len(rows), "one sampler row per logits row"
-        logits = logits.float().clone()  # callers may reuse their tensor
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(r.params.logprobs is not None for r in rows) else None
-        self._mask_stop_tokens(logits, rows)
-        self._apply_penalties(logits, rows)
-        token_ids = self._choose(logits, rows)
+        wants_logprobs = any(r.params.logprobs is not None for r in rows)
+        raw_logprobs = torch.log_softmax(logits.float(), dim=-1) if wants_logprobs else None
+        token_ids = self._choose(self.penalized_logits(logits, rows), rows)
         logprobs: list[TokenLogprob | None] = []
         for i, (row, token) in enumerate(zip(rows, token_ids)):
             if row.params.logprobs is None:
@@ -76,6 +74,14 @@ class Sampler:
                 top = tuple(zip(ids.tolist(), values.tolist()))
             logprobs.append(TokenLogprob(token, raw_logprobs[i, token].item(), top))
         return SamplerOutput(token_ids, logprobs)
+
+    def penalized_logits(self, logits: Tensor, rows: Sequence[SampleRow]) -> Tensor:
+        """A fp32 copy of `logits` after the min_tokens mask and the penalties: what greedy rows take the argmax
+        of and what temperature/top-k/top-p/min-p then shape for the others."""
+        logits = logits.float().clone()  # callers may reuse their tensor
+        self._mask_stop_tokens(logits, rows)
+        self._apply_penalties(logits, rows)
+        return logits
 
     def _mask_stop_tokens(self, logits: Tensor, rows: Sequence[SampleRow]) -> None:
         """min_tokens: EOS (unless ignore_eos) and stop ids cannot be sampled before min_tokens outputs."""
