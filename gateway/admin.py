@@ -153,7 +153,12 @@ def validate_routing(data: Any, workers: list[dict], model: str) -> RoutingConfi
 
 
 async def _current_routing(gateway: AdminBackend, model: str) -> RoutingConfig:
-    return await gateway.state.get_routing(model) or RoutingConfig()
+    """What the gateway routes this model with: the stored config, else the config file's default."""
+    stored = await gateway.state.get_routing(model)
+    if stored is not None:
+        return stored
+    config = getattr(gateway, "config", None)
+    return getattr(config, "routing", None) or RoutingConfig()
 
 
 async def stream_event(gateway: AdminBackend) -> dict:
