@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     gw = sub.add_parser("gateway", help="the gateway alone")
     gw.add_argument("--config", required=True, help="gateway config file (YAML), see docs/operations.md")
+    gw.add_argument("--api-keys", default=None, help="comma-separated API keys for /v1 (or DUET_API_KEYS)")
+    gw.add_argument("--admin-key", default=None, help="admin API key (or DUET_ADMIN_KEY)")
     gw.set_defaults(func=_run_gateway)
 
     _add_engine_parser(sub)

@@ -15,6 +15,7 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
     limits: {max_body_bytes: 4194304, max_pending_requests: 4096, max_attempts: 3, default_max_tokens: null}
     health: {poll_interval_s: 1.0, worker_ttl_s: 10.0}
     hashing: {max_blocks: 256}
+    affinity_ttl_s: 600
     routing: {reuse_threshold: 0.5, ...}    # defaults of gateway.routing.RoutingConfig
     tracing: {enabled: false}
 
@@ -57,6 +58,7 @@ class GatewayConfig:
     poll_interval_s: float = 1.0
     worker_ttl_s: float = 10.0
     max_hash_blocks: int = 256
+    affinity_ttl_s: float = 600.0  # a session sticks to its worker this long after its last request
     routing: RoutingConfig = RoutingConfig()
     tracing: bool = False
 
@@ -135,6 +137,7 @@ def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
             poll_interval_s=float(health.get("poll_interval_s", 1.0)),
             worker_ttl_s=float(health.get("worker_ttl_s", 10.0)),
             max_hash_blocks=int(_section(raw, "hashing").get("max_blocks", 256)),
+            affinity_ttl_s=float(raw.get("affinity_ttl_s", 600.0)),
             routing=routing_from_dict(_section(raw, "routing")),
             tracing=bool(_section(raw, "tracing").get("enabled", False)),
         )

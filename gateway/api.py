@@ -1,0 +1,215 @@
+"""HTTP endpoints: the OpenAI API (`/v1/...`), `/health`, `/ready`, `/metrics`.
+
+A generation request: parse -> admit (429 when full) -> prepare (tokenize, 400 on context length)
+-> dispatch (route, retry before the first token) -> stream SSE or collect one JSON response.
+Every error becomes an OpenAI error object through gateway/errors.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from gateway import errors
+from gateway.generation import Dispatched, Prepared, dispatch, outputs, prepare
+from gateway.metrics import CONTENT_TYPE
+from gateway.protocol import parse_chat, parse_completion
+from gateway.responses import SSE_DONE, ResponseBuilder, sse
+
+log = logging.getLogger("duet.gateway.api")
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _generate(request, parse_chat)
+
+
+async def completions(request: Request) -> Response:
+    return await _generate(request, parse_completion)
+
+
+def _variant_override(request: Request, gw) -> str | None:
+    """`x-duet-variant` pins a canary arm: an operator tool, so it needs the admin key when one is set."""
+    variant = request.headers.get("x-duet-variant")
+    if not variant or gw.admin_key is None:
+        return variant or None
+    given = request.headers.get("x-duet-admin-key", "")
+    return variant if hmac.compare_digest(given.encode(), gw.admin_key.encode()) else None
+
+
+async def _generate(request: Request, parse) -> Response:
+    gw = request.app.state.gateway
+    endpoint = request.url.path
+    admitted = False
+    api = None
+    try:
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise errors.InvalidRequest(f"the request body is not valid JSON: {e}") from None
+        api = parse(body)
+        model = gw.models.get(api.model)
+        if model is None:
+            raise errors.ModelNotFound(api.model)
+        gw.admit()
+        admitted = True
+        prep = prepare(api, model, request.state.request_id, request.state.cache_salt,
+                       request.headers.get("x-session-id"), _variant_override(request, gw),
+                       gw.config.limits.default_max_tokens)
+        d = await dispatch(gw, prep)
+    except errors.GatewayError as e:
+        if admitted:
+            gw.release()
+        gw.metrics.requests.labels(endpoint, str(e.status)).inc()
+        if api is not None:
+            gw.stats.record(model=api.model, ok=False)
+        return errors.error_response(e)
+    except BaseException:
+        if admitted:
+            gw.release()
+        raise
+    dec = d.decision
+    headers = {"x-duet-engine": dec.engine_kind, "x-duet-worker": dec.worker_id, "x-duet-variant": dec.variant,
+               "x-duet-route-reason": dec.reason}
+    run = _Run(gw, prep, d, endpoint)
+    if prep.api.stream:
+        return StreamingResponse(run.stream(), media_type="text/event-stream",
+                                 headers={**headers, "cache-control": "no-cache"})
+    return await run.collect(request, headers)
+
+
+class _Run:
+    """One dispatched request until its last byte: timing metrics, stats, release, cancel."""
+
+    def __init__(self, gw, prep: Prepared, d: Dispatched, endpoint: str) -> None:
+        self.gw, self.prep, self.d, self.endpoint = gw, prep, d, endpoint
+        self.builder = ResponseBuilder(prep)
+        self.usage: dict = {}
+        dec = d.decision
+        self.labels = (prep.model.model_id, dec.engine_kind, dec.variant)
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.itls: list[float] = []
+
+    def _tick(self, delta) -> None:
+        if not delta.token_ids:
+            return
+        now = time.perf_counter()
+        if self.first_at is None:
+            self.first_at = now
+            self.gw.metrics.ttft.labels(*self.labels).observe(now - self.prep.arrival)
+        else:
+            itl = (now - self.last_at) / len(delta.token_ids)
+            self.itls.append(itl)
+            self.gw.metrics.itl.labels(*self.labels).observe(itl)
+        self.last_at = now
+
+    def _finish(self, status: str) -> None:
+        gw, dec = self.gw, self.d.decision
+        self.d.close()
+        gw.release()
+        gw.metrics.requests.labels(self.endpoint, status).inc()
+        ok = status == "200"
+        if ok:
+            gw.metrics.e2e.labels(*self.labels).observe(time.perf_counter() - self.prep.arrival)
+            m = self.labels[0]
+            gw.metrics.prompt_tokens.labels(m).inc(self.usage.get("prompt_tokens", 0))
+            gw.metrics.cached_tokens.labels(m, dec.engine_kind).inc(self.usage.get("cached_tokens", 0))
+            gw.metrics.generation_tokens.labels(m).inc(self.usage.get("completion_tokens", 0))
+        gw.stats.record(
+            model=self.labels[0], ok=ok or status == "499", engine_kind=dec.engine_kind, variant=dec.variant,
+            worker_id=dec.worker_id, reason=dec.reason,
+            ttft_s=None if self.first_at is None else self.first_at - self.prep.arrival,
+            itl_s=sum(self.itls) / len(self.itls) if self.itls else None,
+            output_tokens=self.usage.get("completion_tokens", 0),
+        )
+
+    async def stream(self):
+        status = "499"  # until proven otherwise: the client went away
+        error: errors.GatewayError | None = None
+        try:
+            for chunk in self.builder.role_chunks():
+                yield sse(chunk)
+            async for delta in outputs(self.prep, self.d, self.usage):
+                self._tick(delta)
+                chunk = self.builder.chunk(delta)
+                if chunk is not None:
+                    yield sse(chunk)
+            if self.prep.api.include_usage:
+                yield sse(self.builder.usage_chunk(self.usage))
+            status = "200"
+        except errors.GatewayError as e:
+            error, status = e, str(e.status)
+            self.gw.metrics.stream_errors.labels(self.d.decision.worker_id).inc()
+            log.warning("request %s: %s", self.prep.request_id, e.message)
+        finally:
+            if status == "499":
+                self.gw.metrics.cancelled.inc()
+            self._finish(status)
+        if error is not None:
+            yield sse(errors.error_payload(error))
+        yield SSE_DONE
+
+    async def _collect(self) -> None:
+        async for delta in outputs(self.prep, self.d, self.usage):
+            self._tick(delta)
+            self.builder.add(delta)
+
+    async def collect(self, request: Request, headers: dict) -> Response:
+        """The whole response; a client that disconnects meanwhile cancels the engine call."""
+        work = asyncio.ensure_future(self._collect())
+        gone = asyncio.ensure_future(_disconnected(request))
+        status = "499"
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                work.cancel()
+                return Response(status_code=499)
+            try:
+                work.result()
+            except errors.GatewayError as e:
+                status = str(e.status)
+                return errors.error_response(e, headers)
+            status = "200"
+            return JSONResponse(self.builder.whole(self.usage), headers=headers)
+        finally:
+            gone.cancel()
+            if status == "499":
+                self.gw.metrics.cancelled.inc()
+            self._finish(status)
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def list_models(request: Request) -> Response:
+    gw = request.app.state.gateway
+    data = [{"id": m.model_id, "object": "model", "created": 0, "owned_by": "duet",
+             "max_model_len": m.max_model_len} for m in gw.models.values()]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def ready(request: Request) -> Response:
+    """200 when every served model has at least one healthy, non-draining worker."""
+    gw = request.app.state.gateway
+    views = gw.views() if gw.pool else []
+    per_model = {m: sum(1 for v in views if v.model_id == m and v.healthy and not v.draining) for m in gw.models}
+    ok = bool(per_model) and all(per_model.values())
+    return JSONResponse({"ready": ok, "healthy_workers": per_model}, status_code=200 if ok else 503)
+
+
+async def metrics(request: Request) -> Response:
+    return Response(request.app.state.gateway.metrics.render(), media_type=CONTENT_TYPE)

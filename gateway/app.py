@@ -1,0 +1,177 @@
+"""The gateway application: `build_app(config)` -> a Starlette app built from explicit lists.
+
+`Gateway` holds the running state every handler shares (models, worker pool, state store, prefix
+tables, metrics, stats, decision log, canary rollback) and its lifespan starts and stops the
+background work (worker polling, Redis subscriber, rollback ticks). It is also the `AdminBackend`
+of gateway/admin.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from opentelemetry import trace
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import Route
+
+from gateway import api
+from gateway.admin import admin_routes
+from gateway.config import GatewayConfig
+from gateway.decision_log import DecisionLog
+from gateway.errors import QueueFull
+from gateway.metrics import GatewayMetrics
+from gateway.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestIdMiddleware, TracingMiddleware
+from gateway.models import ServedModel, load_models
+from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
+from gateway.rollback import RollbackController
+from gateway.stats import RequestStats
+from gateway.workers import WorkerPool
+
+log = logging.getLogger("duet.gateway")
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig, models: dict[str, ServedModel] | None = None, state=None,
+                 tracer_provider=None, client_factory=None) -> None:
+        self.config = config
+        self.admin_key = config.admin_key
+        self.models = models if models is not None else load_models(config.model_paths)
+        self.metrics = GatewayMetrics()
+        self.seen = SeenBlocks()
+        self.index = WorkerBlockIndex()
+        self.stats = RequestStats()
+        self.decisions = DecisionLog()
+        self.tracer_provider = tracer_provider
+        self.tracer = trace.get_tracer("duet.gateway", tracer_provider=tracer_provider)
+        self._state = state
+        self.rollback: RollbackController | None = None
+        self.pool: WorkerPool | None = None
+        self._client_factory = client_factory
+        self.pending = 0
+        self.drained: set[str] = set()
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def state(self):
+        return self._state
+
+    # -- lifespan -------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app):
+        if self._state is None:
+            if self.config.redis:
+                from gateway.state.redis_store import RedisStore
+
+                self._state = RedisStore(self.config.redis)
+                await self._state.start()
+            else:
+                from gateway.state.memory import MemoryStore
+
+                self._state = MemoryStore()
+        self.metrics.state_healthy.set_function(lambda: 1.0 if self._state.healthy else 0.0)
+        self.rollback = RollbackController(self._state, self.stats, registry=self.metrics.registry)
+        kwargs = {"client_factory": self._client_factory} if self._client_factory else {}
+        self.pool = WorkerPool(self.config.workers, self.index, self.metrics, state=self._state,
+                               poll_interval_s=self.config.poll_interval_s, **kwargs)
+        await self.pool.start()
+        self._tasks.append(asyncio.create_task(self._rollback_loop()))
+        try:
+            yield
+        finally:
+            for t in self._tasks:
+                t.cancel()
+            await self.pool.close()
+            await self._state.close()
+
+    async def _rollback_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            await self.rollback.tick()
+
+    # -- the request path -----------------------------------------------------------------------
+    def admit(self) -> None:
+        """Count one more request inside the gateway, or refuse it (429) when the queue is full."""
+        if self.pending >= self.config.limits.max_pending_requests:
+            raise QueueFull(f"the gateway has {self.pending} requests in flight "
+                            f"(max_pending_requests={self.config.limits.max_pending_requests}); retry later")
+        self.pending += 1
+        self.metrics.pending.set(self.pending)
+
+    def release(self) -> None:
+        self.pending -= 1
+        self.metrics.pending.set(self.pending)
+
+    def block_size(self, model_id: str) -> int:
+        for w in self.pool.workers():
+            if w.info is not None and w.info.model_id == model_id:
+                return w.info.hash_block_size or w.info.page_size or DEFAULT_BLOCK_SIZE
+        return DEFAULT_BLOCK_SIZE
+
+    def record_decision(self, prep, req, decision) -> None:
+        self.seen.add(req.block_hashes)
+        self.index.add(decision.worker_id, req.block_hashes)
+        self.metrics.route_decisions.labels(decision.reason, decision.engine_kind, decision.variant).inc()
+        self.metrics.estimated_reuse.observe(decision.estimated_reuse)
+        self.decisions.record(request_id=prep.request_id, model=req.model, decision=decision,
+                              num_prompt_tokens=req.num_prompt_tokens)
+
+    # -- AdminBackend ---------------------------------------------------------------------------
+    def model_ids(self) -> list[str]:
+        return list(self.models)
+
+    def worker_rows(self) -> list[dict]:
+        rows = []
+        for w in self.pool.workers() if self.pool else ():
+            load, info = w.load, w.info
+            queries = load.prefix_cache_queries_tokens if load else 0
+            rows.append({
+                "worker_id": w.worker_id, "address": w.address,
+                "model_id": info.model_id if info else "", "engine_kind": info.engine_kind if info else "",
+                "version": info.version if info else "", "healthy": w.healthy,
+                "draining": w.worker_id in self.drained or bool(load and load.draining),
+                "num_running": load.num_running if load else 0, "num_waiting": load.num_waiting if load else 0,
+                "kv_usage": load.kv_pages_used / load.kv_pages_total if load and load.kv_pages_total else 0.0,
+                "prefix_hit_rate": load.prefix_cache_hits_tokens / queries if queries else 0.0,
+            })
+        return rows
+
+    def drain_worker(self, worker_id: str) -> bool:
+        if self.pool is None or self.pool.get(worker_id) is None:
+            return False
+        self.drained.add(worker_id)
+        return True
+
+    def views(self):
+        views = self.pool.views()
+        if not self.drained:
+            return views
+        from dataclasses import replace
+
+        return [replace(v, draining=True) if v.worker_id in self.drained else v for v in views]
+
+
+def build_app(config: GatewayConfig, **gateway_kwargs) -> Starlette:
+    gw = Gateway(config, **gateway_kwargs)
+    routes = [
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/models", api.list_models, methods=["GET"]),
+        Route("/health", api.health, methods=["GET"]),
+        Route("/ready", api.ready, methods=["GET"]),
+        Route("/metrics", api.metrics, methods=["GET"]),
+        *admin_routes(gw),
+    ]
+    middleware = [
+        Middleware(RequestIdMiddleware),
+        Middleware(TracingMiddleware, tracer_provider=gw.tracer_provider),
+        Middleware(BodyLimitMiddleware, max_bytes=config.limits.max_body_bytes),
+        Middleware(ApiKeyMiddleware, api_keys=config.api_keys),
+    ]
+    app = Starlette(routes=routes, middleware=middleware, lifespan=gw.lifespan)
+    app.state.gateway = gw
+    return app

@@ -1,0 +1,239 @@
+"""One request's path through the gateway: tokens in, routed gRPC stream, text deltas out.
+
+    prepare()  render + tokenize, check the context length, hash the prompt head
+    dispatch() route (gateway.routing.route), open the stream, wait for its first message;
+               a worker that fails before it is left out and the request re-routed
+               (at most `max_attempts` workers); the decision is recorded
+    outputs()  engine messages -> per-choice `Delta`s (incremental detokenizer + stop strings);
+               an engine failure after the first message raises EngineFailure (the API layer
+               turns it into an error event: a stream is never silently truncated)
+
+The caller must `close()` the Dispatched it got, which cancels the gRPC call (client disconnect,
+stop string hit): the engine aborts the request and frees its pages.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+
+from duet.detokenizer import IncrementalDetokenizer
+from duet.hashing import block_hashes
+from duet.rpc import engine_pb2 as pb
+from duet.tokenizer import ChatTemplateError
+from duet.tracing import inject_metadata
+from gateway import errors, routing
+from gateway.engine_client import EngineCallError, GenerateStream
+from gateway.models import ServedModel
+from gateway.protocol import ApiRequest
+from gateway.stops import StopMatcher
+
+_FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
+
+
+@dataclass(frozen=True)
+class Prepared:
+    api: ApiRequest
+    model: ServedModel
+    request_id: str
+    prompt_ids: list[int]
+    prompt_text: str
+    max_tokens: int
+    cache_salt: str
+    session_key: str | None
+    variant_override: str | None
+    arrival: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class Delta:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)  # pb.TokenLogprob, one per token id
+    finish_reason: str | None = None
+
+
+def prepare(api: ApiRequest, model: ServedModel, request_id: str, cache_salt: str,
+            session_key: str | None, variant_override: str | None, default_max_tokens: int | None) -> Prepared:
+    tok = model.tokenizer
+    try:
+        if api.kind == "chat":
+            text = tok.apply_chat_template(list(api.messages), add_generation_prompt=True,
+                                           tools=list(api.tools) if api.tools else None)
+            ids = tok.encode(text)
+        elif isinstance(api.prompt, str):
+            text, ids = api.prompt, tok.encode(api.prompt, add_special_tokens=True)
+        else:
+            ids = list(api.prompt)
+            if max(ids) >= tok.vocab_size:
+                raise errors.InvalidRequest(f"token id {max(ids)} is out of the vocabulary ({tok.vocab_size})",
+                                            "prompt")
+            text = tok.decode(ids) if api.echo else ""
+    except ChatTemplateError as e:
+        raise errors.InvalidRequest(f"messages rejected by the chat template: {e}", "messages") from None
+    if not ids:
+        raise errors.InvalidRequest("the prompt is empty after tokenization", "prompt")
+    room = model.max_model_len - len(ids)
+    max_tokens = api.sampling.max_tokens
+    param = "messages" if api.kind == "chat" else "prompt"
+    if max_tokens is None:
+        if room < 1:
+            raise errors.ContextLengthExceeded(len(ids) + 1, model.max_model_len, param)
+        max_tokens = room if default_max_tokens is None else min(room, default_max_tokens)
+    elif len(ids) + max_tokens > model.max_model_len:
+        raise errors.ContextLengthExceeded(len(ids) + max_tokens, model.max_model_len, param)
+    return Prepared(api, model, request_id, ids, text, max_tokens, cache_salt, session_key, variant_override)
+
+
+def to_pb(prep: Prepared) -> pb.GenerateRequest:
+    s = prep.api.sampling
+    sp = pb.SamplingParams(
+        max_tokens=prep.max_tokens, temperature=s.temperature, top_p=s.top_p, min_p=s.min_p,
+        presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty, stop_token_ids=list(s.stop_token_ids),
+        min_tokens=s.min_tokens, ignore_eos=s.ignore_eos, n=s.n,
+    )
+    if s.top_k:
+        sp.top_k = s.top_k
+    if s.seed is not None:
+        sp.seed = s.seed % (1 << 64)
+    if s.logprobs:
+        sp.logprobs = s.top_logprobs
+    if s.json_schema is not None:
+        sp.json_schema = s.json_schema
+    elif s.json_object:
+        sp.json_object = True
+    return pb.GenerateRequest(request_id=prep.request_id, prompt_token_ids=prep.prompt_ids,
+                              sampling=sp, cache_salt=prep.cache_salt)
+
+
+@dataclass
+class Dispatched:
+    decision: routing.RouteDecision
+    stream: GenerateStream
+    messages: AsyncIterator
+    first: pb.GenerateResponse
+    attempts: int
+
+    def close(self) -> None:
+        self.stream.cancel()
+
+
+async def dispatch(gw, prep: Prepared) -> Dispatched:
+    """Route and open the stream, retrying on other workers until one answers (see module doc)."""
+    tracer = gw.tracer
+    model_id = prep.model.model_id
+    hashes = tuple(block_hashes(prep.prompt_ids, gw.block_size(model_id), model_id, prep.cache_salt,
+                                max_blocks=gw.config.max_hash_blocks))
+    api = prep.api
+    req = routing.RouteRequest(
+        model=model_id, block_hashes=hashes, num_prompt_tokens=len(prep.prompt_ids),
+        session_key=prep.session_key, user_key=api.user, required_capabilities=api.required_capabilities,
+        variant_override=prep.variant_override, turn_count=api.turn_count,
+    )
+    config = await gw.state.get_routing(model_id) or gw.config.routing
+    affinity_key = prep.session_key or None
+    affinity = await gw.state.get_affinity(affinity_key) if affinity_key else None
+    message = to_pb(prep)
+    excluded: set[str] = set()
+    last_error: EngineCallError | None = None
+    for attempt in range(1, gw.config.limits.max_attempts + 1):
+        views = [v for v in gw.views() if v.worker_id not in excluded]
+        with tracer.start_as_current_span("route") as span:
+            t0 = time.perf_counter()
+            try:
+                decision = routing.route(req, views, config, affinity, gw.seen, gw.index)
+            except routing.UnknownVariant as e:
+                raise errors.UnknownVariantError(str(e), "x-duet-variant") from None
+            except routing.NoCapableWorker as e:
+                detail = f" (last worker error: {last_error})" if last_error else ""
+                raise errors.NoCapableWorker(f"{e}{detail}") from None
+            gw.metrics.route_seconds.observe(time.perf_counter() - t0)
+            span.set_attributes({"duet.worker": decision.worker_id, "duet.engine": decision.engine_kind,
+                                 "duet.variant": decision.variant, "duet.route_reason": decision.reason,
+                                 "duet.estimated_reuse": decision.estimated_reuse, "duet.attempt": attempt})
+        worker = gw.pool.get(decision.worker_id)
+        with tracer.start_as_current_span("duet.engine.v1.Engine/Generate", kind=trace.SpanKind.CLIENT) as span:
+            span.set_attributes({"rpc.system": "grpc", "rpc.service": "duet.engine.v1.Engine",
+                                 "rpc.method": "Generate", "server.address": worker.address})
+            stream = worker.client.generate(message, metadata=inject_metadata())
+            it = stream.__aiter__()
+            try:
+                first = await it.__anext__()
+            except (EngineCallError, StopAsyncIteration) as e:
+                stream.cancel()
+                if isinstance(e, EngineCallError) and not e.retryable:
+                    raise errors.InvalidRequest(f"the engine rejected the request: {e.details}") from None
+                last_error = e if isinstance(e, EngineCallError) else EngineCallError(
+                    decision.worker_id, "EMPTY", "stream ended without output", True)
+                span.record_exception(last_error)
+                excluded.add(decision.worker_id)
+                gw.pool.mark_failed(decision.worker_id)
+                gw.metrics.retries.labels(decision.worker_id).inc()
+                affinity = None
+                continue
+        gw.record_decision(prep, req, decision)
+        if affinity_key:
+            await gw.state.set_affinity(affinity_key, decision.worker_id, gw.config.affinity_ttl_s)
+        return Dispatched(decision, stream, it, first, attempt)
+    raise errors.EngineFailure(f"{gw.config.limits.max_attempts} workers failed before the first token; "
+                               f"last error: {last_error}")
+
+
+class _Choice:
+    def __init__(self, prep: Prepared, index: int) -> None:
+        self.tokenizer = prep.model.tokenizer
+        self.detok = IncrementalDetokenizer(self.tokenizer)
+        self.stops = StopMatcher(prep.api.sampling.stop)
+        self.index = index
+        self.num_tokens = 0
+        self.done = False
+
+
+async def outputs(prep: Prepared, d: Dispatched, usage: dict) -> AsyncIterator[Delta]:
+    """Per-choice deltas until every choice finished; fills `usage` (prompt/cached/completion tokens)."""
+    n = prep.api.sampling.n
+    choices = [_Choice(prep, i) for i in range(n)]
+    prompt = d.first.prompt
+    usage.update(prompt_tokens=prompt.prompt_tokens or len(prep.prompt_ids), cached_tokens=prompt.cached_tokens,
+                 completion_tokens=0)
+    msg = d.first
+    while True:
+        c = choices[msg.index] if msg.index < n else None
+        if c is not None and not c.done:
+            yield _step(c, msg)
+            usage["completion_tokens"] = sum(ch.num_tokens for ch in choices)
+        if all(ch.done for ch in choices):
+            return
+        try:
+            msg = await d.messages.__anext__()
+        except StopAsyncIteration:
+            raise errors.EngineFailure(f"worker {d.decision.worker_id} ended the stream before every choice "
+                                       f"finished") from None
+        except EngineCallError as e:
+            raise errors.EngineFailure(f"worker {d.decision.worker_id} failed mid-stream: {e.code}: "
+                                       f"{e.details}") from None
+
+
+def _step(c: _Choice, msg: pb.GenerateResponse) -> Delta:
+    if msg.replaces_previous:  # a finished beam arrives whole
+        c.detok = IncrementalDetokenizer(c.tokenizer)
+        c.num_tokens = 0
+    ids = list(msg.token_ids)
+    c.num_tokens += len(ids)
+    text = c.stops.push(c.detok.push(ids))
+    finish = None
+    if c.stops.stopped:
+        finish = "stop"
+    elif msg.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
+        if msg.finish_reason == pb.FINISH_REASON_ABORT:
+            raise errors.EngineFailure("the engine aborted the request")
+        text += c.stops.push(c.detok.flush())
+        finish = "stop" if c.stops.stopped else _FINISH.get(msg.finish_reason, "stop")
+        text += c.stops.flush()
+    c.done = finish is not None
+    return Delta(c.index, text, ids, list(msg.logprobs), finish)

@@ -1,0 +1,127 @@
+"""OpenAI response shapes for chat and text completions, streamed chunks and whole responses.
+
+`ResponseBuilder` turns the generation path's `Delta`s into the dicts the OpenAI SDK expects;
+it knows nothing about routing or HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from gateway.generation import Delta, Prepared
+
+
+def sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def usage_dict(usage: dict) -> dict:
+    p, c = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": usage.get("cached_tokens", 0)}}
+
+
+class ResponseBuilder:
+    def __init__(self, prep: Prepared) -> None:
+        self.prep = prep
+        self.chat = prep.api.kind == "chat"
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + prep.request_id
+        self.created = int(time.time())
+        self.model = prep.model.model_id
+        self.want_logprobs = prep.api.sampling.logprobs
+        n = prep.api.sampling.n
+        self._texts = [[] for _ in range(n)]
+        self._lp_parts = [[] for _ in range(n)]
+        self._finish: list[str | None] = [None] * n
+        self._offsets = [0] * n
+
+    # -- logprobs -----------------------------------------------------------------------------
+    def _token(self, token_id: int) -> str:
+        return self.prep.model.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _chat_logprobs(self, d: Delta) -> list[dict]:
+        out = []
+        for lp in d.logprobs:
+            tok = self._token(lp.token_id)
+            top = [{"token": (t := self._token(a.token_id)), "logprob": a.logprob, "bytes": list(t.encode())}
+                   for a in lp.top[: self.prep.api.sampling.top_logprobs]]
+            out.append({"token": tok, "logprob": lp.logprob, "bytes": list(tok.encode()), "top_logprobs": top})
+        return out
+
+    def _completion_logprobs(self, d: Delta) -> dict:
+        tokens, lps, tops, offsets = [], [], [], []
+        for lp in d.logprobs:
+            tok = self._token(lp.token_id)
+            offsets.append(self._offsets[d.index])
+            self._offsets[d.index] += len(tok)
+            tokens.append(tok)
+            lps.append(lp.logprob)
+            tops.append({self._token(a.token_id): a.logprob for a in lp.top[: self.prep.api.sampling.top_logprobs]})
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+    def _logprobs(self, d: Delta):
+        if not self.want_logprobs:
+            return None
+        return {"content": self._chat_logprobs(d)} if self.chat else self._completion_logprobs(d)
+
+    # -- streaming ----------------------------------------------------------------------------
+    def _chunk(self, choices: list[dict], usage: dict | None = None, with_usage: bool = False) -> dict:
+        obj = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+               "created": self.created, "model": self.model, "choices": choices}
+        if with_usage:
+            obj["usage"] = usage
+        return obj
+
+    def role_chunks(self) -> list[dict]:
+        """Chat streams open each choice with the assistant role (as OpenAI does)."""
+        if not self.chat:
+            return []
+        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}], with_usage=self.prep.api.include_usage)
+                for i in range(self.prep.api.sampling.n)]
+
+    def chunk(self, d: Delta) -> dict | None:
+        if not d.text and d.finish_reason is None and not (self.want_logprobs and d.logprobs):
+            return None  # nothing visible yet (an incomplete character, a held-back stop prefix)
+        if self.chat:
+            choice = {"index": d.index, "delta": {"content": d.text} if d.text else {},
+                      "logprobs": self._logprobs(d), "finish_reason": d.finish_reason}
+        else:
+            choice = {"index": d.index, "text": d.text, "logprobs": self._logprobs(d),
+                      "finish_reason": d.finish_reason}
+        return self._chunk([choice], with_usage=self.prep.api.include_usage)
+
+    def usage_chunk(self, usage: dict) -> dict:
+        return self._chunk([], usage_dict(usage), with_usage=True)
+
+    # -- whole response -----------------------------------------------------------------------
+    def add(self, d: Delta) -> None:
+        self._texts[d.index].append(d.text)
+        if self.want_logprobs:
+            self._lp_parts[d.index].append(self._logprobs(d))
+        if d.finish_reason is not None:
+            self._finish[d.index] = d.finish_reason
+
+    def whole(self, usage: dict) -> dict:
+        choices = []
+        for i, parts in enumerate(self._texts):
+            text = "".join(parts)
+            if self.chat:
+                lp = ({"content": [c for part in self._lp_parts[i] for c in part["content"]]}
+                      if self.want_logprobs else None)
+                choices.append({"index": i, "message": {"role": "assistant", "content": text},
+                                "logprobs": lp, "finish_reason": self._finish[i]})
+            else:
+                lp = None
+                if self.want_logprobs:
+                    lp = {k: [v for part in self._lp_parts[i] for v in part[k]]
+                          for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+                if self.prep.api.echo:
+                    text = self.prep.prompt_text + text
+                choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": self._finish[i]})
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices, "usage": usage_dict(usage)}

@@ -1,0 +1,52 @@
+"""`duet gateway --config FILE`: load the config, build the app, serve it with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+
+from gateway.config import ConfigError, load, parse_api_keys
+
+
+def setup_tracing(enabled: bool):
+    """With `tracing.enabled`, an SDK tracer provider that prints finished spans to stderr (an
+    OpenTelemetry Collector can take them over OTLP when that exporter is installed)."""
+    if not enabled:
+        return None
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+    try:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+    except ImportError:
+        exporter = ConsoleSpanExporter(out=sys.stderr)
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+def main(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import build_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = load(args.config)
+    except ConfigError as e:
+        print(f"duet gateway: {e}", file=sys.stderr)
+        return 2
+    overrides = {}
+    if getattr(args, "api_keys", None):
+        overrides["api_keys"] = {**config.api_keys, **parse_api_keys([k for k in args.api_keys.split(",") if k])}
+    if getattr(args, "admin_key", None):
+        overrides["admin_key"] = args.admin_key
+    config = dataclasses.replace(config, **overrides)
+    app = build_app(config, tracer_provider=setup_tracing(config.tracing))
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False,
+                timeout_graceful_shutdown=5)
+    return 0
