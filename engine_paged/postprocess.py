@@ -1,0 +1,170 @@
+"""After the forward pass: sample, fork, append, detect the end, and say what to stream.
+
+- Plain requests: one sampler row per sequence that asked for logits.
+- n > 1: when the prompt's prefill completes, the prompt sequence is forked into n sequences
+  (pages shared; `Sequence i` samples with seed + i, like engine_core.llm.LLM) and each samples
+  its first token from the same logits row.
+- Beam search (beam_width W): the live beams' log-softmax rows are scored together; the best W
+  continuations survive (a beam chosen twice is forked, a beam not chosen is freed); a candidate
+  ending in EOS/stop becomes a finished hypothesis. The search ends when W hypotheses are done
+  and none of the live beams can beat them, or at max_tokens. The best n hypotheses are then sent
+  whole, ranked, with replaces_previous=True. Score = cumulative logprob / len ** length_penalty.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine_core.request import FinishReason, StepOutput
+from engine_core.sampler import SampleRow, make_generator
+from engine_paged.sequence import GroupStatus, Sequence, SequenceGroup
+
+if TYPE_CHECKING:
+    from engine_paged.scheduler import PagedBatch, PagedScheduler
+
+
+def process(sched: PagedScheduler, batch: PagedBatch, logits: torch.Tensor) -> list[StepOutput]:
+    outputs: list[StepOutput] = []
+    rows: list[tuple[SequenceGroup, Sequence, int]] = []  # plain sampling: (group, seq, logits row)
+    beams: dict[int, tuple[SequenceGroup, list[tuple[Sequence, int]]]] = {}
+    row = 0
+    for e in batch.entries:
+        e.seq.num_computed += e.num_tokens
+        if not e.wants_logits:
+            continue
+        if e.group.is_beam:
+            beams.setdefault(id(e.group), (e.group, []))[1].append((e.seq, row))
+        elif not e.group.forked and e.group.width > 1:
+            for seq in _fork_outputs(sched, e.group, e.seq):
+                rows.append((e.group, seq, row))
+        else:
+            rows.append((e.group, e.seq, row))
+        row += 1
+    if rows:
+        sample_rows = [SampleRow(g.request.params, s.token_ids[:s.num_prompt], s.output_token_ids, s.generator)
+                       for g, s, _ in rows]
+        out = sched.sampler.sample(logits[[r for _, _, r in rows]], sample_rows)
+        for (group, seq, _), token, lp in zip(rows, out.token_ids, out.logprobs):
+            outputs.append(_append(sched, group, seq, token, lp))
+    for group, beam_rows in beams.values():
+        outputs += _beam_step(sched, group, beam_rows, logits)
+    return outputs
+
+
+def _fork_outputs(sched: PagedScheduler, group: SequenceGroup, parent: Sequence) -> list[Sequence]:
+    seed = group.request.params.seed
+    children = []
+    for i in range(1, group.width):
+        child = parent.copy_as(i, make_generator(None if seed is None else (seed + i) % 2**64))
+        sched.bm.fork(parent.seq_id, child.seq_id)
+        children.append(child)
+    group.seqs += children
+    group.forked = True
+    return [parent] + children
+
+
+def _finish_reason(sched: PagedScheduler, group: SequenceGroup, seq: Sequence) -> FinishReason | None:
+    reason = group.request.params.finish_reason(seq.output_token_ids, sched.config.eos_token_ids)
+    if reason is None and len(seq.token_ids) >= sched.config.max_model_len:
+        reason = "length"
+    return None if reason is None else FinishReason(reason)
+
+
+def _prompt_info(group: SequenceGroup) -> dict:
+    if group.prompt_sent:
+        return {}
+    group.prompt_sent = True
+    return {"prompt_tokens": len(group.request.prompt_token_ids), "cached_tokens": 0}
+
+
+def _append(sched: PagedScheduler, group: SequenceGroup, seq: Sequence, token: int, lp) -> StepOutput:
+    seq.token_ids.append(token)
+    if lp is not None:
+        seq.logprobs.append(lp)
+        seq.cumulative_logprob += lp.logprob
+    seq.finish_reason = _finish_reason(sched, group, seq)
+    new = seq.output_token_ids[seq.num_sent:]
+    new_lps = seq.logprobs[seq.num_sent:] if lp is not None else None
+    seq.num_sent = len(seq.output_token_ids)
+    if seq.finish_reason is not None:
+        sched.bm.free(seq.seq_id)
+        if all(s.finished for s in group.seqs):
+            group.status = GroupStatus.FINISHED
+    return StepOutput(group.request_id, seq.index, new, new_lps, seq.finish_reason, seq.cumulative_logprob,
+                      **_prompt_info(group))
+
+
+# -- beam search -------------------------------------------------------------------------------
+def _score(seq: Sequence, length_penalty: float) -> float:
+    return seq.cumulative_logprob / max(1, len(seq.output_token_ids)) ** length_penalty
+
+
+def _beam_step(sched: PagedScheduler, group: SequenceGroup, beam_rows, logits) -> list[StepOutput]:
+    params = group.request.params
+    width = params.beam_width
+    stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(sched.config.eos_token_ids))
+    parents = [s for s, _ in beam_rows]
+    logp = torch.log_softmax(logits[[r for _, r in beam_rows]].float(), dim=-1)  # [beams, vocab]
+    if len(parents[0].output_token_ids) < params.min_tokens and stops:
+        logp[:, sorted(stops)] = float("-inf")
+    total = logp + torch.tensor([p.cumulative_logprob for p in parents])[:, None]
+    values, flat = total.flatten().topk(min(2 * width, total.numel()))
+    vocab = logp.shape[1]
+    keep: list[tuple[int, int, float]] = []  # (parent index, token, cumulative logprob)
+    for rank, (v, f) in enumerate(zip(values.tolist(), flat.tolist())):
+        b, token = divmod(f, vocab)
+        if token in stops:
+            if rank < width:
+                done = parents[b].copy_as(0, None)
+                done.token_ids.append(token)
+                done.cumulative_logprob, done.finish_reason = v, FinishReason.STOP
+                group.beams_done.append(done)
+        else:
+            keep.append((b, token, v))
+        if len(keep) == width:
+            break
+    # forks first (from the parents' current state), then appends, then frees
+    new_live: list[Sequence] = []
+    used: set[int] = set()
+    for b, token, v in keep:
+        parent = parents[b]
+        if b in used:
+            seq = parent.copy_as(0, None)
+            sched.bm.fork(parent.seq_id, seq.seq_id)
+        else:
+            seq = parent
+            used.add(b)
+        new_live.append((seq, token, v))
+    for b, parent in enumerate(parents):
+        if b not in used:
+            sched.bm.free(parent.seq_id)
+    live = []
+    for seq, token, v in new_live:
+        seq.token_ids.append(token)
+        seq.cumulative_logprob = v
+        live.append(seq)
+    group.seqs = live
+    group.forked = True
+    out_len = len(live[0].output_token_ids) if live else 0
+    at_limit = live and (out_len >= params.max_tokens or len(live[0].token_ids) >= sched.config.max_model_len)
+    if at_limit:
+        for seq in live:
+            seq.finish_reason = FinishReason.LENGTH
+        group.beams_done += live
+    lp = params.length_penalty
+    best_live = max((_score(s, lp) for s in live), default=float("-inf"))
+    done = sorted(group.beams_done, key=lambda s: _score(s, lp), reverse=True)
+    if not (at_limit or not live or (len(done) >= width and _score(done[width - 1], lp) >= best_live)):
+        return []
+    for seq in live:
+        sched.bm.free(seq.seq_id)
+    group.seqs = []
+    group.status = GroupStatus.FINISHED
+    info = _prompt_info(group)
+    outputs = []
+    for rank, seq in enumerate(done[:params.n]):
+        outputs.append(StepOutput(group.request_id, rank, seq.output_token_ids, None, seq.finish_reason,
+                                  seq.cumulative_logprob, replaces_previous=True, **(info if rank == 0 else {})))
+    return outputs

@@ -1,0 +1,240 @@
+"""Continuous batching over paged KV: who runs this step, with how many tokens.
+
+Each step has a token budget (`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`):
+  1. decode tokens of running sequences first (one each), oldest request first;
+  2. then prefill chunks of running requests still in their prompt, so a long prompt is cut in
+     chunks and never stalls the decoding of others;
+  3. then new requests from the waiting queue, FCFS (with `priority`: lower value first, FCFS
+     among equals), head of line only, while budget, sequence cap and free pages (above the
+     watermark) allow. Nothing is admitted in a step that had to preempt.
+When a running sequence needs a page and none is free, the NEWEST running request is preempted:
+its pages are freed and it goes back to the waiting queue at its original place, to be
+recomputed from its prompt and the tokens it already produced (nothing already streamed is sent
+again). The oldest request is therefore never preempted by a newer one: no starvation. If a
+request cannot get a page even when it runs alone, it ends with CapacityError and the others go on.
+
+Sampling, n > 1 forks and beam search live in `engine_paged.postprocess`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
+
+from engine_core.errors import CapacityError, InvalidRequestError
+from engine_core.forward_batch import SeqChunk
+from engine_core.request import FinishReason, KvEvent, LoadStats, Request, StepOutput
+from engine_core.sampler import Sampler, make_generator
+from engine_paged import postprocess
+from engine_paged.block_manager import BlockManager
+from engine_paged.sequence import GroupStatus, Sequence, SequenceGroup
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    priority: bool = False  # honour Request.priority (lower first)
+
+
+@dataclass
+class ScheduledSeq:
+    group: SequenceGroup
+    seq: Sequence
+    num_tokens: int
+    wants_logits: bool
+
+
+@dataclass
+class PagedBatch:
+    chunks: list[SeqChunk] = field(default_factory=list)
+    entries: list[ScheduledSeq] = field(default_factory=list)
+
+
+class PagedScheduler:
+    """Implements engine_core.scheduler_protocol.Scheduler. `copy_pages(pairs)` copies the KV of
+    page src into page dst for every layer (copy-on-write); it runs before the step's forward."""
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, sampler: Sampler,
+                 copy_pages: Callable[[list[tuple[int, int]]], None]) -> None:
+        if config.max_num_batched_tokens < 1 or config.max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        self.config = config
+        self.bm = block_manager
+        self.sampler = sampler
+        self.copy_pages = copy_pages
+        self.waiting: list[SequenceGroup] = []  # sorted by group.order
+        self.running: list[SequenceGroup] = []  # sorted by group.order: the last one is the newest
+        self.groups: dict[str, SequenceGroup] = {}
+        self.num_preemptions = 0
+        self._outputs: list[StepOutput] = []
+        self._counter = itertools.count()
+
+    # -- the protocol: requests in and out ------------------------------------------------
+    def validate(self, request: Request) -> None:
+        p, n_prompt = request.params, len(request.prompt_token_ids)
+        if n_prompt >= self.config.max_model_len:
+            raise InvalidRequestError(f"the prompt has {n_prompt} tokens but the model's context is "
+                                      f"{self.config.max_model_len}, which leaves no room to generate")
+        if p.json_schema is not None or p.json_object or p.regex is not None:
+            raise InvalidRequestError("structured output is not supported by the paged engine (engine_prefix has it)")
+        if p.beam_width > 1 and p.n > p.beam_width:
+            raise InvalidRequestError(f"n={p.n} must not exceed beam_width={p.beam_width} with beam search")
+        width = p.beam_width if p.beam_width > 1 else p.n
+        if width > self.config.max_num_seqs:
+            raise InvalidRequestError(f"{width} parallel outputs exceed this worker's max_num_seqs "
+                                      f"({self.config.max_num_seqs})")
+        if self.bm.pages_for(n_prompt + 1) > self.bm.num_total_pages:
+            raise CapacityError(f"the prompt needs {self.bm.pages_for(n_prompt + 1)} KV pages, more than the "
+                                f"{self.bm.num_total_pages} this worker has")
+
+    def add(self, request: Request) -> None:
+        seed = request.params.seed
+        seq = Sequence(0, list(request.prompt_token_ids), len(request.prompt_token_ids), make_generator(seed))
+        key = (request.priority if self.config.priority else 0, request.arrival_time, next(self._counter))
+        group = SequenceGroup(request, [seq], key)
+        self.groups[request.request_id] = group
+        bisect.insort(self.waiting, group, key=lambda g: g.order)
+
+    def abort(self, request_id: str) -> bool:
+        group = self.groups.get(request_id)
+        if group is None:
+            return False
+        self._finish_group(group)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.groups)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self.groups
+
+    def take_outputs(self) -> list[StepOutput]:
+        out, self._outputs = self._outputs, []
+        return out
+
+    def take_kv_events(self) -> list[KvEvent]:
+        return []  # no prefix cache here
+
+    def load(self) -> LoadStats:
+        return LoadStats(len(self.running), len(self.waiting), self.bm.num_used_pages, self.bm.num_total_pages,
+                         num_preemptions=self.num_preemptions)
+
+    def process(self, batch: PagedBatch, logits) -> list[StepOutput]:
+        outputs = postprocess.process(self, batch, logits)
+        for group in [g for g in self.running if g.status is GroupStatus.FINISHED]:
+            self._finish_group(group)
+        return outputs
+
+    # -- one step ---------------------------------------------------------------------------
+    def schedule(self) -> PagedBatch | None:
+        batch = PagedBatch()
+        budget = self.config.max_num_batched_tokens
+        preempted = False
+        for decode_pass in (True, False):
+            i = 0
+            while i < len(self.running) and budget > 0:
+                group = self.running[i]
+                result = self._schedule_group(group, batch, budget, decode_pass)
+                if result is None:  # could not get pages even after preempting everyone newer
+                    preempted = True
+                    if i == 0 and len(self.running) == 1:
+                        self._fail(group, CapacityError(
+                            f"request {group.request_id} needs more KV pages than this worker has "
+                            f"({self.bm.num_total_pages} pages of {self.bm.page_size} tokens)"))
+                    else:
+                        self._preempt(group)
+                    continue
+                budget, did_preempt = result
+                preempted |= did_preempt
+                i += 1
+        if not preempted:
+            budget = self._admit(batch, budget)
+        return batch if batch.entries else None
+
+    def _schedule_group(self, group: SequenceGroup, batch: PagedBatch, budget: int, decode_pass: bool):
+        """Slots for this pass's sequences of `group`; (budget left, preempted?) or None when the
+        group itself must give way (its entries of this step are withdrawn)."""
+        mark = len(batch.entries)
+        preempted = False
+        for seq in group.live:
+            if (seq.num_uncomputed == 1) != decode_pass or seq.num_uncomputed == 0 or budget <= 0:
+                continue
+            n = min(seq.num_uncomputed, budget)
+            while not self.bm.can_append(seq.seq_id, n):
+                victim = self.running[-1]
+                if victim is group:
+                    for e in batch.entries[mark:]:
+                        budget += e.num_tokens
+                    del batch.entries[mark:], batch.chunks[mark:]
+                    return None
+                self._preempt(victim)
+                preempted = True
+            self._add_entry(batch, group, seq, n)
+            budget -= n
+        return budget, preempted
+
+    def _admit(self, batch: PagedBatch, budget: int) -> int:
+        num_seqs = sum(g.width for g in self.running)
+        while self.waiting and budget > 0:
+            group = self.waiting[0]
+            if num_seqs + group.width > self.config.max_num_seqs:
+                break
+            plan = []
+            pages = 0
+            for seq in group.live:
+                n = min(seq.num_uncomputed, budget - sum(k for _, k in plan))
+                if n <= 0:
+                    break
+                plan.append((seq, n))
+                pages += self.bm.pages_for(n)
+            if not plan or not self.bm.can_admit(pages * self.bm.page_size):
+                break
+            self.waiting.pop(0)
+            group.status = GroupStatus.RUNNING
+            bisect.insort(self.running, group, key=lambda g: g.order)
+            for seq, n in plan:
+                self._add_entry(batch, group, seq, n)
+                budget -= n
+            num_seqs += group.width
+        return budget
+
+    def _add_entry(self, batch: PagedBatch, group: SequenceGroup, seq: Sequence, n: int) -> None:
+        copies = self.bm.append_slots(seq.seq_id, n)
+        if copies:
+            self.copy_pages(copies)
+        start = seq.num_computed
+        last = start + n == len(seq.token_ids)
+        batch.chunks.append(SeqChunk(seq.token_ids[start:start + n], start, self.bm.block_table(seq.seq_id),
+                                     (-1,) if last else ()))
+        batch.entries.append(ScheduledSeq(group, seq, n, last))
+
+    # -- state changes ----------------------------------------------------------------------
+    def _preempt(self, group: SequenceGroup) -> None:
+        """Free the group's pages; it will recompute from its tokens when admitted again."""
+        self.running.remove(group)
+        for seq in group.seqs:
+            self.bm.free(seq.seq_id)
+            seq.num_computed = 0
+        group.status = GroupStatus.WAITING
+        bisect.insort(self.waiting, group, key=lambda g: g.order)
+        self.num_preemptions += 1
+
+    def _fail(self, group: SequenceGroup, error: Exception) -> None:
+        self._outputs.append(StepOutput(group.request_id, 0, [], finish_reason=FinishReason.ERROR, error=error))
+        self._finish_group(group)
+
+    def _finish_group(self, group: SequenceGroup) -> None:
+        for seq in group.seqs:
+            self.bm.free(seq.seq_id)
+        if group in self.running:
+            self.running.remove(group)
+        elif group in self.waiting:
+            self.waiting.remove(group)
+        group.status = GroupStatus.FINISHED
+        self.groups.pop(group.request_id, None)

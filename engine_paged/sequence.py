@@ -1,0 +1,82 @@
+"""A request inside the paged engine (`SequenceGroup`) and its sequences (`Sequence`: one output
+index, or one beam). A group starts with one sequence holding the prompt; when the prompt's
+prefill completes, n > 1 and beam search fork it (the block manager shares the pages)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from engine_core.request import FinishReason, Request, TokenLogprob
+
+_seq_ids = itertools.count()
+
+
+class GroupStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    index: int  # output index (beam search: assigned at the end, by rank)
+    token_ids: list[int]  # prompt + output
+    num_prompt: int
+    generator: torch.Generator | None = None
+    seq_id: int = field(default_factory=lambda: next(_seq_ids))
+    num_computed: int = 0  # tokens whose KV is in the pages
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    num_sent: int = 0  # output tokens already streamed
+    finish_reason: FinishReason | None = None
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt:]
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def copy_as(self, index: int, generator: torch.Generator | None) -> Sequence:
+        """A fork: same tokens and progress, a new id (the caller forks the block table)."""
+        return Sequence(index, list(self.token_ids), self.num_prompt, generator, num_computed=self.num_computed,
+                        logprobs=list(self.logprobs), cumulative_logprob=self.cumulative_logprob,
+                        num_sent=self.num_sent)
+
+
+@dataclass
+class SequenceGroup:
+    request: Request
+    seqs: list[Sequence]  # live and finished outputs (beam search: live beams only)
+    order: tuple  # waiting-queue key: (priority, arrival, admission counter)
+    status: GroupStatus = GroupStatus.WAITING
+    forked: bool = False  # n > 1 / beams already made from the prompt sequence
+    prompt_sent: bool = False
+    beams_done: list[Sequence] = field(default_factory=list)  # beam search: finished hypotheses
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def is_beam(self) -> bool:
+        return self.request.params.beam_width > 1
+
+    @property
+    def width(self) -> int:
+        """Sequences this group runs once forked (counts against --max-num-seqs)."""
+        p = self.request.params
+        return p.beam_width if self.is_beam else p.n
+
+    @property
+    def live(self) -> list[Sequence]:
+        return [s for s in self.seqs if not s.finished]
