@@ -1,0 +1,111 @@
+"""The ops dashboard in a real headless Chromium (Debian's /usr/bin/chromium driven by Playwright; no
+browser download) against a live stack: it asks for the admin key, its panels fill with data under
+traffic, and a weight changed in the page (with its confirmation step) changes the split of the next
+400 requests to within 5 points of the new weight. Leaves a screenshot in docs/dashboard.png."""
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+
+from live_stack import ROOT, LiveStack, SimSpec, chat_body
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+KEY = "adm-dashboard"
+SCREENSHOT = ROOT / "docs" / "dashboard.png"
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium package")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = LiveStack(tmp_path_factory.mktemp("dashboard"), [
+        SimSpec("paged-v1", kind="paged", version="v1"),
+        SimSpec("paged-v2", kind="paged", version="v2"),
+        SimSpec("prefix-v1", kind="prefix", version="v1"),
+    ], admin_key=KEY, routing={"sticky_key": "user", "variants": [
+        {"name": "stable", "weight": 90, "pools": [{"engine_kind": "paged", "version": "v1"},
+                                                  {"engine_kind": "prefix", "version": "v1"}]},
+        {"name": "canary", "weight": 10, "pools": [{"engine_kind": "paged", "version": "v2"}]},
+    ]})
+    s.start()
+    yield s
+    s.stop()
+
+
+async def send(stack, users, concurrency=16, prefix="hello") -> dict[str, int]:
+    split: dict[str, int] = {}
+    sem = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=stack.url, timeout=30) as c:
+        async def one(user):
+            async with sem:
+                r = await c.post("/v1/chat/completions", json=chat_body(stack.model, f"{prefix} from {user}", user, 3))
+                assert r.status_code == 200, r.text
+                split[r.headers["x-duet-variant"]] = split.get(r.headers["x-duet-variant"], 0) + 1
+        await asyncio.gather(*(one(u) for u in users))
+    return split
+
+
+async def test_dashboard_live(stack):
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                          args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = await browser.new_page(viewport={"width": 1400, "height": 1500})
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            await page.goto(stack.url + "/dashboard")
+
+            # it asks for the key; a wrong one is refused
+            await page.fill("#admin-key", "wrong")
+            await page.click("#login-form button")
+            await page.wait_for_selector("#login-error:has-text('refused')")
+            await page.fill("#admin-key", KEY)
+            await page.click("#login-form button")
+            await page.wait_for_selector("#conn:has-text('live')")
+            assert await page.evaluate("sessionStorage.getItem('duetAdminKey')") == KEY
+
+            # panels fill with data under traffic
+            traffic = asyncio.create_task(send(stack, [f"warm{i}" for i in range(150)], concurrency=6))
+            await page.wait_for_function("Number(document.body.dataset.requests || 0) > 0", timeout=20000)
+            await page.wait_for_function(
+                "['chart-rps', 'chart-latency', 'chart-tokens'].every(id => Chart.getChart(id).data.datasets"
+                ".some(d => d.data.some(v => v > 0)))", timeout=20000)
+            await page.wait_for_function("Chart.getChart('chart-reasons').data.labels.length > 0", timeout=20000)
+            await page.wait_for_selector("#workers tbody tr >> text=paged-v2")
+            assert await page.locator("#workers tbody tr").count() == 3
+            await page.wait_for_selector("#decisions tbody tr", timeout=10000)
+            await page.wait_for_timeout(1500)  # a few more seconds of lines on the charts
+            SCREENSHOT.parent.mkdir(exist_ok=True)
+            await page.screenshot(path=str(SCREENSHOT), full_page=True)
+            await traffic
+
+            # change the canary weight in the page, through the confirmation dialog
+            model = f"#canary .model[data-model='{stack.model}']"
+            await page.fill(f"{model} input[data-variant='stable']", "70")
+            await page.fill(f"{model} input[data-variant='canary']", "30")
+            await page.click(f"{model} button.apply")
+            await page.wait_for_selector("#confirm[open]")
+            assert "canary: 10 -> 30" in await page.inner_text("#confirm-body")
+            await page.click("#confirm-ok")
+            async with httpx.AsyncClient(base_url=stack.url, headers=stack.admin_headers) as c:
+                for _ in range(50):
+                    cfg = (await c.get(f"/admin/models/{stack.model}/routing")).json()
+                    if cfg["variants"][1]["weight"] == 30:
+                        break
+                    await asyncio.sleep(0.1)
+                assert [v["weight"] for v in cfg["variants"]] == [70, 30]
+                audit = (await c.get("/admin/audit?limit=1")).json()["entries"][0]
+                assert audit["actor"].startswith("admin-") and audit["after"]["variants"][1]["weight"] == 30
+            await page.wait_for_selector("#audit tbody tr >> text=canary=30", timeout=10000)
+
+            split = await send(stack, [f"user-{i}" for i in range(400)], prefix="after the change")
+            share = 100 * split.get("canary", 0) / 400
+            assert abs(share - 30) <= 5, split
+            assert not errors, errors
+        finally:
+            await browser.close()
