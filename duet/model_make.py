@@ -25,7 +25,7 @@ from safetensors.numpy import save_file
 from duet.tokenizer_make import SPECIAL_TOKENS, build_tokenizer_json
 
 # Bump when the bytes `make_checkpoint` writes change, so cached default models are remade.
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"
 ARCHS = ("llama", "qwen2", "qwen3")
 _HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 

@@ -2,7 +2,7 @@
 
 `build_tokenizer_json(vocab_size)` returns the text of a `tokenizer.json` that the `tokenizers`
 library and transformers both load. It is byte-level (every UTF-8 string encodes, any token
-sequence decodes), NFC-normalized like Qwen's, and starts with three special tokens:
+sequence decodes), NFC-normalized and pre-split like Qwen2's, and starts with three special tokens:
 `<|endoftext|>` (0, eos and pad), `<|im_start|>` (1), `<|im_end|>` (2).
 
 The training corpus is built in: a few hand-written lines of English, Chinese, code and emoji,
@@ -13,9 +13,14 @@ distinct pairs to merge. Same `vocab_size` -> same bytes (a test checks it acros
 from __future__ import annotations
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+# Qwen2's pre-tokenizer split (the public pattern in its tokenizer.json). transformers rebuilds this
+# pre-tokenizer for any qwen2 model whatever tokenizer.json says, so using it everywhere keeps the
+# `tokenizers` library and transformers in agreement for every arch we make.
+_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 _SEED_TEXT = """\
 The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step.
@@ -84,7 +89,10 @@ def build_tokenizer(vocab_size: int) -> Tokenizer:
     """Train the byte-level BPE to `vocab_size` entries (specials included)."""
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
