@@ -1,0 +1,79 @@
+"""`duet engine paged`: load a checkpoint, size the KV pool, and serve it through the shared
+worker (engine_core.worker) with the paged scheduler."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from engine_core.kv_pool import KVPool, PageAllocator, pages_for_budget
+from engine_core.model_runner import ModelRunner
+from engine_core.request import EngineSpec
+from engine_core.sampler import Sampler
+from engine_core.worker import EngineParts, run_worker
+from engine_paged.block_manager import BlockManager
+from engine_paged.scheduler import PagedScheduler, SchedulerConfig
+
+CAPABILITIES = ("n", "beam_search", "logprobs")
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is visible")
+    return device
+
+
+def build_engine(model: str, *, device: str = "cpu", page_size: int = 16, kv_cache_tokens: int | None = None,
+                 kv_cache_memory_gb: float | None = None, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 2048, priority: bool = False, version: str = "v1",
+                 worker_id: str = "paged-0") -> EngineParts:
+    """Everything a paged worker runs, built in the calling thread (the worker calls it off the event loop)."""
+    from duet.model_dir import read_model_dir
+
+    model_dir = read_model_dir(model)
+    config = model_dir.config
+    num_pages = pages_for_budget(config, page_size, kv_cache_tokens=kv_cache_tokens,
+                                 kv_cache_memory_gb=kv_cache_memory_gb)
+    pool = KVPool(config.num_hidden_layers, num_pages, page_size, config.num_key_value_heads, config.head_dim,
+                  config.dtype, device)
+    runner = ModelRunner(model_dir, pool, device)
+
+    def copy_pages(pairs: list[tuple[int, int]]) -> None:
+        src = torch.tensor([s for s, _ in pairs], device=pool.device)
+        dst = torch.tensor([d for _, d in pairs], device=pool.device)
+        for caches in (pool.k_caches, pool.v_caches):
+            for cache in caches:
+                cache[dst] = cache[src]
+
+    max_model_len = config.max_position_embeddings
+    sched_config = SchedulerConfig(max_model_len=max_model_len, vocab_size=config.vocab_size,
+                                   eos_token_ids=tuple(config.eos_token_ids), max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=max_num_batched_tokens, priority=priority)
+    scheduler = PagedScheduler(sched_config, BlockManager(PageAllocator(num_pages), page_size),
+                               Sampler(config.vocab_size, config.eos_token_ids, device), copy_pages)
+    spec = EngineSpec(engine_kind="paged", model_id=model_dir.model_id, version=version, page_size=page_size,
+                      max_model_len=max_model_len, capabilities=CAPABILITIES,
+                      kv_capacity_tokens=num_pages * page_size, kv_total_pages=num_pages,
+                      vocab_size=config.vocab_size, worker_id=worker_id)
+    return EngineParts(scheduler, runner, spec)
+
+
+def main(args: argparse.Namespace) -> int:
+    if not args.model:
+        from duet.model_make import default_model_dir
+
+        args.model = str(default_model_dir())
+    device = resolve_device(args.device)
+    worker_id = args.worker_id or f"{args.host}:{args.port}"
+
+    def build() -> EngineParts:
+        return build_engine(args.model, device=device, page_size=args.page_size,
+                            kv_cache_tokens=args.kv_cache_tokens, kv_cache_memory_gb=args.kv_cache_memory_gb,
+                            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                            priority=getattr(args, "priority", False), version=args.version, worker_id=worker_id)
+
+    return run_worker(build, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
+                      metrics_port=args.metrics_port)
