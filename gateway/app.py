@@ -63,6 +63,7 @@ class Gateway:
     # -- lifespan -------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def lifespan(self, app):
+        self._loop = asyncio.get_running_loop()
         if self._state is None:
             if self.config.redis:
                 from gateway.state.redis_store import RedisStore

@@ -118,9 +118,13 @@ class Dispatched:
     messages: AsyncIterator
     first: pb.GenerateResponse
     attempts: int
+    span: trace.Span | None = None
 
     def close(self) -> None:
         self.stream.cancel()
+        if self.span is not None:
+            self.span.end()
+            self.span = None
 
 
 async def dispatch(gw, prep: Prepared) -> Dispatched:
@@ -141,9 +145,11 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
     message = to_pb(prep)
     excluded: set[str] = set()
     last_error: EngineCallError | None = None
-    for attempt in range(1, gw.config.limits.max_attempts + 1):
-        views = [v for v in gw.views() if v.worker_id not in excluded]
-        with tracer.start_as_current_span("route") as span:
+    # one "route" span over routing and every attempt; each attempt's gRPC client span is its child
+    # and lives as long as the stream (Dispatched.close ends it)
+    with tracer.start_as_current_span("route") as route_span:
+        for attempt in range(1, gw.config.limits.max_attempts + 1):
+            views = [v for v in gw.views() if v.worker_id not in excluded]
             t0 = time.perf_counter()
             try:
                 decision = routing.route(req, views, config, affinity, gw.seen, gw.index)
@@ -153,33 +159,41 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
                 detail = f" (last worker error: {last_error})" if last_error else ""
                 raise errors.NoCapableWorker(f"{e}{detail}") from None
             gw.metrics.route_seconds.observe(time.perf_counter() - t0)
-            span.set_attributes({"duet.worker": decision.worker_id, "duet.engine": decision.engine_kind,
-                                 "duet.variant": decision.variant, "duet.route_reason": decision.reason,
-                                 "duet.estimated_reuse": decision.estimated_reuse, "duet.attempt": attempt})
-        worker = gw.pool.get(decision.worker_id)
-        with tracer.start_as_current_span("duet.engine.v1.Engine/Generate", kind=trace.SpanKind.CLIENT) as span:
-            span.set_attributes({"rpc.system": "grpc", "rpc.service": "duet.engine.v1.Engine",
-                                 "rpc.method": "Generate", "server.address": worker.address})
-            stream = worker.client.generate(message, metadata=inject_metadata())
+            route_span.set_attributes({
+                "duet.worker": decision.worker_id, "duet.engine": decision.engine_kind,
+                "duet.variant": decision.variant, "duet.route_reason": decision.reason,
+                "duet.estimated_reuse": decision.estimated_reuse, "duet.attempts": attempt})
+            worker = gw.pool.get(decision.worker_id)
+            span = tracer.start_span("duet.engine.v1.Engine/Generate", kind=trace.SpanKind.CLIENT, attributes={
+                "rpc.system": "grpc", "rpc.service": "duet.engine.v1.Engine", "rpc.method": "Generate",
+                "server.address": worker.address, "duet.worker": decision.worker_id})
+            stream = worker.client.generate(message, metadata=inject_metadata(trace.set_span_in_context(span)))
             it = stream.__aiter__()
             try:
                 first = await it.__anext__()
             except (EngineCallError, StopAsyncIteration) as e:
                 stream.cancel()
                 if isinstance(e, EngineCallError) and not e.retryable:
+                    span.end()
                     raise errors.InvalidRequest(f"the engine rejected the request: {e.details}") from None
                 last_error = e if isinstance(e, EngineCallError) else EngineCallError(
                     decision.worker_id, "EMPTY", "stream ended without output", True)
                 span.record_exception(last_error)
+                span.set_status(trace.StatusCode.ERROR, str(last_error))
+                span.end()
                 excluded.add(decision.worker_id)
                 gw.pool.mark_failed(decision.worker_id)
                 gw.metrics.retries.labels(decision.worker_id).inc()
                 affinity = None
                 continue
-        gw.record_decision(prep, req, decision)
-        if affinity_key:
-            await gw.state.set_affinity(affinity_key, decision.worker_id, gw.config.affinity_ttl_s)
-        return Dispatched(decision, stream, it, first, attempt)
+            except BaseException:
+                stream.cancel()
+                span.end()
+                raise
+            gw.record_decision(prep, req, decision)
+            if affinity_key:
+                await gw.state.set_affinity(affinity_key, decision.worker_id, gw.config.affinity_ttl_s)
+            return Dispatched(decision, stream, it, first, attempt, span)
     raise errors.EngineFailure(f"{gw.config.limits.max_attempts} workers failed before the first token; "
                                f"last error: {last_error}")
 

@@ -24,10 +24,12 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry import trace
 
 from duet.hashing import block_hashes
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
+from duet.tracing import context_from_grpc
 
 log = logging.getLogger("duet.sim")
 
@@ -106,8 +108,9 @@ class SimCache:
 class SimEngine(pb_grpc.EngineServicer):
     """The Engine service over simulated time; `aborted` counts aborts and cancels (tests read it)."""
 
-    def __init__(self, config: SimConfig) -> None:
+    def __init__(self, config: SimConfig, tracer_provider=None) -> None:
         self.config = config
+        self.tracer = trace.get_tracer("duet.sim", tracer_provider=tracer_provider)
         self.cache = SimCache(config.cache_blocks)
         self.running: dict[str, int] = {}  # request id -> KV pages held
         self.abort_flags: dict[str, asyncio.Event] = {}
@@ -120,6 +123,14 @@ class SimEngine(pb_grpc.EngineServicer):
         return -(-num_tokens // self.config.page_size)
 
     async def Generate(self, request, context):
+        # the engine-side span of the gateway's trace (W3C context from the gRPC metadata)
+        with self.tracer.start_as_current_span("engine.generate", context=context_from_grpc(context),
+                                               kind=trace.SpanKind.SERVER) as span:
+            span.set_attribute("duet.request_id", request.request_id)
+            async for msg in self._generate(request, context):
+                yield msg
+
+    async def _generate(self, request, context):
         cfg = self.config
         rid = request.request_id or f"sim-{id(request)}"
         prompt = list(request.prompt_token_ids)
@@ -249,10 +260,12 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 async def serve(config: SimConfig, host: str, port: int, ready: asyncio.Event | None = None,
-                stop: asyncio.Event | None = None) -> None:
+                stop: asyncio.Event | None = None, tracer_provider=None, engine_out: list | None = None) -> None:
     """Runs the sim worker until `stop` is set (or SIGTERM/SIGINT when run as a process)."""
     server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 100_000)])
-    engine = SimEngine(config)
+    engine = SimEngine(config, tracer_provider)
+    if engine_out is not None:
+        engine_out.append(engine)  # tests read its counters
     pb_grpc.add_EngineServicer_to_server(engine, server)
     health = health_async.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
