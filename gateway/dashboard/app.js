@@ -207,7 +207,7 @@ async function refreshTables() {
     $("#audit tbody").innerHTML = (audit.entries || []).map((a) =>
       `<tr><td>${new Date(a.time * 1000).toLocaleString()}</td><td>${esc(a.actor)}</td><td>${esc(a.model)}</td>` +
       `<td>${esc(describeChange(a.before, a.after))}</td></tr>`).join("");
-    const dec = await api("GET", "/admin/decisions?limit=20");
+    const dec = await api("GET", "/admin/decisions?limit=12");
     $("#decisions tbody").innerHTML = (dec.decisions || []).map((d) =>
       `<tr><td>${new Date(d.at * 1000).toLocaleTimeString()}</td><td>${esc(d.model)}</td><td>${esc(d.variant)}</td>` +
       `<td>${esc(d.engine_kind)}</td><td>${esc(d.worker_id)}</td><td>${esc(d.reason)}</td>` +

@@ -22,9 +22,9 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debia
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     s = LiveStack(tmp_path_factory.mktemp("dashboard"), [
-        SimSpec("paged-v1", kind="paged", version="v1"),
-        SimSpec("paged-v2", kind="paged", version="v2"),
-        SimSpec("prefix-v1", kind="prefix", version="v1"),
+        SimSpec("paged-v1", kind="paged", version="v1", ms_per_token=10),
+        SimSpec("paged-v2", kind="paged", version="v2", ms_per_token=10),
+        SimSpec("prefix-v1", kind="prefix", version="v1", ms_per_token=10),
     ], admin_key=KEY, routing={"sticky_key": "user", "variants": [
         {"name": "stable", "weight": 90, "pools": [{"engine_kind": "paged", "version": "v1"},
                                                   {"engine_kind": "prefix", "version": "v1"}]},
@@ -46,6 +46,28 @@ async def send(stack, users, concurrency=16, prefix="hello") -> dict[str, int]:
                 split[r.headers["x-duet-variant"]] = split.get(r.headers["x-duet-variant"], 0) + 1
         await asyncio.gather(*(one(u) for u in users))
     return split
+
+
+SHARED = "You are the support assistant of a bicycle shop. " * 30
+
+
+async def mixed_traffic(stack, n: int, concurrency: int = 6) -> None:
+    """One-shot prompts (low reuse -> paged) and multi-turn chats over a shared preamble (-> prefix)."""
+    sem = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=stack.url, timeout=30) as c:
+        async def one(i):
+            async with sem:
+                if i % 2:
+                    body = chat_body(stack.model, f"one-shot document {i}: " + "lorem ipsum " * (i % 7), f"w{i}", 8)
+                else:
+                    body = {"model": stack.model, "max_tokens": 8, "user": f"w{i}", "messages": [
+                        {"role": "system", "content": SHARED},
+                        {"role": "user", "content": "my brakes squeak"},
+                        {"role": "assistant", "content": "Which brakes do you have?"},
+                        {"role": "user", "content": f"disc brakes, model {i % 5}"}]}
+                r = await c.post("/v1/chat/completions", json=body)
+                assert r.status_code == 200, r.text
+        await asyncio.gather(*(one(i) for i in range(n)))
 
 
 async def test_dashboard_live(stack):
@@ -70,7 +92,7 @@ async def test_dashboard_live(stack):
             assert await page.evaluate("sessionStorage.getItem('duetAdminKey')") == KEY
 
             # panels fill with data under traffic
-            traffic = asyncio.create_task(send(stack, [f"warm{i}" for i in range(150)], concurrency=6))
+            traffic = asyncio.create_task(mixed_traffic(stack, 240))
             await page.wait_for_function("Number(document.body.dataset.requests || 0) > 0", timeout=20000)
             await page.wait_for_function(
                 "['chart-rps', 'chart-latency', 'chart-tokens'].every(id => Chart.getChart(id).data.datasets"
@@ -79,7 +101,7 @@ async def test_dashboard_live(stack):
             await page.wait_for_selector("#workers tbody tr >> text=paged-v2")
             assert await page.locator("#workers tbody tr").count() == 3
             await page.wait_for_selector("#decisions tbody tr", timeout=10000)
-            await page.wait_for_timeout(1500)  # a few more seconds of lines on the charts
+            await page.wait_for_timeout(4000)  # a few more seconds of lines on the charts
             SCREENSHOT.parent.mkdir(exist_ok=True)
             await page.screenshot(path=str(SCREENSHOT), full_page=True)
             await traffic
