@@ -23,15 +23,22 @@ import hashlib
 import hmac
 import json
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.decision_log import DecisionLog
-from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest, PermissionDenied, error_response
+from gateway.errors import (
+    AuthenticationFailed,
+    GatewayError,
+    InvalidRequest,
+    PermissionDenied,
+    error_response,
+)
 from gateway.rollback import CanaryPolicy, PolicyError, RollbackController
 from gateway.routing import RoutingConfig, RoutingConfigError
 from gateway.state import StateUnavailable

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ import dataclasses
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -65,7 +65,7 @@ class CanaryPolicy:
     ramp: tuple[RampStep, ...] = ()
 
     @classmethod
-    def from_dict(cls, model: str, d: dict) -> "CanaryPolicy":
+    def from_dict(cls, model: str, d: dict) -> CanaryPolicy:
         """Build from JSON/YAML; raises PolicyError naming the bad field."""
         if not isinstance(d, dict):
             raise PolicyError("the canary policy must be an object")
@@ -242,9 +242,10 @@ class RollbackController:
     async def _ramp(self, model: str, policy: CanaryPolicy, st: _ModelState, now: float) -> None:
         if not policy.ramp:
             return
-        if st.ramp_index >= 0:
-            if st.ramp_index + 1 >= len(policy.ramp) or now - st.step_since < policy.ramp[st.ramp_index].hold_s:
-                return
+        started = st.ramp_index >= 0
+        if started and (st.ramp_index + 1 >= len(policy.ramp)
+                        or now - st.step_since < policy.ramp[st.ramp_index].hold_s):
+            return  # on the last step, or the current one has not held long enough
         step_index = st.ramp_index + 1
         config = await self.store.get_routing(model)
         if config is None:

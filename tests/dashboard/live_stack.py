@@ -55,12 +55,12 @@ class LiveStack:
         self._procs: list[subprocess.Popen] = []
 
     def _spawn(self, args: list[str], name: str) -> None:
-        log = open(self.tmp / f"{name}.log", "wb")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self._procs.append(subprocess.Popen([sys.executable, "-m", "duet.cli", *args], cwd=ROOT, env=env,
-                                            stdout=log, stderr=subprocess.STDOUT))
+        with open(self.tmp / f"{name}.log", "wb") as log:  # the child keeps its own copy of the fd
+            self._procs.append(subprocess.Popen([sys.executable, "-m", "duet.cli", *args], cwd=ROOT, env=env,
+                                                stdout=log, stderr=subprocess.STDOUT))
 
-    def start(self, timeout_s: float = 60.0) -> "LiveStack":
+    def start(self, timeout_s: float = 60.0) -> LiveStack:
         for s in self.sims:
             self._spawn(["engine", "sim", "--model", str(self.model_dir), "--port", str(s.port),
                          "--worker-id", s.worker_id, "--version", s.version, "--sim-as", s.kind,

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from live_stack import ROOT, LiveStack, SimSpec, chat_body
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

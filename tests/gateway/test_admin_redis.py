@@ -7,10 +7,10 @@ import time
 
 import httpx
 from starlette.applications import Starlette
+from test_admin import AUTH, GOOD, KEY, Backend
 
 from gateway.admin import admin_routes, key_id
 from gateway.state.redis_store import RedisStore
-from test_admin import AUTH, GOOD, KEY, Backend
 
 
 async def test_weight_change_reaches_the_other_gateway_within_a_second(clean_redis_url):

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dashboard"))
-from live_stack import LiveStack, SimSpec, chat_body  # noqa: E402
+from live_stack import LiveStack, SimSpec, chat_body
 
 KEY = "adm-rollback"
 
@@ -88,7 +88,7 @@ async def test_healthy_canary_keeps_its_weight_and_slow_one_is_rolled_back(stack
         assert {v["name"]: v["weight"] for v in audit[0]["after"]["variants"]} == {"stable": 50, "canary": 0}
 
         metrics = (await c.get("/metrics")).text
-        assert 'duet_canary_rollbacks_total{model="%s",variant="canary"} 1.0' % stack.model in metrics
+        assert f'duet_canary_rollbacks_total{{model="{stack.model}",variant="canary"}} 1.0' in metrics
 
         # the dashboard's stream shows the event
         async with c.stream("GET", "/admin/stats/stream", headers=stack.admin_headers) as resp:
