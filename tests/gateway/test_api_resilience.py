@@ -1,0 +1,174 @@
+"""Worker failures, client disconnects, tracing and shared Redis state, against real sim processes."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from duet_stack import (  # noqa: E402
+    GatewayProcess, GatewayThread, Sim, free_port, gateway_config, model_dir, start_sims,
+)
+
+MODEL = model_dir().name
+MSG = [{"role": "user", "content": "hello"}]
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+
+
+def test_worker_killed_mid_stream_errors_that_stream_and_later_requests_succeed(tmp_path):
+    sims = start_sims([Sim("prefix", ms_per_token=20.0), Sim("prefix", ms_per_token=20.0)], tmp_path)
+    gw = GatewayThread(gateway_config(sims)).start()
+    try:
+        c = _client(gw.url)
+        raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=MSG, max_tokens=200, stream=True)
+        victim = next(s for s in sims if s.address == raw.headers["x-duet-worker"])
+        stream = raw.parse()
+        got = []
+        with pytest.raises(openai.APIError) as e:  # an error event, never a silent truncation
+            for chunk in stream:
+                got.append(chunk)
+                if len(got) == 3:
+                    victim.kill()
+        assert "mid-stream" in str(e.value.message)
+        for i in range(6):  # the dead worker is retried around, then left out by health checks
+            r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"q{i}"}], max_tokens=2)
+            assert r.choices[0].finish_reason == "length"
+    finally:
+        gw.stop()
+        for s in sims:
+            s.kill()
+
+
+def test_failure_before_first_token_is_retried_on_another_worker(tmp_path):
+    sims = start_sims([Sim("paged", fail_rate=1.0), Sim("paged")], tmp_path)
+    gw = GatewayThread(gateway_config(sims, health={"poll_interval_s": 30})).start()
+    try:
+        c = _client(gw.url)
+        for i in range(4):
+            raw = c.completions.with_raw_response.create(model=MODEL, prompt=f"p{i}", max_tokens=2)
+            assert raw.parse().choices[0].finish_reason == "length"
+            assert raw.headers["x-duet-worker"] == sims[1].address
+        assert "duet_worker_retries_total" in httpx.get(gw.url + "/metrics").text
+    finally:
+        gw.stop()
+        for s in sims:
+            s.kill()
+
+
+def _wait(predicate, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_disconnect_cancels_the_engine_request_and_frees_pages(tmp_path, stream):
+    sim = start_sims([Sim("prefix", ms_per_token=20.0)], tmp_path)[0]
+    gw = GatewayThread(gateway_config([sim])).start()
+    try:
+        body = {"model": MODEL, "messages": MSG, "max_tokens": 500, "stream": stream}
+        if stream:
+            with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body) as r:
+                lines = r.iter_lines()
+                for _ in range(3):
+                    next(lines)
+                load = sim.load()
+                assert load.num_running == 1 and load.kv_pages_used > 0
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=0.5)
+        assert _wait(lambda: sim.load().num_running == 0), "the engine still runs the request"
+        assert sim.load().kv_pages_used == 0
+        assert _wait(lambda: gw.gateway.pending == 0)
+    finally:
+        gw.stop()
+        sim.kill()
+
+
+def test_span_tree_http_route_grpc_client_engine(tmp_path):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    from loadtests.sim_engine import SimConfig, serve
+
+    port, stop, ready = free_port(), None, threading.Event()
+    loop = asyncio.new_event_loop()
+
+    def run_sim():
+        nonlocal stop
+        asyncio.set_event_loop(loop)
+        stop = asyncio.Event()
+        started = asyncio.Event()
+
+        async def main():
+            task = asyncio.ensure_future(serve(SimConfig(model_id=MODEL, worker_id="traced-sim", ms_per_token=1.0), "127.0.0.1", port,
+                                               ready=started, stop=stop, tracer_provider=provider))
+            await started.wait()
+            ready.set()
+            await task
+
+        loop.run_until_complete(main())
+
+    t = threading.Thread(target=run_sim, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    sim = Sim(port=port)
+    gw = GatewayThread(gateway_config([sim]), tracer_provider=provider).start()
+    try:
+        _client(gw.url).chat.completions.create(model=MODEL, messages=MSG, max_tokens=3,
+                                                extra_headers={"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"})
+        assert _wait(lambda: any(s.name.startswith("POST") for s in exporter.get_finished_spans()))
+        spans = {s.name: s for s in exporter.get_finished_spans()}
+        http = spans["POST /v1/chat/completions"]
+        route = spans["route"]
+        client = spans["duet.engine.v1.Engine/Generate"]
+        engine = spans["engine.generate"]
+        assert http.context.trace_id == int("ab" * 16, 16)  # continues the caller's trace
+        assert route.parent.span_id == http.context.span_id
+        assert client.parent.span_id == route.context.span_id
+        assert engine.parent.span_id == client.context.span_id  # W3C context crossed gRPC metadata
+        assert {s.context.trace_id for s in (http, route, client, engine)} == {http.context.trace_id}
+        assert route.attributes["duet.worker"] == "traced-sim"
+    finally:
+        gw.stop()
+        loop.call_soon_threadsafe(stop.set)
+        t.join(10)
+
+
+def test_two_gateway_processes_sharing_redis_agree_on_affinity(tmp_path, redis_url):
+    sims = start_sims([Sim("prefix"), Sim("prefix"), Sim("prefix")], tmp_path)
+    a = GatewayProcess(gateway_config(sims, redis=redis_url), tmp_path, "a")
+    b = GatewayProcess(gateway_config(sims, redis=redis_url), tmp_path, "b")
+    try:
+        a.wait_ready()
+        b.wait_ready()
+        ca, cb = _client(a.url), _client(b.url)
+        for i in range(4):
+            session = {"x-session-id": f"session-{i}-{time.time()}"}
+            first = ca.completions.with_raw_response.create(model=MODEL, prompt=f"conversation {i} " * 20,
+                                                            max_tokens=1, extra_headers=session)
+            second = cb.completions.with_raw_response.create(model=MODEL, prompt=f"other text {i}", max_tokens=1,
+                                                             extra_headers=session)
+            assert second.headers["x-duet-worker"] == first.headers["x-duet-worker"]
+            assert second.headers["x-duet-route-reason"] == "affinity"
+    finally:
+        a.stop()
+        b.stop()
+        for s in sims:
+            s.kill()
