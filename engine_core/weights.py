@@ -75,7 +75,7 @@ def load_weights(model: nn.Module, weight_files) -> None:
         if not path.is_file():
             raise WeightsError(f"weight file {path} does not exist")
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
                 if _skipped(name, model):
                     continue
                 if name not in layout:

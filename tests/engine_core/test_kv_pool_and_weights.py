@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from duet.model_dir import read_model_dir
-from engine_core import CapacityError, LLM, SamplingParams, WeightsError
+from engine_core import LLM, CapacityError, SamplingParams, WeightsError
 from engine_core.kv_pool import PageAllocator, kv_bytes_per_token, pages_for_budget
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
 from duet.model_dir import read_model_dir
 from engine_core import LLM, CapacityError, InvalidRequestError, SamplingParams
@@ -125,3 +124,17 @@ def test_bad_input_is_a_clear_error_before_any_work(llama, prompt, params, messa
 def test_params_list_must_match_prompts(llm):
     with pytest.raises(InvalidRequestError, match="2 SamplingParams for 1 prompts"):
         llm.generate([PROMPT], [GREEDY, GREEDY])
+
+
+def test_string_prompts_use_the_checkpoints_tokenizer(tmp_path):
+    from duet.model_make import make_checkpoint
+    from duet.tokenizer import Tokenizer
+
+    path = make_checkpoint(tmp_path / "tiny", preset="tiny", arch="qwen3")
+    tok = Tokenizer.from_dir(path)
+    llm = LLM(path)
+    p = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    text_out, ids_out = llm.generate(["Hello, 世界!", tok.encode("Hello, 世界!")], p)
+    assert text_out.prompt == "Hello, 世界!" and text_out.prompt_token_ids == tok.encode("Hello, 世界!")
+    assert text_out.outputs[0].token_ids == ids_out.outputs[0].token_ids
+    assert text_out.outputs[0].text == tok.decode(text_out.outputs[0].token_ids)

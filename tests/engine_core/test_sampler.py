@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engine_core.sampler import SampleRow, Sampler, make_generator
+from engine_core.sampler import Sampler, SampleRow, make_generator
 from engine_core.sampling_params import SamplingParams
 
 V = 32
