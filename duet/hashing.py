@@ -78,6 +78,8 @@ def _step(key: bytes, block: bytes) -> int:
 
 def _pack(tokens: Sequence[int]) -> bytes:
     if hasattr(tokens, "astype"):  # numpy array: one vectorised conversion
+        if len(tokens) and (tokens.min() < 0 or tokens.max() >= 2**32):
+            raise ValueError("token ids must be ints in [0, 2**32)")
         return tokens.astype("<u4").tobytes()
     try:
         packed = array("I", tokens)

@@ -94,6 +94,8 @@ def test_bad_input_is_a_value_error() -> None:
         block_hashes([1, -2], 1, "m")
     with pytest.raises(ValueError, match="token ids"):
         block_hashes([1, 2**32], 1, "m")
+    with pytest.raises(ValueError, match="token ids"):
+        block_hashes(np.array([1, -1]), 1, "m")
 
 
 def test_hashing_a_long_prompt_head_is_fast() -> None:
