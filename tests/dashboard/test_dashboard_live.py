@@ -127,6 +127,19 @@ async def test_dashboard_live(stack):
             split = await send(stack, [f"user-{i}" for i in range(400)], prefix="after the change")
             share = 100 * split.get("canary", 0) / 400
             assert abs(share - 30) <= 5, split
+
+            # drain a worker from the page: confirmed, shown as draining, and new requests avoid it
+            await page.click("#workers tbody tr:has-text('prefix-v1') button.drain")
+            await page.wait_for_selector("#confirm[open]")
+            await page.click("#confirm-ok")
+            await page.wait_for_selector("#workers tbody tr:has-text('prefix-v1') >> text=draining", timeout=5000)
+            async with httpx.AsyncClient(base_url=stack.url, timeout=30) as c:
+                for i in range(10):
+                    body = {"model": stack.model, "max_tokens": 2, "user": f"d{i}", "messages": [
+                        {"role": "system", "content": SHARED}, {"role": "user", "content": "hi"},
+                        {"role": "assistant", "content": "hello"}, {"role": "user", "content": f"again {i}"}]}
+                    r = await c.post("/v1/chat/completions", json=body)
+                    assert r.status_code == 200 and r.headers["x-duet-worker"] != "prefix-v1"
             assert not errors, errors
         finally:
             await browser.close()
