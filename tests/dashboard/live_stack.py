@@ -42,7 +42,7 @@ class SimSpec:
 
 class LiveStack:
     def __init__(self, tmp: Path, sims: list[SimSpec], admin_key: str, routing: dict | None = None,
-                 redis_url: str | None = None) -> None:
+                 redis_url: str | None = None, gateways: int = 1) -> None:
         self.tmp = tmp
         self.sims = sims
         self.admin_key = admin_key
@@ -50,8 +50,9 @@ class LiveStack:
         self.redis_url = redis_url
         self.model_dir = default_model_dir()
         self.model = self.model_dir.name
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        # several gateways only make sense sharing state: pass redis_url with gateways > 1
+        self.urls = [f"http://127.0.0.1:{free_port()}" for _ in range(gateways)]
+        self.url = self.urls[0]
         self._procs: list[subprocess.Popen] = []
 
     def _spawn(self, args: list[str], name: str) -> None:
@@ -67,23 +68,25 @@ class LiveStack:
                          "--sim-ms-per-token", str(s.ms_per_token),
                          "--sim-prefill-ms-per-token", str(s.prefill_ms_per_token),
                          "--sim-fail-rate", str(s.fail_rate)], s.worker_id)
-        config = {
-            "host": "127.0.0.1", "port": self.port,
-            "models": [{"path": str(self.model_dir)}],
-            "workers": [{"address": s.address} for s in self.sims],
-            "auth": {"admin_key": self.admin_key},
-            "health": {"poll_interval_s": 0.25},
-            "routing": self.routing,
-        }
-        if self.redis_url:
-            config["redis"] = self.redis_url
-        path = self.tmp / "gateway.yaml"
-        path.write_text(yaml.safe_dump(config))
-        self._spawn(["gateway", "--config", str(path)], "gateway")
-        self.wait_ready(timeout_s)
+        for i, url in enumerate(self.urls):
+            config = {
+                "host": "127.0.0.1", "port": int(url.rsplit(":", 1)[1]),
+                "models": [{"path": str(self.model_dir)}],
+                "workers": [{"address": s.address} for s in self.sims],
+                "auth": {"admin_key": self.admin_key},
+                "health": {"poll_interval_s": 0.25},
+                "routing": self.routing,
+            }
+            if self.redis_url:
+                config["redis"] = self.redis_url
+            path = self.tmp / f"gateway{i}.yaml"
+            path.write_text(yaml.safe_dump(config))
+            self._spawn(["gateway", "--config", str(path)], f"gateway{i}")
+        for url in self.urls:
+            self.wait_ready(url, timeout_s)
         return self
 
-    def wait_ready(self, timeout_s: float) -> None:
+    def wait_ready(self, url: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         want = {s.worker_id for s in self.sims}
         while time.monotonic() < deadline:
@@ -91,7 +94,7 @@ class LiveStack:
                 if p.poll() is not None:
                     raise RuntimeError(f"a stack process exited with {p.returncode}:\n{self.logs()}")
             try:
-                r = httpx.get(self.url + "/admin/workers", headers=self.admin_headers, timeout=1.0)
+                r = httpx.get(url + "/admin/workers", headers=self.admin_headers, timeout=1.0)
                 if r.status_code == 200:
                     healthy = {w["worker_id"] for w in r.json()["workers"] if w.get("healthy")}
                     if want <= healthy:

@@ -3,11 +3,16 @@ routes with within a second, and both show the audit entry."""
 
 import asyncio
 import json
+import sys
 import time
+from pathlib import Path
 
 import httpx
 from starlette.applications import Starlette
 from test_admin import AUTH, GOOD, KEY, Backend
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dashboard"))
+from live_stack import LiveStack, SimSpec, chat_body
 
 from gateway.admin import admin_routes, key_id
 from gateway.state.redis_store import RedisStore
@@ -51,3 +56,34 @@ async def _until(get, ok, timeout_s=1.0):
             return
         assert time.monotonic() < deadline, f"not seen within {timeout_s}s: {r.text}"
         await asyncio.sleep(0.02)
+
+
+async def test_two_gateway_processes_route_by_a_change_made_on_one(clean_redis_url, tmp_path):
+    """Real `duet gateway` processes: flip all traffic to the canary on A; B routes there within 1 s."""
+    stack = LiveStack(tmp_path, [SimSpec("stable", version="v1"), SimSpec("canary", version="v2")],
+                      admin_key=KEY, redis_url=clean_redis_url, gateways=2)
+    stack.start()
+    try:
+        a, b = stack.urls
+        model = stack.model
+        flip = {"sticky_key": "user", "variants": [
+            {"name": "stable", "weight": 0, "pools": [{"engine_kind": "paged", "version": "v1"}]},
+            {"name": "canary", "weight": 100, "pools": [{"engine_kind": "paged", "version": "v2"}]}]}
+        async with httpx.AsyncClient(timeout=10) as c:
+            body = chat_body(model, "which arm am I in?", "the-user", 2)
+            r = await c.post(b + "/v1/chat/completions", json=body)
+            assert r.status_code == 200 and r.headers["x-duet-variant"] == "default"
+            t0 = time.monotonic()
+            r = await c.put(f"{a}/admin/models/{model}/routing", json=flip, headers=AUTH)
+            assert r.status_code == 200, r.text
+            while True:
+                r = await c.post(b + "/v1/chat/completions", json=body)
+                if r.headers.get("x-duet-variant") == "canary":
+                    break
+                assert time.monotonic() - t0 < 1.0, "gateway B still routes by the old config after 1 s"
+                await asyncio.sleep(0.02)
+            assert r.headers["x-duet-worker"] == "canary"
+            entries = (await c.get(b + "/admin/audit", headers=AUTH)).json()["entries"]
+            assert entries[0]["actor"] == key_id(KEY) and entries[0]["after"]["variants"][1]["weight"] == 100
+    finally:
+        stack.stop()
