@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=8000)
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    up.add_argument("--sim", action="store_true", help="model-free sim workers instead of real engines (tests)")
+    up.add_argument("--sim-ms-per-token", type=float, default=20.0, help="with --sim: decode time per token")
+    up.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the stack")
     up.set_defaults(func=_run_up)
 
     gw = sub.add_parser("gateway", help="the gateway alone")

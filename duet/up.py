@@ -1,0 +1,159 @@
+"""`duet up`: the whole stack as one foreground process tree.
+
+Starts N `duet engine paged` and M `duet engine prefix` workers (or `duet engine sim` workers with
+--sim) and one `duet gateway --config` as child processes on the embedded tiny model unless
+--model, waits until the gateway's /ready says every model has a healthy worker, prints the API and
+dashboard URLs, and runs until Ctrl-C / SIGTERM or until a child dies.
+
+No orphans: each child runs in its own process group (so Ctrl-C reaches only `duet up`, which
+shuts the children down in order: SIGTERM to each group, workers drain, SIGKILL after a grace
+period) and asks the kernel for SIGTERM should `duet up` itself die (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+SHUTDOWN_GRACE_S = 20.0
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: own process group, SIGTERM when the parent dies (Linux)."""
+    os.setpgrp()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class Stack:
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.children: list[tuple[str, subprocess.Popen]] = []
+
+    def spawn(self, name: str, args: list[str]) -> None:
+        log = open(self.log_dir / f"{name}.log", "wb")
+        proc = subprocess.Popen([sys.executable, "-m", "duet.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        self.children.append((name, proc))
+
+    def dead(self) -> tuple[str, int] | None:
+        for name, p in self.children:
+            if p.poll() is not None:
+                return name, p.returncode
+        return None
+
+    def tail(self, name: str, chars: int = 2000) -> str:
+        try:
+            return (self.log_dir / f"{name}.log").read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def shutdown(self) -> None:
+        # the gateway first (no new requests), then the workers (they drain what is in flight)
+        for _, p in reversed(self.children):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        for _, p in self.children:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for _, p in self.children:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # whatever is left of the group, grandchildren too
+            except (ProcessLookupError, PermissionError):
+                pass
+            p.wait()
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/ready", timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def main(args: argparse.Namespace) -> int:
+    from duet.model_make import default_model_dir
+
+    model = Path(args.model).expanduser().resolve() if args.model else default_model_dir()
+    log_dir = Path(tempfile.mkdtemp(prefix="duet-up-"))
+    stack = Stack(log_dir)
+    stop = {"signal": None}
+
+    def on_signal(signum, frame) -> None:
+        stop["signal"] = signum
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    host = args.host
+    addresses = []
+    try:
+        for kind, count in (("paged", args.paged), ("prefix", args.prefix)):
+            for i in range(count):
+                port = _free_port("127.0.0.1")
+                worker_id = f"{kind}-{i}"
+                common = ["--model", str(model), "--port", str(port), "--worker-id", worker_id]
+                if args.sim:
+                    stack.spawn(worker_id, ["engine", "sim", *common, "--sim-as", kind,
+                                            "--sim-ms-per-token", str(args.sim_ms_per_token)])
+                else:
+                    stack.spawn(worker_id, ["engine", kind, *common, "--device", args.device])
+                addresses.append(f"127.0.0.1:{port}")
+        config = {"host": host, "port": args.port, "models": [{"path": str(model)}],
+                  "workers": [{"address": a} for a in addresses], "health": {"poll_interval_s": 0.5}}
+        if args.redis:
+            config["redis"] = args.redis
+        config_path = log_dir / "gateway.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        stack.spawn("gateway", ["gateway", "--config", str(config_path)])
+        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{args.port}"
+        print(f"duet up: {args.paged} paged + {args.prefix} prefix {'sim ' if args.sim else ''}workers on "
+              f"{model.name}; logs in {log_dir}", flush=True)
+        deadline = time.monotonic() + args.ready_timeout
+        while not _ready(url):
+            if stop["signal"] is not None:
+                return 130
+            if (dead := stack.dead()) is not None:
+                print(f"duet up: {dead[0]} exited with {dead[1]} while starting:\n{stack.tail(dead[0])}",
+                      file=sys.stderr, flush=True)
+                return 1
+            if time.monotonic() > deadline:
+                print(f"duet up: not ready after {args.ready_timeout:.0f}s; logs in {log_dir}", file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+        print(f"API:       {url}/v1\nDashboard: {url}/dashboard\nMetrics:   {url}/metrics\n"
+              f"Ctrl-C to stop.", flush=True)
+        while stop["signal"] is None:
+            if (dead := stack.dead()) is not None:
+                print(f"duet up: {dead[0]} exited with {dead[1]}:\n{stack.tail(dead[0])}", file=sys.stderr,
+                      flush=True)
+                return 1
+            time.sleep(0.2)
+        return 0
+    finally:
+        print("duet up: shutting down", flush=True)
+        stack.shutdown()

@@ -1,0 +1,147 @@
+"""`duet up` end to end: the whole stack as child processes, the openai SDK against it, clean shutdown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import openai
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from duet_stack import ROOT, free_port, model_dir  # noqa: E402
+
+from duet.rpc import engine_pb2 as pb  # noqa: E402
+from duet.rpc import engine_pb2_grpc as pb_grpc  # noqa: E402
+
+MODEL = model_dir().name
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class Up:
+    def __init__(self, *flags: str, env: dict | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "duet.cli", "up", "--port", str(self.port), *flags],
+                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=dict(os.environ, **(env or {})))
+        self.out: list[str] = []
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line and self.proc.poll() is not None:
+                break
+            self.out.append(line)
+            if line.startswith("Ctrl-C to stop"):
+                return
+        raise AssertionError("duet up did not get ready:\n" + "".join(self.out))
+
+    def stop(self, sig=signal.SIGINT) -> int:
+        descendants = _descendants(self.proc.pid)
+        self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=60)
+        assert _wait_gone(descendants), f"orphans left: {[p for p in descendants if _alive(p)]}"
+        return code
+
+
+def _wait_gone(pids: set[int], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_duet_up_with_sim_workers_serves_and_ctrl_c_leaves_no_orphans():
+    up = Up("--sim", "--paged", "1", "--prefix", "2", "--sim-ms-per-token", "2")
+    try:
+        up.wait_ready(60)
+        text = "".join(up.out)
+        assert f"API:       {up.url}/v1" in text and f"{up.url}/dashboard" in text
+        assert len(_descendants(up.proc.pid)) >= 4  # 3 workers + the gateway
+        client = openai.OpenAI(base_url=up.url + "/v1", api_key="k", max_retries=0)
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        assert r.choices[0].finish_reason == "length"
+    finally:
+        code = up.stop(signal.SIGINT)
+    assert code == 0
+
+
+def _load(address: str) -> pb.EngineLoad:
+    with grpc.insecure_channel(address) as ch:
+        return pb_grpc.EngineStub(ch).GetLoad(pb.GetLoadRequest(), timeout=5)
+
+
+@pytest.mark.timeout(300)
+def test_duet_up_real_engines_answer_the_sdk_and_a_disconnect_returns_pages():
+    up = Up("--device", "cpu", env={"DUET_ADMIN_KEY": "adm"})
+    try:
+        up.wait_ready(240)
+        client = openai.OpenAI(base_url=up.url + "/v1", api_key="k", max_retries=0)
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hello there"}], max_tokens=8, temperature=0)
+        r = raw.parse()
+        assert r.choices[0].finish_reason in ("length", "stop") and r.usage.completion_tokens >= 1
+        assert raw.headers["x-duet-engine"] in ("paged", "prefix")
+        chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                     max_tokens=6, stream=True, stream_options={"include_usage": True}))
+        assert chunks[-1].usage.completion_tokens >= 1
+        workers = httpx.get(up.url + "/admin/workers", headers={"Authorization": "Bearer adm"}).json()["workers"]
+        paged = next(w for w in workers if w["engine_kind"] == "paged")
+        assert _load(paged["address"]).kv_pages_used == 0
+        # n=2 goes to the paged engine; disconnect mid-stream and its pages come back
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Count slowly"}], "max_tokens": 1500,
+                "n": 2, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", up.url + "/v1/chat/completions", json=body, timeout=60) as resp:
+            assert resp.headers["x-duet-worker"] == paged["worker_id"]
+            lines = resp.iter_lines()
+            for _ in range(6):
+                next(lines)
+            assert _load(paged["address"]).kv_pages_used > 0
+        assert _wait(lambda: _load(paged["address"]).kv_pages_used == 0), "pages not returned after disconnect"
+        assert _load(paged["address"]).num_running == 0
+    finally:
+        code = up.stop(signal.SIGTERM)
+    assert code == 0
+
+
+def _wait(predicate, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
