@@ -32,6 +32,7 @@ def stack(tmp_path_factory):
         SimSpec("canary-ok", version="v2"),
         # slow prefill: ~15 ms per uncached prompt token, so TTFT is far above the baseline's
         SimSpec("canary-slow", version="v3", prefill_ms_per_token=15.0),
+        SimSpec("canary-fail", version="v4", fail_rate=1.0),
     ], admin_key=KEY, routing=routing("v2"))
     s.start()
     yield s
@@ -101,3 +102,22 @@ async def test_healthy_canary_keeps_its_weight_and_slow_one_is_rolled_back(stack
 
         # and new traffic all goes to the baseline
         assert set(await traffic(stack, 20)) == {"stable"}
+
+
+@pytest.mark.xfail(strict=False, reason="the gateway retries a failed first attempt on another worker and does "
+                   "not yet record the failed attempt in gw.stats, so the canary's errors are invisible")
+async def test_failing_canary_is_rolled_back(stack):
+    policy = {"canary": "canary", "baseline": "stable", "window_s": 6, "min_requests": 5,
+              "max_ttft_p99_ratio": None, "max_error_rate_increase": 0.2, "confirm_s": 1}
+    async with httpx.AsyncClient(base_url=stack.url, timeout=30) as c:
+        r = await c.put(f"/admin/models/{stack.model}/routing", json=routing("v4"), headers=stack.admin_headers)
+        assert r.status_code == 200, r.text
+        r = await c.put(f"/admin/models/{stack.model}/canary-policy", json=policy, headers=stack.admin_headers)
+        assert r.status_code == 200, r.text
+        await traffic(stack, 40)  # the gateway retries the failures on the baseline: clients see no error
+        deadline = time.monotonic() + 10
+        while await canary_weight(c, stack) != 0:
+            assert time.monotonic() < deadline, "no rollback of a canary failing every request"
+            await asyncio.sleep(0.25)
+        audit = (await c.get("/admin/audit?limit=1", headers=stack.admin_headers)).json()["entries"]
+        assert audit[0]["actor"].startswith("automatic rollback: error rate 100% vs baseline 0%")
