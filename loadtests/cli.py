@@ -27,6 +27,8 @@ def _add_simulate_routing(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefill-tokens-per-s", type=float, default=10_000.0, help="simulated prefill speed per worker")
     p.add_argument("--decode-ms-per-token", type=float, default=20.0, help="simulated decode time per token")
     p.add_argument("--routing-config", default=None, help="JSON routing config for the duet policy (default: built-in)")
+    p.add_argument("--no-sessions", action="store_true",
+                   help="duet policy: clients send no session key (no affinity; the prefix index alone)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=_run_simulate_routing)
 
@@ -43,7 +45,8 @@ def _run_simulate_routing(args: argparse.Namespace) -> int:
     service = ServiceModel(prefill_tokens_per_s=args.prefill_tokens_per_s,
                            decode_s_per_token=args.decode_ms_per_token / 1000.0)
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    result = run(args.trace, args.workers, args.cache_blocks, args.time_scale, policies, args.limit, service, config)
+    result = run(args.trace, args.workers, args.cache_blocks, args.time_scale, policies, args.limit, service,
+                 config, sessions=not args.no_sessions)
     print(json.dumps(result, indent=2) if args.json else format_table(result))
     return 0
 

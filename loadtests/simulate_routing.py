@@ -150,9 +150,10 @@ class DuetPolicy:
         return {"reasons": dict(self.reasons), "engines": dict(self.engines)}
 
 
-def make_policy(name: str, num_workers: int, cache_blocks: int | None, config: RoutingConfig | None = None):
+def make_policy(name: str, num_workers: int, cache_blocks: int | None, config: RoutingConfig | None = None,
+                sessions: bool = True):
     if name == "duet":
-        return DuetPolicy(num_workers, cache_blocks, config)
+        return DuetPolicy(num_workers, cache_blocks, config, sessions=sessions)
     classes = {"round_robin": RoundRobin, "least_load": LeastLoad, "consistent_hash": ConsistentHash,
                "sglang_cache_aware": SGLangCacheAware}
     if name not in classes:
@@ -220,7 +221,7 @@ def global_cache_hit_rate(records: list[TraceRecord], capacity: int | None) -> f
 def run(
     trace: str, num_workers: int = 8, cache_blocks: int | None = 2048, time_scale: float = 1.0,
     policies: tuple[str, ...] = POLICY_NAMES, limit: int | None = None,
-    service: ServiceModel = ServiceModel(), config: RoutingConfig | None = None,
+    service: ServiceModel = ServiceModel(), config: RoutingConfig | None = None, sessions: bool = True,
 ) -> dict:
     """The whole report: the global-cache reference and every policy's result."""
     from loadtests.mooncake import load_trace
@@ -239,11 +240,12 @@ def run(
         "workers": num_workers,
         "cache_blocks": cache_blocks,
         "time_scale": time_scale,
+        "sessions": sessions,
         "global_cache_hit_rate": global_cache_hit_rate(records, total),
         "policies": {},
     }
     for name in policies:
-        policy = make_policy(name, num_workers, cache_blocks, config)
+        policy = make_policy(name, num_workers, cache_blocks, config, sessions)
         out["policies"][name] = simulate(records, policy, num_workers, cache_blocks, service, time_scale)
     return out
 
