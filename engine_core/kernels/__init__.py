@@ -24,6 +24,7 @@ from engine_core.kernels import extend_attention as _extend
 from engine_core.kernels import rms_norm as _norm
 from engine_core.kernels import rope as _rope
 from engine_core.kernels import store_kv as _store
+from engine_core.kernels._jit import interpreting
 from engine_core.kernels.rope import build_rope_cache
 
 __all__ = [
@@ -48,6 +49,8 @@ def kernel_backend(t: Tensor) -> str:
         raise ValueError(f"DUET_KERNELS must be one of {', '.join(_BACKENDS)}; got {mode!r}")
     if mode == "auto":
         return "triton" if t.is_cuda else "torch"
+    if mode == "triton" and not t.is_cuda and not interpreting():
+        raise ValueError("DUET_KERNELS=triton on CPU tensors needs TRITON_INTERPRET=1 (Triton's CPU interpreter)")
     return mode
 
 

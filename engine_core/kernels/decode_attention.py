@@ -10,6 +10,8 @@ The softmax and both products are computed in fp32.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -161,12 +163,17 @@ def _decode_reduce_kernel(
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def _num_splits(q: Tensor, num_kv_heads: int, max_context: int, block_n: int) -> int:
     if interpreting() or not q.is_cuda:
         # enough to exercise the reduce, few enough programs for the slow interpreter
         return 2 if max_context > block_n else 1
     # flash-decoding: split long contexts until there are a few programs per SM
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    sms = _sm_count(q.device.index or 0)
     want = triton.cdiv(4 * sms, q.shape[0] * num_kv_heads)
     return max(1, min(want, max_context // 256, 64))
 

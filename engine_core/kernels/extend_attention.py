@@ -159,7 +159,8 @@ def extend_attention_triton(
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     interp = interpreting()
     block_d = max(triton.next_power_of_2(d), 16)
-    block_m = 16 if interp else (128 if block_d <= 64 else 64)
+    # GPU tiles as in FlashAttention-2 (untuned: no GPU was at hand); small tiles keep the interpreter quick
+    block_m = 16 if interp else 128
     block_n = 16 if interp else 64
     grid = (triton.cdiv(max_seqlen_q, block_m), b, hq)
     _extend_kernel[grid](

@@ -53,3 +53,10 @@ def test_forced_triton_runs_every_op(monkeypatch, paged_kv):
         ]
     for got, want in zip(results["triton"], results["torch"]):
         torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+def test_forcing_triton_on_cpu_without_the_interpreter_says_how_to_fix_it(monkeypatch):
+    monkeypatch.setenv("DUET_KERNELS", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        K.silu_and_mul(torch.randn(2, 8))
