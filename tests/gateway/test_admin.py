@@ -154,6 +154,12 @@ async def test_canary_policy_needs_existing_variants(client, backend):
     assert r.status_code == 200 and backend.rollback.policies["m"].window_s == 30
     r = await client.put("/admin/models/m/canary-policy", json={**policy, "window_s": -1}, headers=AUTH)
     assert r.status_code == 400
+    r = await client.put("/admin/models/m/canary-policy", json={**policy, "window_s": 3600}, headers=AUTH)
+    assert r.status_code == 400 and "at most 300 s" in r.json()["error"]["message"]
+    r = await client.get("/admin/models/m/canary-policy", headers=AUTH)
+    assert r.json()["policy"]["window_s"] == 30 and r.json()["rolled_back"] is False
+    assert (await client.delete("/admin/models/m/canary-policy", headers=AUTH)).json() == {"policy": None}
+    assert "m" not in backend.rollback.policies
 
 
 async def test_stream_event_carries_what_the_dashboard_draws(backend):
