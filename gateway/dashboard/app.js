@@ -164,11 +164,29 @@ function renderCanary(routing, rollback) {
       box.appendChild(div);
     }
   }
+  for (const div of document.querySelectorAll("#canary .model")) {
+    let line = div.querySelector(".policy");
+    if (!line) { line = document.createElement("div"); line.className = "policy muted"; div.appendChild(line); }
+    line.textContent = describePolicy((rollback.policies || {})[div.dataset.model], (rollback.status || {})[div.dataset.model]);
+  }
   const events = rollback.events || [];
   $("#rollbacks").innerHTML = events.length
     ? events.slice().reverse().map((e) => `<li><span class="pill bad">rollback</span> ${new Date(e.at * 1000).toLocaleTimeString()} ` +
       `${esc(e.model)} / ${esc(e.variant)}: ${esc(e.message)}</li>`).join("")
     : '<li class="muted">none</li>';
+}
+
+function describePolicy(p, st) {
+  if (!p) return "automatic rollback: off";
+  const bounds = [];
+  if (p.max_ttft_p99_ratio !== null) bounds.push(`TTFT p99 <= ${p.max_ttft_p99_ratio}x`);
+  if (p.max_error_rate_increase !== null) bounds.push(`errors <= +${(100 * p.max_error_rate_increase).toFixed(0)}%`);
+  let text = `automatic rollback: ${p.canary} vs ${p.baseline}, ${bounds.join(", ")} over ${p.window_s} s ` +
+    `(min ${p.min_requests} requests)`;
+  if (p.ramp.length) text += ` · ramp step ${Math.max(0, st ? st.ramp_step : 0) + 1}/${p.ramp.length}`;
+  if (st && st.rolled_back) text += " · ROLLED BACK";
+  else if (st && st.breaching) text += " · out of bounds";
+  return text;
 }
 
 async function applyWeights(model, div) {

@@ -90,6 +90,13 @@ async def test_dashboard_live(stack):
             await page.wait_for_selector("#conn:has-text('live')")
             assert await page.evaluate("sessionStorage.getItem('duetAdminKey')") == KEY
 
+            # a canary policy shows on the canary panel
+            async with httpx.AsyncClient(base_url=stack.url, headers=stack.admin_headers) as c:
+                r = await c.put(f"/admin/models/{stack.model}/canary-policy", json={
+                    "canary": "canary", "baseline": "stable", "window_s": 120, "min_requests": 10_000})
+                assert r.status_code == 200, r.text
+            await page.wait_for_selector("#canary .policy:has-text('automatic rollback: canary vs stable')")
+
             # panels fill with data under traffic
             traffic = asyncio.create_task(mixed_traffic(stack, 240))
             await page.wait_for_function("Number(document.body.dataset.requests || 0) > 0", timeout=20000)
