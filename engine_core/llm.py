@@ -151,6 +151,7 @@ class LLM:
         return -(-min(len(ids) + params.max_tokens, self.max_model_len) // self.page_size)
 
     def _new_seq(self, ids: list[int], params: SamplingParams, index: int) -> _Seq:
+        # sample i of n draws from seed + i: reproducible, and distinct from its siblings
         seed = None if params.seed is None else (params.seed + index) % 2**64
         return _Seq(ids, params, index, self._pages_needed(ids, params), make_generator(seed, self.device))
 

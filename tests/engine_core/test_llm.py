@@ -91,6 +91,12 @@ def test_generation_stops_at_the_models_context(llama):
     assert len(PROMPT) + len(out.token_ids) == 20 and out.finish_reason == "length"
 
 
+@pytest.fixture(scope="module")
+def untouched_llm(llama):
+    """Only ever given bad batches: its KV pages must stay empty."""
+    return LLM(llama, page_size=4)
+
+
 @pytest.mark.parametrize("prompt, params, message", [
     ([], GREEDY, "prompt is empty"),
     ([5] * 256, GREEDY, "context is 256 tokens"),
@@ -112,8 +118,8 @@ def test_generation_stops_at_the_models_context(llama):
     (PROMPT, SamplingParams(beam_width=2), "beam search"),
     (PROMPT, SamplingParams(regex="a+"), "structured output"),
 ])
-def test_bad_input_is_a_clear_error_before_any_work(llama, prompt, params, message):
-    llm = LLM(llama, page_size=4)
+def test_bad_input_is_a_clear_error_before_any_work(untouched_llm, prompt, params, message):
+    llm = untouched_llm
     with pytest.raises(InvalidRequestError, match=message):
         # a valid prompt first: it must not have run either
         llm.generate([PROMPT, prompt], [GREEDY, params])
