@@ -256,13 +256,22 @@ class RedisStore:
             self._affinity.popitem(last=False)
 
     async def get_affinity(self, key: str) -> str | None:
+        async def fetch() -> tuple[str | None, int]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.get(f"{self._p}:aff:{key}")
+                pipe.pttl(f"{self._p}:aff:{key}")
+                worker, ttl_ms = await pipe.execute()
+            return worker, ttl_ms
+
         try:
-            worker = await self._call(lambda: self._redis.get(f"{self._p}:aff:{key}"))
+            worker, ttl_ms = await self._call(fetch)
         except _Down:
             entry = self._affinity.get(key)
             return entry[0] if entry is not None and entry[1] > time.monotonic() else None
         if worker is None:
             self._affinity.pop(key, None)
+        elif ttl_ms > 0:  # remember what other replicas set, for an outage
+            self._remember_affinity(key, worker, time.monotonic() + ttl_ms / 1000.0)
         return worker
 
     async def set_affinity(self, key: str, worker_id: str, ttl_s: float) -> None:

@@ -43,13 +43,13 @@ async def test_both_stores_satisfy_the_protocol(store):
 
 async def test_affinity_roundtrip_and_ttl(store):
     assert await store.get_affinity("sess-1") is None
-    await store.set_affinity("sess-1", "w3", ttl_s=0.3)
+    await store.set_affinity("sess-1", "w3", ttl_s=1.0)
     assert await store.get_affinity("sess-1") == "w3"
-    await asyncio.sleep(0.2)
-    await store.set_affinity("sess-1", "w3", ttl_s=0.3)  # use refreshes the TTL
-    await asyncio.sleep(0.2)
-    assert await store.get_affinity("sess-1") == "w3"
-    await asyncio.sleep(0.35)
+    await asyncio.sleep(0.6)
+    await store.set_affinity("sess-1", "w3", ttl_s=1.0)  # use refreshes the TTL
+    await asyncio.sleep(0.6)
+    assert await store.get_affinity("sess-1") == "w3"  # 1.2 s after the first set
+    await asyncio.sleep(1.0)
     assert await store.get_affinity("sess-1") is None
 
 
@@ -79,14 +79,14 @@ async def test_invalid_routing_config_is_refused(store):
 
 
 async def test_worker_registry_heartbeats_expire(store):
-    await store.register_worker({"worker_id": "w1", "address": "10.0.0.1:7001", "engine_kind": "paged"}, 0.3)
-    await store.register_worker({"worker_id": "w2", "address": "10.0.0.2:7001", "engine_kind": "prefix"}, 5)
+    await store.register_worker({"worker_id": "w1", "address": "10.0.0.1:7001", "engine_kind": "paged"}, 1.0)
+    await store.register_worker({"worker_id": "w2", "address": "10.0.0.2:7001", "engine_kind": "prefix"}, 30)
     assert {w["worker_id"] for w in await store.list_workers()} == {"w1", "w2"}
-    await asyncio.sleep(0.2)
-    await store.register_worker({"worker_id": "w1", "address": "10.0.0.1:7001", "engine_kind": "paged"}, 0.3)
-    await asyncio.sleep(0.2)
-    assert {w["worker_id"] for w in await store.list_workers()} == {"w1", "w2"}
-    await asyncio.sleep(0.35)
+    await asyncio.sleep(0.6)
+    await store.register_worker({"worker_id": "w1", "address": "10.0.0.1:7001", "engine_kind": "paged"}, 1.0)
+    await asyncio.sleep(0.6)
+    assert {w["worker_id"] for w in await store.list_workers()} == {"w1", "w2"}  # heartbeat kept it
+    await asyncio.sleep(1.0)
     workers = await store.list_workers()
     assert [w["worker_id"] for w in workers] == ["w2"]
     assert workers[0]["address"] == "10.0.0.2:7001"
@@ -136,6 +136,10 @@ async def test_redis_outage_serves_last_known_state_then_resyncs(private_redis):
     try:
         await store.put_routing("llama", CANARY, actor="ops")
         await store.set_affinity("sess-1", "w2", ttl_s=60)
+        peer = RedisStore(private_redis.url)  # another gateway replica
+        await peer.set_affinity("sess-3", "w5", ttl_s=60)
+        await peer.close()
+        assert await store.get_affinity("sess-3") == "w5"
         assert store.healthy and store.redis_errors_total == 0
 
         private_redis.stop()
@@ -144,6 +148,7 @@ async def test_redis_outage_serves_last_known_state_then_resyncs(private_redis):
         # requests keep being routed on the last known state
         assert await store.get_routing("llama") == CANARY
         assert await store.get_affinity("sess-1") == "w2"
+        assert await store.get_affinity("sess-3") == "w5"  # learnt from the peer's write
         await store.set_affinity("sess-2", "w1", ttl_s=60)
         assert await store.get_affinity("sess-2") == "w1"
         with pytest.raises(StateUnavailable, match="unreachable"):
