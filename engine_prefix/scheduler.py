@@ -183,6 +183,7 @@ class PrefixScheduler:
         for e in batch.entries:
             seq = e.seq
             if e.prefill:
+                self.prefill_tokens += e.num_tokens
                 seq.num_computed += e.num_tokens
                 self._cache_prefix(seq)
                 if seq.num_computed == len(seq.tokens):
