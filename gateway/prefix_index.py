@@ -28,7 +28,7 @@ KV_EVENT_KINDS = ("stored", "evicted", "cleared")
 class _LruBlocks:
     """An LRU set of block hashes with a fixed capacity."""
 
-    __slots__ = ("capacity", "_blocks")
+    __slots__ = ("_blocks", "capacity")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:

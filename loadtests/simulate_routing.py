@@ -253,10 +253,10 @@ def run(
 def format_table(result: dict) -> str:
     g = result["global_cache_hit_rate"]
     lines = [
-        f"trace {result['trace']}: {result['records']} requests, {result['workers']} workers x "
-        f"{result['cache_blocks']} blocks, time scale {result['time_scale']}",
-        f"global cache ({result['workers']} x {result['cache_blocks']} blocks in one LRU): "
-        f"block hit rate {g:.4f}",
+        (f"trace {result['trace']}: {result['records']} requests, {result['workers']} workers x "
+         f"{result['cache_blocks']} blocks, time scale {result['time_scale']}"),
+        (f"global cache ({result['workers']} x {result['cache_blocks']} blocks in one LRU): "
+         f"block hit rate {g:.4f}"),
         "",
         "| policy | block hit rate | vs global | token hit rate | load max/mean | TTFT p50 s | TTFT p99 s |",
         "|---|---|---|---|---|---|---|",

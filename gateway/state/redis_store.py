@@ -22,6 +22,7 @@ persistence, are written back from the local copy) and turns `healthy` back on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -33,6 +34,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.routing import RoutingConfig, RoutingConfigError
@@ -100,10 +102,8 @@ class RedisStore:
         self._closed = True
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, RedisError, OSError):
                 await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
         self._watchers.clear()
         await self._redis.aclose()
 
@@ -156,10 +156,8 @@ class RedisStore:
                 self._mark_down(e)
                 await asyncio.sleep(self._retry_interval_s)
             finally:
-                try:
+                with contextlib.suppress(RedisError, OSError):  # the connection may be gone
                     await pubsub.aclose()
-                except Exception:  # the connection is already gone
-                    pass
 
     def _parse(self, model: str, raw: str) -> RoutingConfig | None:
         try:

@@ -26,17 +26,17 @@ PREFIX_CAPS = frozenset({"structured_output", "speculative", "logprobs"})
 
 
 def worker(wid: str, kind: str = "paged", version: str = "v1", running: int = 0, **kw) -> WorkerView:
-    fields = dict(
-        worker_id=wid, model_id="m", engine_kind=kind, version=version,
-        capabilities=PAGED_CAPS if kind == "paged" else PREFIX_CAPS,
-        healthy=True, draining=False, num_running=running, num_waiting=0, kv_usage=0.1,
-    )
+    fields = {
+        "worker_id": wid, "model_id": "m", "engine_kind": kind, "version": version,
+        "capabilities": PAGED_CAPS if kind == "paged" else PREFIX_CAPS,
+        "healthy": True, "draining": False, "num_running": running, "num_waiting": 0, "kv_usage": 0.1,
+    }
     fields.update(kw)
     return WorkerView(**fields)
 
 
 def req(hashes=(), **kw) -> RouteRequest:
-    fields = dict(model="m", block_hashes=tuple(hashes), num_prompt_tokens=16 * len(hashes) + 5)
+    fields = {"model": "m", "block_hashes": tuple(hashes), "num_prompt_tokens": 16 * len(hashes) + 5}
     fields.update(kw)
     return RouteRequest(**fields)
 
