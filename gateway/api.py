@@ -92,6 +92,7 @@ class _Run:
         self.usage: dict = {}
         dec = d.decision
         self.labels = (prep.model.model_id, dec.engine_kind, dec.variant)
+        self._itl = gw.metrics.itl.labels(*self.labels)  # resolved once, observed per token
         self.first_at: float | None = None
         self.last_at: float | None = None
         self.itls: list[float] = []
@@ -106,7 +107,7 @@ class _Run:
         else:
             itl = (now - self.last_at) / len(delta.token_ids)
             self.itls.append(itl)
-            self.gw.metrics.itl.labels(*self.labels).observe(itl)
+            self._itl.observe(itl)
         self.last_at = now
 
     def _finish(self, status: str) -> None:

@@ -1,0 +1,299 @@
+"""Gateway overhead benchmark: `python -m loadtests.gateway_bench [--quick] --json`.
+
+Measures, with `duet engine sim` workers pacing 20 ms per token and one `duet gateway` process:
+
+- overhead_ttft_p50_ms / _p99_ms: TTFT through the gateway (time to the first SSE event of a
+  streaming chat completion; the gateway sends its first event once the engine's first token is
+  in) minus TTFT of a direct gRPC client (time to the first Generate message) to the same sim
+  worker, each at 16 concurrent closed-loop streams; `_64` the same at 64 streams;
+- streams_1000_errors / streams_1000_rps: 1,000 concurrent streams through the gateway to two
+  sim workers (any non-200, error event or missing [DONE] counts as an error);
+- route_decision_p99_ms: gateway.routing.route for an 8,000-token prompt (its 256 head block
+  hashes) over 8 workers with warm prefix tables, in-process; head_hash_p99_ms: hashing that head
+  (duet.hashing.block_hashes, done once per request before routing).
+
+The load generator is one asyncio loop with raw HTTP/1.1 sockets (no client library) so it stays
+light next to the gateway on a small machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import yaml
+
+from duet.rpc import engine_pb2 as pb
+from duet.rpc import engine_pb2_grpc as pb_grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "duet.cli", *args], cwd=ROOT, stdout=open(log, "wb"),
+                            stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+async def _wait_port(port: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+# -- direct gRPC client ---------------------------------------------------------------------------
+async def direct_ttfts(address: str, prompt_ids: list[int], concurrency: int, per_stream: int,
+                       max_tokens: int) -> list[float]:
+    out: list[float] = []
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = pb_grpc.EngineStub(ch)
+
+        async def one_stream(k: int) -> None:
+            for i in range(per_stream):
+                req = pb.GenerateRequest(request_id=f"d{k}-{i}", prompt_token_ids=prompt_ids,
+                                         sampling=pb.SamplingParams(max_tokens=max_tokens, seed=k * 1000 + i))
+                t0 = time.perf_counter()
+                first = True
+                async for _ in stub.Generate(req):
+                    if first:
+                        out.append(time.perf_counter() - t0)
+                        first = False
+
+        await asyncio.gather(*(one_stream(k) for k in range(concurrency)))
+    return out
+
+
+# -- raw HTTP client ------------------------------------------------------------------------------
+class HttpConn:
+    """One keep-alive HTTP/1.1 connection speaking just enough of the protocol for SSE responses."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.r = self.w = None
+
+    async def stream(self, body: bytes) -> tuple[float | None, bool]:
+        """One streaming chat request: (seconds to the first SSE event, ok)."""
+        if self.w is None:
+            self.r, self.w = await asyncio.open_connection("127.0.0.1", self.port)
+        t0 = time.perf_counter()
+        self.w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        r = self.r
+        ok = b" 200 " in await r.readline()
+        length, chunked = None, False
+        while (line := await r.readline()) not in (b"\r\n", b""):
+            k, _, v = line.decode("latin-1").partition(":")
+            if k.lower() == "content-length":
+                length = int(v)
+            elif k.lower() == "transfer-encoding" and "chunked" in v:
+                chunked = True
+        if not chunked:
+            await r.readexactly(length or 0)
+            return None, False
+        ttft, tail = None, b""
+        while True:
+            size = int((await r.readline()).split(b";")[0], 16)
+            data = await r.readexactly(size + 2)
+            if size == 0:
+                break
+            if ttft is None and b"data:" in data:
+                ttft = time.perf_counter() - t0
+            if b'"error"' in data:
+                ok = False
+            tail = (tail + data)[-64:]
+        return ttft, ok and b"data: [DONE]" in tail
+
+    def close(self) -> None:
+        if self.w is not None:
+            self.w.close()
+
+
+async def http_stream(port: int, body: bytes) -> tuple[float | None, bool]:
+    conn = HttpConn(port)
+    try:
+        return await conn.stream(body)
+    finally:
+        conn.close()
+
+
+async def gateway_ttfts(port: int, model: str, prompt: str, concurrency: int, per_stream: int,
+                        max_tokens: int) -> tuple[list[float], int]:
+    out: list[float] = []
+    errors = 0
+
+    async def one_stream(k: int) -> None:
+        nonlocal errors
+        conn = HttpConn(port)  # keep-alive, as SDK clients do
+        try:
+            for i in range(per_stream):
+                body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
+                                   "max_tokens": max_tokens, "stream": True, "seed": k * 1000 + i}).encode()
+                ttft, ok = await conn.stream(body)
+                if ok and ttft is not None:
+                    out.append(ttft)
+                else:
+                    errors += 1
+        finally:
+            conn.close()
+
+    await asyncio.gather(*(one_stream(k) for k in range(concurrency)))
+    return out, errors
+
+
+async def streams_burst(port: int, model: str, n: int, max_tokens: int) -> tuple[int, float]:
+    sem_free = asyncio.Semaphore(n)
+
+    async def one(k: int) -> bool:
+        async with sem_free:
+            body = json.dumps({"model": model, "messages": [{"role": "user", "content": f"stream {k}"}],
+                               "max_tokens": max_tokens, "stream": True}).encode()
+            try:
+                _, ok = await asyncio.wait_for(http_stream(port, body), 300)
+                return ok
+            except (OSError, asyncio.TimeoutError):
+                return False
+
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(one(k) for k in range(n)))
+    elapsed = time.perf_counter() - t0
+    return sum(1 for ok in results if not ok), n / elapsed
+
+
+# -- routing decision -----------------------------------------------------------------------------
+def route_decision_ms(samples: int) -> tuple[float, float]:
+    """(p99 ms of hashing an 8,000-token prompt's head, p99 ms of route())."""
+    from duet.hashing import block_hashes
+    from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
+    from gateway.routing import RouteRequest, RoutingConfig, WorkerView, route
+
+    rng = random.Random(0)
+    workers = [WorkerView(f"w{i}", "m", "prefix" if i % 2 else "paged", "v1", frozenset({"n", "logprobs"}),
+                          True, False, rng.randrange(8), 0, rng.random()) for i in range(8)]
+    seen, index, config = SeenBlocks(), WorkerBlockIndex(), RoutingConfig()
+    prompts = [[rng.randrange(32000) for _ in range(8000)] for _ in range(16)]
+    for p in prompts:  # warm tables: these prompts were served before
+        h = block_hashes(p, 16, "m", max_blocks=256)
+        seen.add(h)
+        index.add(workers[rng.randrange(8)].worker_id, h)
+    hashing, only = [], []
+    for i in range(samples):
+        p = prompts[i % len(prompts)] if i % 2 else [rng.randrange(32000) for _ in range(8000)]
+        t0 = time.perf_counter()
+        h = tuple(block_hashes(p, 16, "m", max_blocks=256))
+        t1 = time.perf_counter()
+        route(RouteRequest("m", h, len(p), session_key=None, user_key=f"u{i}"), workers, config, None, seen, index)
+        t2 = time.perf_counter()
+        hashing.append(t1 - t0)
+        only.append(t2 - t1)
+    return _pct(hashing, 0.99) * 1000, _pct(only, 0.99) * 1000
+
+
+# -- the run --------------------------------------------------------------------------------------
+async def run(quick: bool) -> dict:
+    from duet.model_make import default_model_dir
+    from duet.tokenizer import Tokenizer
+
+    model_dir = default_model_dir()
+    model = model_dir.name
+    tmp = Path(tempfile.mkdtemp(prefix="duet-gwbench-"))
+    sim_ports = [_free_port(), _free_port()]
+    gw_port = _free_port()
+    procs = [_spawn(["engine", "sim", "--model", str(model_dir), "--port", str(p), "--sim-as", "prefix",
+                     "--sim-ms-per-token", "20"], tmp / f"sim{i}.log") for i, p in enumerate(sim_ports)]
+    try:
+        for p in sim_ports:
+            await _wait_port(p)
+        prompt = "Summarize the benefits of paged attention for serving large language models."
+        tok = Tokenizer.from_dir(model_dir)
+        prompt_ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}]))
+        per_stream = 3 if quick else 12
+        max_tokens = 16
+        result: dict = {"quick": quick, "sim_ms_per_token": 20}
+        # one-worker gateway for the overhead comparison (same worker as the direct client)
+        cfg = {"host": "127.0.0.1", "port": gw_port, "models": [{"path": str(model_dir)}],
+               "workers": [{"address": f"127.0.0.1:{sim_ports[0]}"}], "health": {"poll_interval_s": 1.0}}
+        (tmp / "gw1.yaml").write_text(yaml.safe_dump(cfg))
+        gw = _spawn(["gateway", "--config", str(tmp / "gw1.yaml")], tmp / "gw1.log")
+        procs.append(gw)
+        await _wait_port(gw_port)
+        await asyncio.sleep(1.5)  # the first health poll
+        await gateway_ttfts(gw_port, model, prompt, 4, 1, 2)  # warm-up
+        for conc, suffix in ((16, ""), (64, "_64")):
+            direct = await direct_ttfts(f"127.0.0.1:{sim_ports[0]}", prompt_ids, conc, per_stream, max_tokens)
+            via, errs = await gateway_ttfts(gw_port, model, prompt, conc, per_stream, max_tokens)
+            result[f"direct_ttft_p50_ms{suffix}"] = round(_pct(direct, 0.5) * 1000, 3)
+            result[f"gateway_ttft_p50_ms{suffix}"] = round(_pct(via, 0.5) * 1000, 3)
+            result[f"overhead_ttft_p50_ms{suffix}"] = round((_pct(via, 0.5) - _pct(direct, 0.5)) * 1000, 3)
+            result[f"overhead_ttft_p99_ms{suffix}"] = round((_pct(via, 0.99) - _pct(direct, 0.99)) * 1000, 3)
+            result[f"ttft_errors{suffix}"] = errs
+        gw.terminate()
+        gw.wait(10)
+        # two workers behind one gateway for the 1,000-stream burst
+        cfg["workers"] = [{"address": f"127.0.0.1:{p}"} for p in sim_ports]
+        cfg["port"] = gw_port = _free_port()
+        (tmp / "gw2.yaml").write_text(yaml.safe_dump(cfg))
+        procs.append(_spawn(["gateway", "--config", str(tmp / "gw2.yaml")], tmp / "gw2.log"))
+        await _wait_port(gw_port)
+        await asyncio.sleep(1.5)
+        n = 1000
+        errors, rps = await streams_burst(gw_port, model, n, 8 if quick else 16)
+        result["streams_1000_errors"] = errors
+        result["streams_1000_rps"] = round(rps, 1)
+        hash_p99, route_p99 = route_decision_ms(200 if quick else 2000)
+        result["route_decision_p99_ms"] = round(route_p99, 4)
+        result["head_hash_p99_ms"] = round(hash_p99, 4)
+        result["cpu_count"] = os.cpu_count()
+        return result
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m loadtests.gateway_bench")
+    ap.add_argument("--quick", action="store_true", help="fewer requests per stream")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    result = asyncio.run(run(args.quick))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:28s} {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
