@@ -47,11 +47,13 @@ def hf_checkpoints(tmp_path_factory):
     for i, arch in enumerate(ARCHS):
         torch.manual_seed(1234 + i)
         model = _hf_model(arch).float().eval()
-        if arch == "qwen3":  # HF inits the q/k norms to ones; random ones prove we load and apply them
-            with torch.no_grad():
-                for layer in model.model.layers:
-                    layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
-                    layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+        # HF inits norms to ones and biases to zeros; random values prove we load and apply each of them
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.uniform_(0.5, 1.5)
+                elif name.endswith("bias"):
+                    param.normal_(0.0, 0.3)
         path = tmp_path_factory.mktemp(f"ckpt_{arch}")
         model.save_pretrained(path, safe_serialization=True)
         out[arch] = (path, model)
