@@ -13,7 +13,7 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
       api_keys: [sk-a, {key: sk-b, cache_salt: tenant-b}]   # optional; none: /v1 is open
       admin_key: adm-secret
     limits: {max_body_bytes: 4194304, max_pending_requests: 4096, max_attempts: 3, default_max_tokens: null}
-    health: {poll_interval_s: 1.0, worker_ttl_s: 10.0}
+    health: {poll_interval_s: 1.0}
     hashing: {max_blocks: 256}
     affinity_ttl_s: 600
     routing: {reuse_threshold: 0.5, ...}    # defaults of gateway.routing.RoutingConfig
@@ -56,7 +56,6 @@ class GatewayConfig:
     admin_key: str | None = None
     limits: Limits = Limits()
     poll_interval_s: float = 1.0
-    worker_ttl_s: float = 10.0
     max_hash_blocks: int = 256
     affinity_ttl_s: float = 600.0  # a session sticks to its worker this long after its last request
     routing: RoutingConfig = RoutingConfig()
@@ -135,7 +134,6 @@ def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
             admin_key=os.environ.get("DUET_ADMIN_KEY") or auth.get("admin_key") or None,
             limits=Limits(**_known(Limits, _section(raw, "limits"), "limits")),
             poll_interval_s=float(health.get("poll_interval_s", 1.0)),
-            worker_ttl_s=float(health.get("worker_ttl_s", 10.0)),
             max_hash_blocks=int(_section(raw, "hashing").get("max_blocks", 256)),
             affinity_ttl_s=float(raw.get("affinity_ttl_s", 600.0)),
             routing=routing_from_dict(_section(raw, "routing")),
