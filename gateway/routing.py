@@ -105,6 +105,7 @@ class RoutingConfig:
     load_penalty: float = 1.0  # cached blocks one extra in-flight request is worth
     imbalance_ratio: float = 1.5  # guard fires when max load > ratio * min load ...
     imbalance_abs: int = 8  # ... and max load - min load > this many requests
+    waiting_weight: float = 1.0  # a queued request counts as this many in flight (load = running + w * waiting)
 
     def validate(self) -> RoutingConfig:
         """Return self, or raise RoutingConfigError with what is wrong."""
@@ -114,8 +115,8 @@ class RoutingConfig:
             raise RoutingConfigError(f"reuse_threshold must be in [0, 1], got {self.reuse_threshold}")
         if self.overload_running < 1 or self.imbalance_abs < 0 or self.imbalance_ratio < 1.0:
             raise RoutingConfigError("overload_running >= 1, imbalance_abs >= 0, imbalance_ratio >= 1 required")
-        if self.load_penalty < 0:
-            raise RoutingConfigError(f"load_penalty must be >= 0, got {self.load_penalty}")
+        if self.load_penalty < 0 or self.waiting_weight < 0:
+            raise RoutingConfigError("load_penalty and waiting_weight must be >= 0")
         names = [v.name for v in self.variants]
         if len(set(names)) != len(names):
             raise RoutingConfigError(f"variant names must be unique, got {names}")
@@ -283,24 +284,31 @@ def _sticky_key(req: RouteRequest, config: RoutingConfig) -> str:
     return "prompt:" + ",".join(map(str, req.block_hashes[:4])) + f":{req.num_prompt_tokens}"
 
 
+def _load(w: WorkerView, config: RoutingConfig) -> float:
+    """Requests in flight, a queued one weighted: it waits behind a prefill, a running one
+    mostly shares the batch."""
+    return w.num_running + config.waiting_weight * w.num_waiting
+
+
 def _overloaded(w: WorkerView, config: RoutingConfig) -> bool:
-    return w.load >= config.overload_running or w.kv_usage >= config.overload_kv_usage
+    return _load(w, config) >= config.overload_running or w.kv_usage >= config.overload_kv_usage
 
 
 def _pick_replica(
     pool: list[WorkerView], hashes: tuple[int, ...], config: RoutingConfig, index: WorkerBlockIndex
 ) -> tuple[WorkerView, str]:
-    least = min(pool, key=lambda w: (w.load, w.kv_usage, w.worker_id))
-    busiest = max(w.load for w in pool)
-    if busiest - least.load > config.imbalance_abs and busiest > config.imbalance_ratio * least.load:
+    loads = {w.worker_id: _load(w, config) for w in pool}
+    least = min(pool, key=lambda w: (loads[w.worker_id], w.kv_usage, w.worker_id))
+    busiest, idlest = max(loads.values()), loads[least.worker_id]
+    if busiest - idlest > config.imbalance_abs and busiest > config.imbalance_ratio * idlest:
         return least, "imbalance"
     best, best_score, best_cached, least_cached = least, None, 0, None
     for w in pool:
         cached = index.match(w.worker_id, hashes)
         least_cached = cached if least_cached is None else min(least_cached, cached)
-        score = cached - config.load_penalty * w.load
+        score = cached - config.load_penalty * loads[w.worker_id]
         if best_score is None or score > best_score or (
-            score == best_score and (w.load, w.worker_id) < (best.load, best.worker_id)
+            score == best_score and (loads[w.worker_id], w.worker_id) < (loads[best.worker_id], best.worker_id)
         ):
             best, best_score, best_cached = w, score, cached
     # "cache_match" only when the cache told the workers apart (a block every worker holds,

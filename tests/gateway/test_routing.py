@@ -278,3 +278,9 @@ def test_route_decision_is_fast_for_an_8000_token_prompt():
     # (loadtests/gateway_bench.py reports the p99 on a quiet machine)
     p50 = times[len(times) // 2]
     assert p50 < 0.0005, f"route p50 {p50 * 1e3:.3f} ms"
+
+
+def test_waiting_weight_makes_a_queue_count_more_than_a_running_batch():
+    pool = [worker("a", "prefix", running=4, num_waiting=2), worker("b", "prefix", running=7)]
+    assert Router(RoutingConfig(waiting_weight=1.0))(req([5]), pool, record=False).worker_id == "a"  # 6 < 7
+    assert Router(RoutingConfig(waiting_weight=4.0))(req([5]), pool, record=False).worker_id == "b"  # 12 > 7
