@@ -51,10 +51,12 @@ class Stack:
         self.children: list[tuple[str, subprocess.Popen]] = []
 
     def spawn(self, name: str, args: list[str]) -> None:
-        log = open(self.log_dir / f"{name}.log", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "duet.cli", *args], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        # preexec_fn is safe here: `duet up` runs no threads
+        with open(self.log_dir / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "duet.cli", *args], stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=_die_with_parent,  # noqa: PLW1509
+                                    env=dict(os.environ, PYTHONUNBUFFERED="1"))
         self.children.append((name, proc))
 
     def dead(self) -> tuple[str, int] | None:

@@ -54,11 +54,11 @@ class GatewayConfig:
     redis: str | None = None
     api_keys: dict[str, str] = field(default_factory=dict)  # key -> cache_salt ("" = shared cache)
     admin_key: str | None = None
-    limits: Limits = Limits()
+    limits: Limits = field(default_factory=Limits)
     poll_interval_s: float = 1.0
     max_hash_blocks: int = 256
     affinity_ttl_s: float = 600.0  # a session sticks to its worker this long after its last request
-    routing: RoutingConfig = RoutingConfig()
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
     tracing: bool = False
 
 

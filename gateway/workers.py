@@ -132,7 +132,7 @@ class WorkerPool:
     async def _sync_registry(self) -> None:
         try:
             registered = await self._state.list_workers()
-        except Exception as e:  # the state store keeps serving on what it knew; so do we
+        except Exception as e:  # noqa: BLE001 - the state store keeps serving on what it knew; so do we
             log.debug("worker registry unavailable: %s", e)
             return
         live = set()

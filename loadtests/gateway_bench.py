@@ -47,7 +47,7 @@ def _free_port() -> int:
 
 def _pct(values: list[float], q: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:
@@ -176,7 +176,7 @@ async def streams_burst(port: int, model: str, n: int, max_tokens: int) -> tuple
             try:
                 _, ok = await asyncio.wait_for(http_stream(port, body), 300)
                 return ok
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 return False
 
     t0 = time.perf_counter()

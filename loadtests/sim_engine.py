@@ -249,8 +249,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         md = read_model_dir(args.model)
         c = md.config
         special = set(c.eos_token_ids) | ({c.bos_token_id} if c.bos_token_id is not None else set())
-        extra = dict(model_id=md.model_id, max_model_len=c.max_position_embeddings,
-                     vocab_size=c.vocab_size, excluded_ids=frozenset(special))
+        extra = {"model_id": md.model_id, "max_model_len": c.max_position_embeddings,
+                 "vocab_size": c.vocab_size, "excluded_ids": frozenset(special)}
     return SimConfig(
         engine_kind=kind, version=args.version, worker_id=args.worker_id or f"{args.host}:{args.port}",
         page_size=args.page_size, capabilities=capabilities, ms_per_token=args.sim_ms_per_token,

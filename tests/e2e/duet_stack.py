@@ -59,9 +59,9 @@ class Sim:
                 "--sim-fail-rate", str(self.fail_rate)]
         if self.capabilities is not None:
             args += ["--sim-capabilities", self.capabilities]
-        log = open(log_dir / f"sim-{self.port}.log", "wb")
-        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                     env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        with open(log_dir / f"sim-{self.port}.log", "wb") as log:
+            self.proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
         return self
 
     def wait(self, timeout_s: float = 30.0) -> None:
@@ -118,9 +118,9 @@ class GatewayThread:
         deadline = time.monotonic() + timeout_s
         want = len(self.config.workers) if wait_workers is None else wait_workers
         while time.monotonic() < deadline:
-            if self._server.started and self.gateway.pool is not None:
-                if sum(1 for v in self.gateway.views() if v.healthy) >= want:
-                    return self
+            if (self._server.started and self.gateway.pool is not None
+                    and sum(1 for v in self.gateway.views() if v.healthy) >= want):
+                return self
             time.sleep(0.05)
         raise RuntimeError("gateway thread did not become ready")
 
@@ -146,8 +146,9 @@ class GatewayProcess:
         path = tmp / f"{name}.yaml"
         path.write_text(yaml.safe_dump(raw_config))
         self._log = tmp / f"{name}.log"
-        self.proc = subprocess.Popen([sys.executable, "-m", "duet.cli", "gateway", "--config", str(path)],
-                                     cwd=ROOT, stdout=open(self._log, "wb"), stderr=subprocess.STDOUT)
+        with open(self._log, "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "duet.cli", "gateway", "--config", str(path)],
+                                         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout_s: float = 30.0) -> GatewayProcess:
         deadline = time.monotonic() + timeout_s

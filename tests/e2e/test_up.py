@@ -15,10 +15,10 @@ import openai
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from duet_stack import ROOT, free_port, model_dir  # noqa: E402
+from duet_stack import ROOT, free_port, model_dir
 
-from duet.rpc import engine_pb2 as pb  # noqa: E402
-from duet.rpc import engine_pb2_grpc as pb_grpc  # noqa: E402
+from duet.rpc import engine_pb2 as pb
+from duet.rpc import engine_pb2_grpc as pb_grpc
 
 MODEL = model_dir().name
 

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims  # noqa: E402
+from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 MODEL = model_dir().name
 MSG = [{"role": "user", "content": "hello"}]

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims  # noqa: E402
+from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 MODEL = model_dir().name
 
@@ -114,7 +114,8 @@ def test_stop_string_across_token_boundary_is_cut_and_not_returned(client, strea
              if tokens[i] and tokens[i + 1] and "\ufffd" not in tokens[i] + tokens[i + 1])
     stop = tokens[k][-1] + tokens[k + 1][0]
     expected = text[: text.index(stop)]
-    kwargs = dict(model=MODEL, prompt="The stop test", max_tokens=16, seed=11, stop=["never-there", stop])
+    kwargs = {"model": MODEL, "prompt": "The stop test", "max_tokens": 16, "seed": 11,
+              "stop": ["never-there", stop]}
     if stream:
         chunks = list(client.completions.create(**kwargs, stream=True))
         got = "".join(c.choices[0].text for c in chunks)

@@ -16,8 +16,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import (  # noqa: E402
-    GatewayProcess, GatewayThread, Sim, free_port, gateway_config, model_dir, start_sims,
+from duet_stack import (
+    GatewayProcess,
+    GatewayThread,
+    Sim,
+    free_port,
+    gateway_config,
+    model_dir,
+    start_sims,
 )
 
 MODEL = model_dir().name
