@@ -75,6 +75,7 @@ class Gateway:
 
                 self._state = MemoryStore()
         self.metrics.state_healthy.set_function(lambda: 1.0 if self._state.healthy else 0.0)
+        self.metrics.state_errors.set_function(lambda: float(getattr(self._state, "redis_errors_total", 0)))
         self.rollback = RollbackController(self._state, self.stats, registry=self.metrics.registry)
         kwargs = {"client_factory": self._client_factory} if self._client_factory else {}
         self.pool = WorkerPool(self.config.workers, self.index, self.metrics, state=self._state,

@@ -56,6 +56,8 @@ class GatewayMetrics:
         self.kv_events = Counter("duet_kv_events", "KV events applied to the block index", ("kind",), registry=r)
         self.pending = Gauge("duet_gateway_pending_requests", "Requests inside the gateway", registry=r)
         self.state_healthy = Gauge("duet_state_store_up", "1 if the state store (Redis) is reachable", registry=r)
+        self.state_errors = Gauge("duet_state_store_errors", "Failed state store (Redis) calls since start",
+                                  registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -260,7 +260,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 async def serve(config: SimConfig, host: str, port: int, ready: asyncio.Event | None = None,
-                stop: asyncio.Event | None = None, tracer_provider=None, engine_out: list | None = None) -> None:
+                stop: asyncio.Event | None = None, tracer_provider=None, engine_out: list | None = None,
+                redis_url: str | None = None) -> None:
     """Runs the sim worker until `stop` is set (or SIGTERM/SIGINT when run as a process)."""
     server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 100_000)])
     engine = SimEngine(config, tracer_provider)
@@ -274,12 +275,38 @@ async def serve(config: SimConfig, host: str, port: int, ready: asyncio.Event | 
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info("sim worker %s (%s) serving on %s:%d", config.worker_id, config.engine_kind, host, port)
     stop = stop or asyncio.Event()
+    heartbeat = None
+    if redis_url:
+        heartbeat = asyncio.create_task(_register(config, f"{host}:{port}", redis_url, stop))
     if ready is not None:
         ready.set()
     await stop.wait()
+    if heartbeat is not None:
+        await heartbeat
     engine.draining = True
     await health.enter_graceful_shutdown()
     await server.stop(grace=1.0)
+
+
+REGISTRY_TTL_S = 5.0
+
+
+async def _register(config: SimConfig, address: str, redis_url: str, stop: asyncio.Event) -> None:
+    """Heartbeat this worker into the gateways' registry (the StateStore's worker entries) until stopped."""
+    from gateway.state.redis_store import RedisStore
+
+    store = RedisStore(redis_url)
+    info = {"worker_id": config.worker_id, "address": address, "engine_kind": config.engine_kind,
+            "model_id": config.model_id, "version": config.version}
+    try:
+        while not stop.is_set():
+            await store.register_worker(info, REGISTRY_TTL_S)
+            try:
+                await asyncio.wait_for(stop.wait(), REGISTRY_TTL_S / 3)
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        await store.close()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -291,7 +318,7 @@ def main(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(config, args.host, args.port, stop=stop)
+        await serve(config, args.host, args.port, stop=stop, redis_url=getattr(args, "redis", None))
 
     asyncio.run(run())
     return 0

@@ -46,6 +46,7 @@ class Sim:
     ms_per_token: float = 2.0
     fail_rate: float = 0.0
     capabilities: str | None = None
+    redis: str | None = None
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
 
@@ -59,6 +60,8 @@ class Sim:
                 "--sim-fail-rate", str(self.fail_rate)]
         if self.capabilities is not None:
             args += ["--sim-capabilities", self.capabilities]
+        if self.redis is not None:
+            args += ["--redis", self.redis]
         with open(log_dir / f"sim-{self.port}.log", "wb") as log:
             self.proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                          env=dict(os.environ, PYTHONUNBUFFERED="1"))

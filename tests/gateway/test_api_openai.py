@@ -153,7 +153,7 @@ def test_max_completion_tokens_and_metrics(client, stack):
     text = httpx.get(stack.url + "/metrics").text
     for name in ("duet_time_to_first_token_seconds_bucket", "duet_inter_token_latency_seconds_bucket",
                  "duet_e2e_request_latency_seconds_bucket", "duet_route_decisions_total",
-                 "duet_worker_healthy", "duet_state_store_up", "duet_route_estimated_reuse_bucket"):
+                 "duet_worker_healthy", "duet_state_store_up", "duet_state_store_errors", "duet_route_estimated_reuse_bucket"):
         assert name in text, name
     assert f'model="{MODEL}"' in text
 

@@ -178,3 +178,17 @@ def test_two_gateway_processes_sharing_redis_agree_on_affinity(tmp_path, redis_u
         b.stop()
         for s in sims:
             s.kill()
+
+
+def test_workers_registered_in_redis_are_discovered_and_dropped_when_gone(tmp_path, redis_url):
+    gw = GatewayThread(gateway_config([], redis=redis_url)).start(wait_workers=0)
+    sim = start_sims([Sim("prefix", redis=redis_url)], tmp_path)[0]
+    try:
+        assert _wait(lambda: any(v.healthy for v in gw.gateway.views()), 10), "registered worker not picked up"
+        raw = _client(gw.url).completions.with_raw_response.create(model=MODEL, prompt="hi", max_tokens=2)
+        assert raw.headers["x-duet-worker"] == sim.address
+        sim.kill()  # no more heartbeats: the entry expires and the worker leaves the pool
+        assert _wait(lambda: not gw.gateway.views(), 15), "expired worker still in the pool"
+    finally:
+        gw.stop()
+        sim.kill()
