@@ -303,7 +303,7 @@ async def _register(config: SimConfig, address: str, redis_url: str, stop: async
             await store.register_worker(info, REGISTRY_TTL_S)
             try:
                 await asyncio.wait_for(stop.wait(), REGISTRY_TTL_S / 3)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
     finally:
         await store.close()
