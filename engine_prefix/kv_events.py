@@ -12,10 +12,9 @@ nothing. ``reset`` emits CLEARED. Block and page sizes need not match.
 
 from __future__ import annotations
 
+from duet.hashing import block_hashes
 from engine_core.request import KvEvent
 from engine_prefix.radix_cache import Node, RadixCache
-
-from duet.hashing import block_hashes
 
 
 class KvEventRecorder:

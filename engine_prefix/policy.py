@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from engine_prefix.radix_cache import Node
-
 from duet.hashing import block_hashes
+from engine_prefix.radix_cache import Node
 
 
 class Policy(str, Enum):
@@ -52,7 +51,7 @@ class Candidate:
 
 def order(cands: Sequence[Candidate], policy: Policy) -> list[Candidate]:
     """The candidates in admission order."""
-    fcfs_key = lambda c: (c.priority, c.arrival)  # noqa: E731
+    fcfs_key = lambda c: (c.priority, c.arrival)
     if policy is Policy.FCFS:
         return sorted(cands, key=fcfs_key)
     if policy is Policy.LPM:

@@ -48,7 +48,7 @@ class CacheListener(Protocol):
 class Node:
     """One edge of the tree: ``key`` tokens stored in ``pages``; ``lock_ref`` counts requests using it."""
 
-    __slots__ = ("key", "pages", "children", "parent", "lock_ref", "last_access", "salt")
+    __slots__ = ("children", "key", "last_access", "lock_ref", "pages", "parent", "salt")
 
     def __init__(self, key: tuple[int, ...], pages: list[int], parent: Node | None, salt: str, now: int) -> None:
         self.key = key

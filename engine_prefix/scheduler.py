@@ -224,9 +224,7 @@ class PrefixScheduler:
             if seq.constraint is not None:
                 seq.constraint.accept(token)
             out_len = len(seq.tokens) - seq.num_prompt
-            if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
-                reason = FinishReason.STOP
-            elif seq.constraint is not None and seq.constraint.terminated:
+            if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids) or seq.constraint is not None and seq.constraint.terminated:
                 reason = FinishReason.STOP
             elif out_len >= p.max_tokens or len(seq.tokens) >= self.config.max_model_len:
                 reason = FinishReason.LENGTH

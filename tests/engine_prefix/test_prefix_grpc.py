@@ -62,7 +62,7 @@ def shared_prefix_prompts(seed=3, groups=2, per_group=4):
 
 async def test_shared_prefixes_match_llm_generate_alone_and_engine_paged(engine, tiny_checkpoint):
     prompts = shared_prefix_prompts()
-    greedy = dict(max_tokens=16, temperature=0.0, ignore_eos=True)
+    greedy = {"max_tokens": 16, "temperature": 0.0, "ignore_eos": True}
     results = await asyncio.gather(*[collect(engine, request(f"r{i}", p, **greedy)) for i, p in enumerate(prompts)])
     llm = LLM(tiny_checkpoint)
     want = [llm.generate([p], SamplingParams(**greedy))[0].outputs[0].token_ids for p in prompts]
@@ -90,7 +90,7 @@ async def test_shared_prefixes_match_llm_generate_alone_and_engine_paged(engine,
 
 async def test_tenants_with_different_salts_never_share_the_cache(engine):
     prompt = list(range(100, 180))
-    greedy = dict(max_tokens=2, temperature=0.0, ignore_eos=True)
+    greedy = {"max_tokens": 2, "temperature": 0.0, "ignore_eos": True}
     await collect(engine, request("a", prompt, salt="tenant-a", **greedy))
     _, first_b, _ = await collect(engine, request("b", prompt, salt="tenant-b", **greedy))
     _, first_a, _ = await collect(engine, request("a2", prompt, salt="tenant-a", **greedy))
@@ -147,11 +147,11 @@ async def test_speculation_on_and_off_give_identical_greedy_output(tiny_checkpoi
     rng = random.Random(11)
     text = [rng.randrange(3, 1000) for _ in range(60)]
     prompts = [text + text[:8], text[10:] + text[10:20], [7, 8, 9] * 20]
-    greedy = dict(max_tokens=40, temperature=0.0, ignore_eos=True)
+    greedy = {"max_tokens": 40, "temperature": 0.0, "ignore_eos": True}
     outputs = []
     for k in (None, 4):
-        worker, channel, stub = await _start(lambda: build_engine(str(tiny_checkpoint), kv_cache_tokens=4096,
-                                                                  num_draft_tokens=k))
+        worker, channel, stub = await _start(lambda k=k: build_engine(str(tiny_checkpoint), kv_cache_tokens=4096,
+                                                                      num_draft_tokens=k))
         try:
             results = await asyncio.gather(*[collect(stub, request(f"r{i}", p, **greedy))
                                              for i, p in enumerate(prompts)])
