@@ -57,7 +57,8 @@ def test_decode_step_by_step_in_mixed_batches_matches_transformers(hf_checkpoint
     Early steps mix a's decode with b's prefill chunks; later ones are pure decode of two ragged sequences."""
     path, hf = hf_checkpoints[arch]
     runner, alloc = _runner(path, page_size)
-    seqs = {"a": _prompt(40, seed=2), "b": _prompt(45, seed=3)}
+    # b comes first in the callers' order, so a's decode row (flattened first) must come back second
+    seqs = {"b": _prompt(45, seed=3), "a": _prompt(40, seed=2)}
     refs = {k: _hf_logits(hf, ids) for k, ids in seqs.items()}
     pages = {k: alloc.alloc(-(-len(ids) // page_size)) for k, ids in seqs.items()}
     done = {"a": 0, "b": 0}
