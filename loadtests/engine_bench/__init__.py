@@ -1,0 +1,1 @@
+"""Engine benchmarks: see __main__.py (modes) and common.py (shared workloads, driver, baselines)."""

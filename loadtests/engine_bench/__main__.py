@@ -1,0 +1,37 @@
+"""`python -m loadtests.engine_bench <mode> [--quick] [--json]`: engine benchmarks on the `bench`
+checkpoint. Each mode is a module of this package with `run(quick: bool) -> dict`; add a mode by
+adding its name to MODES."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+MODES = {"paged": "loadtests.engine_bench.paged", "prefix": "loadtests.engine_bench.prefix"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.engine_bench")
+    parser.add_argument("mode", choices=sorted(MODES))
+    parser.add_argument("--quick", action="store_true", help="smaller workloads (about two minutes on 2 cores)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (default: key = value lines)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads for the engine and the baselines alike (default 1: on a small "
+                             "shared machine OpenMP barriers cost more than a second core gains)")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    result = importlib.import_module(MODES[args.mode]).run(args.quick)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key} = {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
