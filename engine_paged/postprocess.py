@@ -28,14 +28,16 @@ if TYPE_CHECKING:
 def process(sched: PagedScheduler, batch: PagedBatch, logits: torch.Tensor) -> list[StepOutput]:
     outputs: list[StepOutput] = []
     rows: list[tuple[SequenceGroup, Sequence, int]] = []  # plain sampling: (group, seq, logits row)
-    beams: dict[int, tuple[SequenceGroup, list[tuple[Sequence, int]]]] = {}
+    beam_groups: dict[int, SequenceGroup] = {}
     row = 0
     for e in batch.entries:
         e.seq.num_computed += e.num_tokens
         if not e.wants_logits:
             continue
         if e.group.is_beam:
-            beams.setdefault(id(e.group), (e.group, []))[1].append((e.seq, row))
+            # beams advance together: hold each row until every live beam of the group has one
+            e.group.beam_logits[e.seq.seq_id] = logits[row]
+            beam_groups[id(e.group)] = e.group
         elif not e.group.forked and e.group.width > 1:
             for seq in _fork_outputs(sched, e.group, e.seq):
                 rows.append((e.group, seq, row))
@@ -48,8 +50,10 @@ def process(sched: PagedScheduler, batch: PagedBatch, logits: torch.Tensor) -> l
         out = sched.sampler.sample(logits[[r for _, _, r in rows]], sample_rows)
         for (group, seq, _), token, lp in zip(rows, out.token_ids, out.logprobs):
             outputs.append(_append(sched, group, seq, token, lp))
-    for group, beam_rows in beams.values():
-        outputs += _beam_step(sched, group, beam_rows, logits)
+    for group in beam_groups.values():
+        if all(s.seq_id in group.beam_logits for s in group.live):
+            rows_by_seq, group.beam_logits = group.beam_logits, {}
+            outputs += _beam_step(sched, group, [(s, rows_by_seq[s.seq_id]) for s in group.live])
     return outputs
 
 
@@ -101,12 +105,13 @@ def _score(seq: Sequence, length_penalty: float) -> float:
     return seq.cumulative_logprob / max(1, len(seq.output_token_ids)) ** length_penalty
 
 
-def _beam_step(sched: PagedScheduler, group: SequenceGroup, beam_rows, logits) -> list[StepOutput]:
+def _beam_step(sched: PagedScheduler, group: SequenceGroup, beam_rows: list[tuple[Sequence, torch.Tensor]]
+               ) -> list[StepOutput]:
     params = group.request.params
     width = params.beam_width
     stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(sched.config.eos_token_ids))
     parents = [s for s, _ in beam_rows]
-    logp = torch.log_softmax(logits[[r for _, r in beam_rows]].float(), dim=-1)  # [beams, vocab]
+    logp = torch.log_softmax(torch.stack([r for _, r in beam_rows]).float(), dim=-1)  # [beams, vocab]
     if len(parents[0].output_token_ids) < params.min_tokens and stops:
         logp[:, sorted(stops)] = float("-inf")
     total = logp + torch.tensor([p.cumulative_logprob for p in parents])[:, None]

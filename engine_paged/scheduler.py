@@ -222,6 +222,7 @@ class PagedScheduler:
             self.bm.free(seq.seq_id)
             seq.num_computed = 0
         group.status = GroupStatus.WAITING
+        group.beam_logits = {}
         bisect.insort(self.waiting, group, key=lambda g: g.order)
         self.num_preemptions += 1
 

@@ -62,6 +62,7 @@ class SequenceGroup:
     forked: bool = False  # n > 1 / beams already made from the prompt sequence
     prompt_sent: bool = False
     beams_done: list[Sequence] = field(default_factory=list)  # beam search: finished hypotheses
+    beam_logits: dict = field(default_factory=dict)  # beam search: seq_id -> this step's logits row
 
     @property
     def request_id(self) -> str:

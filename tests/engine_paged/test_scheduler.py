@@ -144,3 +144,21 @@ def test_beam_search_returns_ranked_whole_beams():
     # the counting model's best path is deterministic; beam 0 is it
     assert tokens[("beam", 0)] == expected([7, 8], 5)
     assert len(tokens[("beam", 1)]) == 5 and tokens[("beam", 1)] != tokens[("beam", 0)]
+
+
+def test_preemption_storm_with_forked_outputs_and_beams():
+    rng = random.Random(3)
+    sched = make(num_pages=30, page=4, max_seqs=16, budget=40)
+    reqs = []
+    for i in range(16):
+        prompt = [rng.randrange(1, 400) for _ in range(rng.randint(1, 30))]
+        kind = ("n", "beam", "one")[i % 3]
+        kw = {"n": 3} if kind == "n" else {"beam_width": 2} if kind == "beam" else {}
+        reqs.append((f"r{i}", prompt, rng.randint(2, 20), kind))
+        sched.add(req(f"r{i}", prompt, reqs[-1][2], arrival=i, **kw))
+    tokens, finish, errors, _ = run(sched, CountingRunner())
+    assert sched.num_preemptions > 0
+    for rid, prompt, max_tokens, kind in reqs:
+        assert errors[rid] is None
+        for index in range(3 if kind == "n" else 1):
+            assert tokens[(rid, index)] == expected(prompt, max_tokens), (rid, index)
