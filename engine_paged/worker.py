@@ -66,6 +66,9 @@ def main(args: argparse.Namespace) -> int:
         from duet.model_make import default_model_dir
 
         args.model = str(default_model_dir())
+    policy = getattr(args, "schedule_policy", None) or "fcfs"
+    if policy not in ("fcfs", "priority"):
+        raise SystemExit(f"--schedule-policy {policy!r}: the paged engine knows fcfs and priority")
     device = resolve_device(args.device)
     worker_id = args.worker_id or f"{args.host}:{args.port}"
 
@@ -73,7 +76,7 @@ def main(args: argparse.Namespace) -> int:
         return build_engine(args.model, device=device, page_size=args.page_size,
                             kv_cache_tokens=args.kv_cache_tokens, kv_cache_memory_gb=args.kv_cache_memory_gb,
                             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                            priority=getattr(args, "priority", False), version=args.version, worker_id=worker_id)
+                            priority=policy == "priority", version=args.version, worker_id=worker_id)
 
     return run_worker(build, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
                       metrics_port=args.metrics_port)

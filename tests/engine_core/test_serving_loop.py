@@ -193,3 +193,18 @@ async def test_drain_finishes_in_flight_and_refuses_new(worker):
     rest = await read_all(call)
     assert rest[-1].finish_reason == pb.FINISH_REASON_LENGTH
     assert await drain
+
+
+async def test_overload_is_resource_exhausted():
+    w = Worker(lambda: EngineParts(CountingScheduler(step_s=0.01), NullRunner(), SPEC), port=0, max_pending=1)
+    port = await w.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = engine_pb2_grpc.EngineStub(channel)
+        first = stub.Generate(gen("first", max_tokens=10_000))
+        await first.read()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in stub.Generate(gen("second", max_tokens=2)):
+                pass
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        first.cancel()
+    await w.shutdown()
