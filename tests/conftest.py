@@ -85,17 +85,23 @@ def redis_url(redis_binary: str):
     server.stop()
 
 
-@pytest.fixture
-def clean_redis_url(redis_url: str) -> str:
-    """The session's redis-server, emptied (FLUSHALL) before the test."""
+def _flushall(url: str) -> None:
     import redis
 
-    client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(url)
     try:
         client.flushall()
     finally:
         client.close()
-    return redis_url
+
+
+@pytest.fixture
+def clean_redis_url(redis_url: str):
+    """The session's redis-server, emptied (FLUSHALL) before the test and again after it, so
+    what this test wrote cannot leak into a later test that uses `redis_url` directly."""
+    _flushall(redis_url)
+    yield redis_url
+    _flushall(redis_url)
 
 
 @pytest.fixture
