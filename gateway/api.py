@@ -24,6 +24,14 @@ from gateway.responses import SSE_DONE, ResponseBuilder, sse
 
 log = logging.getLogger("duet.gateway.api")
 
+LONG_PROMPT_CHARS = 16_384
+
+
+def _text_size(api) -> int:
+    if api.kind == "chat":
+        return sum(len(m.get("content") or "") for m in api.messages)
+    return len(api.prompt) if isinstance(api.prompt, str) else 0
+
 
 async def chat_completions(request: Request) -> Response:
     return await _generate(request, parse_chat)
@@ -58,9 +66,12 @@ async def _generate(request: Request, parse) -> Response:
             raise errors.ModelNotFound(api.model)
         gw.admit()
         admitted = True
-        prep = prepare(api, model, request.state.request_id, request.state.cache_salt,
-                       request.headers.get("x-session-id"), _variant_override(request, gw),
-                       gw.config.limits.default_max_tokens)
+        args = (api, model, request.state.request_id, request.state.cache_salt,
+                request.headers.get("x-session-id"), _variant_override(request, gw),
+                gw.config.limits.default_max_tokens)
+        # a long prompt tokenizes off the event loop (the tokenizer releases the GIL), so it does not
+        # stall every other stream's tokens
+        prep = await asyncio.to_thread(prepare, *args) if _text_size(api) > LONG_PROMPT_CHARS else prepare(*args)
         d = await dispatch(gw, prep)
     except errors.GatewayError as e:
         if admitted:

@@ -138,3 +138,13 @@ def test_concurrent_bad_requests_do_not_leak_admission(gw):
         t.join()
     assert len(errs) == 5
     assert client(gw).completions.create(model=MODEL, prompt="hi", max_tokens=1).choices[0].finish_reason == "length"
+
+
+def test_long_prompt_over_the_context_is_400_with_its_token_count(gw):
+    long_text = "lorem ipsum dolor sit amet " * 800  # tokenized off the event loop
+    with pytest.raises(openai.BadRequestError) as e:
+        client(gw).completions.create(model=MODEL, prompt=long_text, max_tokens=1)
+    msg = e.value.body["message"]
+    assert "maximum context length is 2048 tokens" in msg
+    requested = int(msg.split("you requested ")[1].split(" ")[0])
+    assert requested > 2048
