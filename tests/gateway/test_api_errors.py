@@ -141,7 +141,7 @@ def test_concurrent_bad_requests_do_not_leak_admission(gw):
 
 
 def test_long_prompt_over_the_context_is_400_with_its_token_count(gw):
-    long_text = "lorem ipsum dolor sit amet " * 800  # tokenized off the event loop
+    long_text = "lorem ipsum dolor sit amet " * 650  # tokenized off the event loop
     with pytest.raises(openai.BadRequestError) as e:
         client(gw).completions.create(model=MODEL, prompt=long_text, max_tokens=1)
     msg = e.value.body["message"]
