@@ -21,8 +21,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Protocol, Sequence
+from typing import Any, Protocol
 
 from engine_core.errors import EngineError, InvalidRequestError
 from engine_core.metrics import EngineMetrics
@@ -105,7 +106,7 @@ class StepLoop:
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             for request_id in list(self._streams):
                 self.abort(request_id)
             return False

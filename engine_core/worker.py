@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc

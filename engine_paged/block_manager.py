@@ -17,8 +17,9 @@ count equals the number of tables that hold it.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Hashable, Protocol
+from typing import Protocol
 
 
 class PageAllocatorLike(Protocol):

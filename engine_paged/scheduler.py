@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from engine_core.errors import CapacityError, InvalidRequestError
 from engine_core.forward_batch import SeqChunk

@@ -18,14 +18,24 @@ import time
 import torch
 
 from engine_core.request import Request
-from loadtests.engine_bench.common import (Workload, bench_checkpoint, drive, greedy, hf_model, hf_sequential,
-                                           hf_static_batch, random_workload)
+from loadtests.engine_bench.common import (
+    Workload,
+    bench_checkpoint,
+    drive,
+    greedy,
+    hf_model,
+    hf_sequential,
+    hf_static_batch,
+    random_workload,
+)
 
 SIZES = {
     # util: (requests, prompt range, output range); tput: same for the throughput run;
     # hf_seq_requests: how many of the throughput requests the sequential baseline runs (its rate is per token)
-    "full": dict(util=(64, (32, 512), (32, 256)), tput=(32, (32, 512), (32, 256)), hf_seq_requests=32, n8_tokens=64),
-    "quick": dict(util=(64, (32, 512), (8, 24)), tput=(32, (16, 128), (8, 48)), hf_seq_requests=6, n8_tokens=8),
+    "full": {"util": (64, (32, 512), (32, 256)), "tput": (32, (32, 512), (32, 256)), "hf_seq_requests": 32,
+             "n8_tokens": 64},
+    "quick": {"util": (64, (32, 512), (8, 24)), "tput": (32, (16, 128), (8, 48)), "hf_seq_requests": 6,
+              "n8_tokens": 8},
 }
 
 

@@ -116,10 +116,10 @@ async def test_stream_tokens_and_info(worker):
 
 
 @pytest.mark.parametrize("kwargs, needle", [
-    (dict(prompt=()), "empty"),
-    (dict(prompt=(500,)), "vocabulary"),
-    (dict(temperature=-1.0), "temperature"),
-    (dict(prompt=tuple(range(60))), "too long"),
+    ({"prompt": ()}, "empty"),
+    ({"prompt": (500,)}, "vocabulary"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"prompt": tuple(range(60))}, "too long"),
 ])
 async def test_bad_arguments_are_invalid_argument(worker, kwargs, needle):
     _, stub, _ = worker
@@ -150,7 +150,7 @@ async def read_all(call) -> list:
 
 
 async def test_abort_and_cancel_free_the_request(worker):
-    w, stub, _ = worker
+    _, stub, _ = worker
     call = stub.Generate(gen("long", max_tokens=10_000))
     first = await call.read()
     assert first.token_ids == [1]

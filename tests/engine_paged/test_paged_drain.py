@@ -40,7 +40,9 @@ async def wait_serving(channel, proc, timeout=120.0):
 
 async def test_sigterm_drains_in_flight_requests_then_exits_zero(tiny_checkpoint):
     port, metrics_port = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "duet.cli", "engine", "paged", "--model", str(tiny_checkpoint),
+    # a plain child process: the test only signals it and waits for its exit code
+    proc = subprocess.Popen([sys.executable,  # noqa: ASYNC220
+                             "-m", "duet.cli", "engine", "paged", "--model", str(tiny_checkpoint),
                              "--port", str(port), "--device", "cpu", "--kv-cache-tokens", "4096",
                              "--drain-timeout", "60", "--metrics-port", str(metrics_port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -78,7 +80,9 @@ async def test_sigterm_drains_in_flight_requests_then_exits_zero(tiny_checkpoint
 
 async def test_metrics_endpoint_reports_latency_and_load(tiny_checkpoint):
     port, metrics_port = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "duet.cli", "engine", "paged", "--model", str(tiny_checkpoint),
+    # a plain child process: the test only signals it and waits for its exit code
+    proc = subprocess.Popen([sys.executable,  # noqa: ASYNC220
+                             "-m", "duet.cli", "engine", "paged", "--model", str(tiny_checkpoint),
                              "--port", str(port), "--device", "cpu", "--kv-cache-tokens", "4096",
                              "--metrics-port", str(metrics_port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

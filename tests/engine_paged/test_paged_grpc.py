@@ -18,7 +18,7 @@ from engine_paged.worker import build_engine
 
 @pytest.fixture
 async def engine(tiny_checkpoint):
-    build = lambda: build_engine(str(tiny_checkpoint), kv_cache_tokens=8192, page_size=16,  # noqa: E731
+    build = lambda: build_engine(str(tiny_checkpoint), kv_cache_tokens=8192, page_size=16,
                                  max_num_batched_tokens=256)
     worker = Worker(build, port=0, drain_timeout=5)
     port = await worker.start()
@@ -89,10 +89,10 @@ async def test_beam_search_sends_whole_ranked_beams(engine):
 
 
 @pytest.mark.parametrize("prompt_len, sampling, needle", [
-    (2048, dict(max_tokens=1), "context"),
-    (4, dict(max_tokens=1, top_p=0.0), "top_p"),
-    (4, dict(max_tokens=2, beam_width=2, n=3), "beam_width"),
-    (4, dict(max_tokens=2, regex="a+"), "structured output"),
+    (2048, {"max_tokens": 1}, "context"),
+    (4, {"max_tokens": 1, "top_p": 0.0}, "top_p"),
+    (4, {"max_tokens": 2, "beam_width": 2, "n": 3}, "beam_width"),
+    (4, {"max_tokens": 2, "regex": "a+"}, "structured output"),
 ])
 async def test_bad_arguments_are_invalid_argument(engine, prompt_len, sampling, needle):
     with pytest.raises(grpc.aio.AioRpcError) as err:

@@ -82,7 +82,7 @@ def test_preemption_storm_gives_every_request_its_exact_tokens():
         prompt = [rng.randrange(1, 400) for _ in range(rng.randint(1, 40))]
         reqs.append((f"r{i}", prompt, rng.randint(1, 40)))
         sched.add(req(f"r{i}", prompt, reqs[-1][2], arrival=i))
-    tokens, finish, errors, _ = run(sched, CountingRunner())
+    tokens, finish, _, _ = run(sched, CountingRunner())
     assert sched.num_preemptions > 0
     for rid, prompt, max_tokens in reqs:
         assert tokens[(rid, 0)] == expected(prompt, max_tokens), rid
@@ -140,7 +140,7 @@ def test_n_outputs_share_the_prompt_pages():
 def test_beam_search_returns_ranked_whole_beams():
     sched = make(num_pages=64)
     sched.add(req("beam", [7, 8], 5, arrival=0, beam_width=3, n=2))
-    tokens, finish, _, _ = run(sched, CountingRunner())
+    tokens, _, _, _ = run(sched, CountingRunner())
     # the counting model's best path is deterministic; beam 0 is it
     assert tokens[("beam", 0)] == expected([7, 8], 5)
     assert len(tokens[("beam", 1)]) == 5 and tokens[("beam", 1)] != tokens[("beam", 0)]
@@ -156,7 +156,7 @@ def test_preemption_storm_with_forked_outputs_and_beams():
         kw = {"n": 3} if kind == "n" else {"beam_width": 2} if kind == "beam" else {}
         reqs.append((f"r{i}", prompt, rng.randint(2, 20), kind))
         sched.add(req(f"r{i}", prompt, reqs[-1][2], arrival=i, **kw))
-    tokens, finish, errors, _ = run(sched, CountingRunner())
+    tokens, _, errors, _ = run(sched, CountingRunner())
     assert sched.num_preemptions > 0
     for rid, prompt, max_tokens, kind in reqs:
         assert errors[rid] is None
