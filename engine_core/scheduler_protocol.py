@@ -17,7 +17,8 @@ returns, so a cancelled stream's pages are free by the next step.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from engine_core.request import KvEvent, LoadStats, Request, StepOutput
 
