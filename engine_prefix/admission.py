@@ -78,6 +78,9 @@ def _draft(s: PrefixScheduler, seq: _Seq) -> list[int]:
     spec = s.config.speculative
     if spec is None or not speculative.can_draft(seq.req.params, len(seq.tokens) - seq.num_prompt):
         return []
+    if seq.draft_cooldown > 0:  # recent drafts were all rejected: verifying them cost more than it gave
+        seq.draft_cooldown -= 1
+        return []
     out_len = len(seq.tokens) - seq.num_prompt
     # room for the drafts plus the target's bonus token within max_tokens and the context
     limit = min(seq.req.params.max_tokens - out_len - 1, s.config.max_model_len - len(seq.tokens) - 1)
@@ -107,6 +110,9 @@ def _admit(s: PrefixScheduler, entries: list, budget: int) -> int:
 
     cfg = s.config
     dedup = s.new_dedup()
+    for e in entries:  # chunked prefills still computing their prompt count as in this batch too
+        if e.prefill:
+            dedup.admit(e.seq.tokens, e.seq.req.cache_salt)
     reserved = _reserved_pages(s)
     for cand in s.ordered_waiting():
         if budget <= 0 or len(s.running) >= cfg.max_num_seqs:

@@ -60,6 +60,8 @@ class _Seq:
     num_tree_pages: int = 0
     reported: bool = False
     cached_prompt_tokens: int = 0
+    draft_misses: int = 0  # drafts in a row with nothing accepted
+    draft_cooldown: int = 0  # steps to decode without drafting
 
     @property
     def num_prompt(self) -> int:
@@ -208,6 +210,12 @@ class PrefixScheduler:
             accepted = speculative.accept_greedy(e.draft, logits[r : r + len(e.draft) + 1])
             self.draft_tokens += len(e.draft)
             self.accepted_tokens += len(accepted) - 1
+            seq = e.seq
+            if len(accepted) == 1:  # back off exponentially while drafts miss; greedy output is unaffected
+                seq.draft_misses += 1
+                seq.draft_cooldown = min(2 ** seq.draft_misses, 32)
+            else:
+                seq.draft_misses = 0
             e.seq.num_computed += len(accepted)  # the last token and the accepted drafts now have KV
             outputs.append(self._append(e.seq, accepted, None))
         return outputs

@@ -10,6 +10,9 @@ Verification: the scheduler runs [last token, d_1 .. d_k] as one chunk with logi
 prefix comes from a single forward pass. ``accept_greedy`` keeps the longest run of drafts that equal the
 target's choices, plus the target's own next token: greedy output is token-identical to plain decoding.
 
+Back-off: a request whose draft was wholly rejected skips drafting for 2, 4, 8 .. 32 steps (reset by any
+accepted draft), so text that does not repeat costs almost nothing extra; output is unaffected.
+
 Which requests draft: greedy ones (temperature 0) without penalties, logprobs, min_tokens or a grammar
 constraint. Sampled requests are not drafted (exact rejection sampling would need the draft's distribution,
 which prompt lookup does not have; a point-mass draft makes it ordinary sampling per position, so drafting
