@@ -78,7 +78,8 @@ class _GrpcStream:
             raise to_call_error(self._worker_id, err) from None
 
     def cancel(self) -> None:
-        self._call.cancel()
+        if not self._call.done():  # cancelling a finished call still costs a C-core round trip
+            self._call.cancel()
 
 
 class GrpcEngineClient:

@@ -222,6 +222,8 @@ async def outputs(prep: Prepared, d: Dispatched, usage: dict) -> AsyncIterator[D
             yield _step(c, msg)
             usage["completion_tokens"] = sum(ch.num_tokens for ch in choices)
         if all(ch.done for ch in choices):
+            if msg.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
+                await _read_trailer(d)
             return
         try:
             msg = await d.messages.__anext__()
@@ -231,6 +233,15 @@ async def outputs(prep: Prepared, d: Dispatched, usage: dict) -> AsyncIterator[D
         except EngineCallError as e:
             raise errors.EngineFailure(f"worker {d.decision.worker_id} failed mid-stream: {e.code}: "
                                        f"{e.details}") from None
+
+
+async def _read_trailer(d: Dispatched) -> None:
+    """The engine finished every choice: read the end of the stream (its status) so the call completes
+    normally instead of being cancelled (a cancel costs the engine and the gRPC core more)."""
+    try:
+        await d.messages.__anext__()
+    except (StopAsyncIteration, EngineCallError):
+        pass
 
 
 def _step(c: _Choice, msg: pb.GenerateResponse) -> Delta:

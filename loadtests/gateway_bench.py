@@ -37,6 +37,7 @@ from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
+SIM_MS_PER_TOKEN = 20
 
 
 def _free_port() -> int:
@@ -67,6 +68,13 @@ async def _wait_port(port: int, timeout_s: float = 60.0) -> None:
     raise RuntimeError(f"nothing listens on {port}")
 
 
+def _stagger(k: int, concurrency: int, max_tokens: int) -> float:
+    """Start offset of closed-loop stream k: spread over one request's duration, so the streams do not
+    march in lockstep (identical requests started together would all arrive in the same millisecond,
+    forever), for the direct client and the gateway alike."""
+    return k / concurrency * max_tokens * SIM_MS_PER_TOKEN / 1000
+
+
 # -- direct gRPC client ---------------------------------------------------------------------------
 async def direct_ttfts(address: str, prompt_ids: list[int], concurrency: int, per_stream: int,
                        max_tokens: int) -> list[float]:
@@ -75,6 +83,7 @@ async def direct_ttfts(address: str, prompt_ids: list[int], concurrency: int, pe
         stub = pb_grpc.EngineStub(ch)
 
         async def one_stream(k: int) -> None:
+            await asyncio.sleep(_stagger(k, concurrency, max_tokens))
             for i in range(per_stream):
                 req = pb.GenerateRequest(request_id=f"d{k}-{i}", prompt_token_ids=prompt_ids,
                                          sampling=pb.SamplingParams(max_tokens=max_tokens, seed=k * 1000 + i))
@@ -150,6 +159,7 @@ async def gateway_ttfts(port: int, model: str, prompt: str, concurrency: int, pe
     async def one_stream(k: int) -> None:
         nonlocal errors
         conn = HttpConn(port)  # keep-alive, as SDK clients do
+        await asyncio.sleep(_stagger(k, concurrency, max_tokens))
         try:
             for i in range(per_stream):
                 body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
@@ -225,7 +235,7 @@ async def run(quick: bool) -> dict:
     sim_ports = [_free_port(), _free_port()]
     gw_port = _free_port()
     procs = [_spawn(["engine", "sim", "--model", str(model_dir), "--port", str(p), "--sim-as", "prefix",
-                     "--sim-ms-per-token", "20"], tmp / f"sim{i}.log") for i, p in enumerate(sim_ports)]
+                     "--sim-ms-per-token", str(SIM_MS_PER_TOKEN)], tmp / f"sim{i}.log") for i, p in enumerate(sim_ports)]
     try:
         for p in sim_ports:
             await _wait_port(p)
@@ -234,7 +244,7 @@ async def run(quick: bool) -> dict:
         prompt_ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}]))
         per_stream = 3 if quick else 12
         max_tokens = 16
-        result: dict = {"quick": quick, "sim_ms_per_token": 20}
+        result: dict = {"quick": quick, "sim_ms_per_token": SIM_MS_PER_TOKEN}
         # one-worker gateway for the overhead comparison (same worker as the direct client)
         cfg = {"host": "127.0.0.1", "port": gw_port, "models": [{"path": str(model_dir)}],
                "workers": [{"address": f"127.0.0.1:{sim_ports[0]}"}], "health": {"poll_interval_s": 1.0}}
