@@ -142,18 +142,24 @@ class _Run:
         )
 
     async def stream(self):
+        """SSE bytes. Events produced together go out in one write (role + first token; the last
+        token + usage + [DONE]): fewer syscalls per request, same bytes."""
         status = "499"  # until proven otherwise: the client went away
         error: errors.GatewayError | None = None
+        out = [sse(chunk) for chunk in self.builder.role_chunks()]
+        finished, n = 0, self.prep.api.sampling.n
         try:
-            for chunk in self.builder.role_chunks():
-                yield sse(chunk)
             async for delta in outputs(self.prep, self.d, self.usage):
                 self._tick(delta)
                 chunk = self.builder.chunk(delta)
                 if chunk is not None:
-                    yield sse(chunk)
+                    out.append(sse(chunk))
+                finished += delta.finish_reason is not None
+                if out and finished < n:  # the very last event waits for the stream's end, just after
+                    yield b"".join(out)
+                    out = []
             if self.prep.api.include_usage:
-                yield sse(self.builder.usage_chunk(self.usage))
+                out.append(sse(self.builder.usage_chunk(self.usage)))
             status = "200"
         except errors.GatewayError as e:
             error, status = e, str(e.status)
@@ -164,8 +170,9 @@ class _Run:
                 self.gw.metrics.cancelled.inc()
             self._finish(status)
         if error is not None:
-            yield sse(errors.error_payload(error))
-        yield SSE_DONE
+            out.append(sse(errors.error_payload(error)))
+        out.append(SSE_DONE)
+        yield b"".join(out)
 
     async def _collect(self) -> None:
         async for delta in outputs(self.prep, self.d, self.usage):
