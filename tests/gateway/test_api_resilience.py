@@ -192,3 +192,25 @@ def test_workers_registered_in_redis_are_discovered_and_dropped_when_gone(tmp_pa
     finally:
         gw.stop()
         sim.kill()
+
+
+def test_kv_events_feed_the_index_and_a_repeated_prompt_goes_where_it_is_cached(tmp_path):
+    sims = start_sims([Sim("prefix"), Sim("prefix")], tmp_path)
+    gw = GatewayThread(gateway_config(sims)).start()
+    try:
+        c = _client(gw.url)
+        prompt = "a long shared document " * 60
+        first = c.completions.with_raw_response.create(model=MODEL, prompt=prompt, max_tokens=1)
+        assert first.headers["x-duet-route-reason"] == "least_load"
+        worker = first.headers["x-duet-worker"]
+        # the worker's STORED events reach the gateway over WatchKvEvents
+        assert _wait(lambda: 'duet_kv_events_total{kind="stored"}' in httpx.get(gw.url + "/metrics").text)
+        for _ in range(3):
+            again = c.completions.with_raw_response.create(model=MODEL, prompt=prompt, max_tokens=1)
+            assert again.headers["x-duet-worker"] == worker
+            assert again.headers["x-duet-route-reason"] == "cache_match"
+            assert again.parse().usage.prompt_tokens_details.cached_tokens >= 16
+    finally:
+        gw.stop()
+        for s in sims:
+            s.kill()
