@@ -164,6 +164,9 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
                 "duet.variant": decision.variant, "duet.route_reason": decision.reason,
                 "duet.estimated_reuse": decision.estimated_reuse, "duet.attempts": attempt})
             worker = gw.pool.get(decision.worker_id)
+            if worker is None:  # left the pool since the snapshot
+                excluded.add(decision.worker_id)
+                continue
             span = tracer.start_span("duet.engine.v1.Engine/Generate", kind=trace.SpanKind.CLIENT, attributes={
                 "rpc.system": "grpc", "rpc.service": "duet.engine.v1.Engine", "rpc.method": "Generate",
                 "server.address": worker.address, "duet.worker": decision.worker_id})

@@ -167,7 +167,13 @@ class WorkerPool:
     async def _watch_kv(self, w: Worker) -> None:
         """Follow the worker's KV events; reconnect while the worker stays in the pool."""
         wid = w.worker_id
+        reconnect = False
         while self._workers.get(w.address) is w:
+            if reconnect:
+                # events were missed (or the worker restarted with an empty cache): start the
+                # worker's table over rather than trust it
+                self._index.remove_worker(wid)
+            reconnect = True
             try:
                 async for batch in w.client.watch_kv_events():
                     for ev in batch.events:
