@@ -4,7 +4,6 @@ and spans) or as `duet gateway --config` processes."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import subprocess
@@ -126,14 +125,6 @@ class GatewayThread:
                 return self
             time.sleep(0.05)
         raise RuntimeError("gateway thread did not become ready")
-
-    def run(self, coro):
-        """Run a coroutine on the gateway's event loop (to read its state safely)."""
-        loop = self._server_loop()
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(10)
-
-    def _server_loop(self):
-        return self.gateway._loop
 
     def stop(self) -> None:
         self._server.should_exit = True
