@@ -67,7 +67,10 @@ def main(args: argparse.Namespace) -> int:
         from duet.model_make import default_model_dir
 
         args.model = str(default_model_dir())
-    Policy.parse(args.schedule_policy)  # a typo fails before the model loads
+    try:
+        Policy.parse(args.schedule_policy)  # a typo fails before the model loads
+    except ValueError as exc:
+        raise SystemExit(f"--schedule-policy: {exc}") from None
 
     def build() -> EngineParts:
         return build_engine(

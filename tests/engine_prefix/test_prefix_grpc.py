@@ -122,6 +122,7 @@ async def test_constrained_outputs_always_parse_and_validate(engine, tiny_checkp
     for tokens, _, last in results[:50]:
         assert last.finish_reason == pb.FINISH_REASON_STOP
         jsonschema.validate(json.loads(tok.decode(tokens)), SCHEMA)
+    assert engine.worker.step_loop.scheduler.grammars.num_compiled == 1  # compiled once for 50 requests
     regex = r"[a-c]{2}-\d{3}"
     reg = await asyncio.gather(*[collect(engine, request(f"re{i}", [20 + i], max_tokens=32, temperature=1.0,
                                                          seed=i, regex=regex)) for i in range(5)])
@@ -141,6 +142,13 @@ async def test_invalid_constraint_is_invalid_argument(engine, field, value):
     assert field.split("_")[-1] in err.value.details() or "invalid" in err.value.details()
     load = await engine.GetLoad(pb.GetLoadRequest())
     assert load.num_waiting == 0 and load.num_running == 0
+
+
+async def test_n_and_beam_search_are_refused_with_a_pointer_to_the_paged_engine(engine):
+    for extra in ({"n": 2}, {"beam_width": 2}):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await collect(engine, request("multi", [1, 2, 3], max_tokens=4, **extra))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "paged engine" in err.value.details()
 
 
 async def test_speculation_on_and_off_give_identical_greedy_output(tiny_checkpoint):

@@ -4,6 +4,7 @@ request that cannot fit. check_integrity() after every step."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -74,6 +75,20 @@ def test_longest_cached_prefix_is_admitted_first(tiny_checkpoint):
     assert d.batches[-1] == ["hot"]
     d.run()
     assert d.first["hot"].cached_tokens == 64 and d.first["cold"].cached_tokens == 0
+
+
+def test_a_very_long_queue_falls_back_to_fcfs(tiny_checkpoint):
+    rng = random.Random(5)
+    d = Driver(tiny_checkpoint, kv_cache_tokens=4096, max_num_seqs=1)
+    d.s.config = dataclasses.replace(d.s.config, fcfs_fallback_queue=1)
+    hot = rand_tokens(rng, 64)
+    d.add("warm", hot + [5])
+    d.run()
+    d.add("cold", rand_tokens(rng, 70))
+    d.add("hot", hot + [9, 9])
+    d.step()
+    assert d.batches[-1] == ["cold"]  # two waiting > 1: arrival order, not the cached one
+    d.run()
 
 
 def test_in_batch_dedup_lets_one_compute_a_shared_prefix_and_the_rest_hit(tiny_checkpoint):
