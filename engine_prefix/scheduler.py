@@ -123,6 +123,8 @@ class PrefixScheduler:
         if key is not None:
             if self.grammars is None:
                 raise InvalidRequestError("structured output is not available on this worker")
+            if p.min_tokens:  # a complete grammar allows only EOS, which min_tokens forbids: no token left
+                raise InvalidRequestError("min_tokens cannot be combined with json_schema, json_object or regex")
             self.grammars.get(key)  # compiles (once) now: a bad schema fails here, never in a step
         if -(-(n + 1) // self.config.page_size) > self.allocator.num_total:
             raise CapacityError(f"the prompt needs more than the {self.allocator.num_total} KV pages this worker has")

@@ -144,6 +144,12 @@ async def test_invalid_constraint_is_invalid_argument(engine, field, value):
     assert load.num_waiting == 0 and load.num_running == 0
 
 
+async def test_min_tokens_with_a_grammar_is_refused(engine):
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(engine, request("mt", [1, 2, 3], max_tokens=4, min_tokens=2, json_object=True))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "min_tokens" in err.value.details()
+
+
 async def test_n_and_beam_search_are_refused_with_a_pointer_to_the_paged_engine(engine):
     for extra in ({"n": 2}, {"beam_width": 2}):
         with pytest.raises(grpc.aio.AioRpcError) as err:
