@@ -10,16 +10,15 @@ from typing import TYPE_CHECKING
 
 from engine_core.forward_batch import SeqChunk
 from engine_prefix import speculative
+from engine_prefix.sequence import Entry, PrefixBatch, Seq
 
 if TYPE_CHECKING:
-    from engine_prefix.scheduler import PrefixBatch, PrefixScheduler, _Entry, _Seq
+    from engine_prefix.scheduler import PrefixScheduler
 
 
 def schedule_step(s: PrefixScheduler) -> PrefixBatch | None:
-    from engine_prefix.scheduler import PrefixBatch, _Entry
-
     cfg = s.config
-    entries: list[_Entry] = []
+    entries: list[Entry] = []
     budget = cfg.max_num_batched_tokens
     retracted = False
 
@@ -44,7 +43,7 @@ def schedule_step(s: PrefixScheduler) -> PrefixBatch | None:
                 break
         if seq not in s.running:
             continue
-        entries.append(_Entry(seq, 1 + len(draft), draft))
+        entries.append(Entry(seq, 1 + len(draft), draft))
         budget -= 1 + len(draft)
     if not retracted:
         s.new_token_ratio = max(cfg.min_new_token_ratio, s.new_token_ratio - cfg.new_token_ratio_decay)
@@ -61,7 +60,7 @@ def schedule_step(s: PrefixScheduler) -> PrefixBatch | None:
             else:
                 s.fail(seq, f"KV cache exhausted: the prompt of {seq.req.request_id} does not fit")
             continue
-        entries.append(_Entry(seq, n, prefill=True))
+        entries.append(Entry(seq, n, prefill=True))
         budget -= n
 
     # 3. admit waiting requests (not in a step that had to retract: memory is short)
@@ -74,7 +73,7 @@ def schedule_step(s: PrefixScheduler) -> PrefixBatch | None:
     return PrefixBatch(chunks, entries)
 
 
-def _draft(s: PrefixScheduler, seq: _Seq) -> list[int]:
+def _draft(s: PrefixScheduler, seq: Seq) -> list[int]:
     spec = s.config.speculative
     if spec is None or not speculative.can_draft(seq.req.params, len(seq.tokens) - seq.num_prompt):
         return []
@@ -87,7 +86,7 @@ def _draft(s: PrefixScheduler, seq: _Seq) -> list[int]:
     return speculative.propose(seq.tokens, spec, limit)
 
 
-def _victim(s: PrefixScheduler, exclude: list[_Seq]) -> _Seq | None:
+def _victim(s: PrefixScheduler, exclude: list[Seq]) -> Seq | None:
     """The running request with the fewest generated tokens (newest on ties), not already in this step."""
     pool = [q for q in s.running if q not in exclude]
     if len(s.running) <= 1 or not pool:
@@ -106,8 +105,6 @@ def _reserved_pages(s: PrefixScheduler) -> int:
 
 
 def _admit(s: PrefixScheduler, entries: list, budget: int) -> int:
-    from engine_prefix.scheduler import _Entry
-
     cfg = s.config
     dedup = s.new_dedup()
     for e in entries:  # chunked prefills still computing their prompt count as in this batch too
@@ -117,7 +114,7 @@ def _admit(s: PrefixScheduler, entries: list, budget: int) -> int:
     for cand in s.ordered_waiting():
         if budget <= 0 or len(s.running) >= cfg.max_num_seqs:
             break
-        seq: _Seq = cand.item
+        seq: Seq = cand.item
         salt = seq.req.cache_salt
         m = s.cache.match_prefix(seq.tokens[:-1], salt)  # fresh: an earlier admission may have evicted
         if dedup.should_wait(seq.tokens, salt, m.length):
@@ -143,13 +140,13 @@ def _admit(s: PrefixScheduler, entries: list, budget: int) -> int:
         s.waiting.remove(seq)
         s.running.append(seq)
         dedup.admit(seq.tokens, salt)
-        entries.append(_Entry(seq, n, prefill=True))
+        entries.append(Entry(seq, n, prefill=True))
         budget -= n
         reserved += max(0, own_reserve)
     return budget
 
 
-def _chunk(e: _Entry) -> SeqChunk:
+def _chunk(e: Entry) -> SeqChunk:
     seq = e.seq
     start = seq.num_computed
     if e.prefill:

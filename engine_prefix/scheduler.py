@@ -18,19 +18,20 @@ adaptive estimate that decays while nothing is retracted and jumps after a retra
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from engine_core.errors import CapacityError, InvalidRequestError
-from engine_core.forward_batch import SeqChunk
 from engine_core.request import FinishReason, KvEvent, LoadStats, Request, StepOutput
 from engine_core.sampler import Sampler, SampleRow, make_generator
 from engine_prefix import speculative
+from engine_prefix.admission import schedule_step
 from engine_prefix.kv_events import KvEventRecorder
 from engine_prefix.policy import Candidate, InBatchDedup, Policy, order
-from engine_prefix.radix_cache import Node, RadixCache
-from engine_prefix.structured import Constraint, GrammarCache, apply_masks, constraint_key
+from engine_prefix.radix_cache import RadixCache
+from engine_prefix.sequence import Entry, PrefixBatch, Seq
+from engine_prefix.structured import GrammarCache, apply_masks, constraint_key
 
 
 @dataclass(frozen=True)
@@ -48,44 +49,6 @@ class PrefixSchedulerConfig:
     speculative: speculative.NgramConfig | None = None
 
 
-@dataclass
-class _Seq:
-    req: Request
-    tokens: list[int]  # prompt + output so far
-    generator: torch.Generator | None
-    constraint: Constraint | None
-    pages: list[int] = field(default_factory=list)
-    num_computed: int = 0  # tokens whose KV is in pages
-    node: Node | None = None  # locked end of the cached prefix
-    num_tree_pages: int = 0
-    reported: bool = False
-    cached_prompt_tokens: int = 0
-    draft_misses: int = 0  # drafts in a row with nothing accepted
-    draft_cooldown: int = 0  # steps to decode without drafting
-
-    @property
-    def num_prompt(self) -> int:
-        return len(self.req.prompt_token_ids)
-
-    @property
-    def output(self) -> list[int]:
-        return self.tokens[self.num_prompt :]
-
-
-@dataclass
-class _Entry:
-    seq: _Seq
-    num_tokens: int
-    draft: list[int] = field(default_factory=list)
-    prefill: bool = False
-
-
-@dataclass
-class PrefixBatch:
-    chunks: list[SeqChunk]
-    entries: list[_Entry]
-
-
 class PrefixScheduler:
     def __init__(self, config: PrefixSchedulerConfig, allocator, sampler: Sampler, *, model_id: str,
                  vocab_size: int, eos_token_ids: tuple[int, ...], grammars: GrammarCache | None = None,
@@ -98,8 +61,8 @@ class PrefixScheduler:
         self.grammars = grammars
         self.events = KvEventRecorder(model_id, hash_block_size)
         self.cache = RadixCache(allocator, config.page_size, listener=self.events)
-        self.waiting: deque[_Seq] = deque()
-        self.running: list[_Seq] = []
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
         self._outputs: list[StepOutput] = []
         self.new_token_ratio = config.init_new_token_ratio
         self.num_preemptions = 0
@@ -132,7 +95,7 @@ class PrefixScheduler:
     def add(self, request: Request) -> None:
         key = constraint_key(request.params.json_schema, request.params.json_object, request.params.regex)
         constraint = self.grammars.constraint(key) if key is not None and self.grammars is not None else None
-        self.waiting.append(_Seq(request, list(request.prompt_token_ids), make_generator(request.params.seed),
+        self.waiting.append(Seq(request, list(request.prompt_token_ids), make_generator(request.params.seed),
                                  constraint))
 
     def abort(self, request_id: str) -> bool:
@@ -176,14 +139,12 @@ class PrefixScheduler:
     # ---- protocol: one step --------------------------------------------------------------------------------
 
     def schedule(self) -> PrefixBatch | None:
-        from engine_prefix.admission import schedule_step
-
         return schedule_step(self)
 
     def process(self, batch: PrefixBatch, logits: torch.Tensor) -> list[StepOutput]:
         row = 0
-        sampled: list[tuple[_Seq, int]] = []
-        drafted: list[tuple[_Entry, int]] = []
+        sampled: list[tuple[Seq, int]] = []
+        drafted: list[tuple[Entry, int]] = []
         for e in batch.entries:
             seq = e.seq
             if e.prefill:
@@ -224,7 +185,7 @@ class PrefixScheduler:
 
     # ---- bookkeeping ---------------------------------------------------------------------------------------
 
-    def _append(self, seq: _Seq, tokens: list[int], logprobs) -> StepOutput:
+    def _append(self, seq: Seq, tokens: list[int], logprobs) -> StepOutput:
         p = seq.req.params
         new: list[int] = []
         reason: FinishReason | None = None
@@ -247,13 +208,13 @@ class PrefixScheduler:
             self._release(seq, cache=True)
         return out
 
-    def _stamp(self, seq: _Seq, out: StepOutput) -> None:
+    def _stamp(self, seq: Seq, out: StepOutput) -> None:
         if not seq.reported:
             seq.reported = True
             out.prompt_tokens = seq.num_prompt
             out.cached_tokens = seq.cached_prompt_tokens
 
-    def _cache_prefix(self, seq: _Seq) -> None:
+    def _cache_prefix(self, seq: Seq) -> None:
         """Insert the computed whole pages into the tree and move the lock to their end."""
         n_pages = seq.num_computed // self.config.page_size
         if n_pages <= seq.num_tree_pages:
@@ -269,7 +230,7 @@ class PrefixScheduler:
             self.cache.unlock(seq.node)
         seq.node, seq.num_tree_pages = match.node, n_pages
 
-    def _release(self, seq: _Seq, cache: bool) -> None:
+    def _release(self, seq: Seq, cache: bool) -> None:
         """Give up every page: cache the computed whole pages (if ``cache``), free the private rest."""
         if cache:
             self._cache_prefix(seq)
@@ -278,7 +239,7 @@ class PrefixScheduler:
             self.cache.unlock(seq.node)
         seq.pages, seq.node, seq.num_tree_pages, seq.num_computed = [], None, 0, 0
 
-    def retract(self, seq: _Seq) -> None:
+    def retract(self, seq: Seq) -> None:
         """Back to the head of the queue; its computed pages stay in the cache for its return."""
         self.running.remove(seq)
         self._release(seq, cache=True)
@@ -286,7 +247,7 @@ class PrefixScheduler:
         self.num_preemptions += 1
         self.new_token_ratio = min(1.0, self.new_token_ratio + 0.3)
 
-    def fail(self, seq: _Seq, message: str) -> None:
+    def fail(self, seq: Seq, message: str) -> None:
         if seq in self.running:
             self.running.remove(seq)
             self._release(seq, cache=False)
@@ -294,7 +255,7 @@ class PrefixScheduler:
         self._stamp(seq, out)
         self._outputs.append(out)
 
-    def alloc_until(self, seq: _Seq, num_tokens: int) -> bool:
+    def alloc_until(self, seq: Seq, num_tokens: int) -> bool:
         """Grow ``seq.pages`` to hold ``num_tokens`` tokens, evicting cached pages if needed."""
         need = -(-num_tokens // self.config.page_size) - len(seq.pages)
         if need <= 0:
@@ -306,7 +267,7 @@ class PrefixScheduler:
         seq.pages.extend(self.allocator.alloc(need))
         return True
 
-    def candidate(self, seq: _Seq, match: bool) -> Candidate:
+    def candidate(self, seq: Seq, match: bool) -> Candidate:
         if not match:
             return Candidate(seq, 0, None, seq.req.priority, seq.req.arrival_time)
         m = self.cache.match_prefix(seq.tokens[:-1], seq.req.cache_salt)

@@ -1,0 +1,60 @@
+"""The per-request state of engine_prefix and the batch a step hands to the model runner.
+
+Page ownership (the contract scheduler.py and admission.py keep): ``pages`` is the request's page table;
+``pages[:num_tree_pages]`` belong to the radix tree and are held by a lock on ``node``; the rest are private
+to the request and freed (or inserted into the tree) when it finishes, is retracted or aborted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine_core.forward_batch import SeqChunk
+from engine_core.request import Request
+from engine_prefix.radix_cache import Node
+from engine_prefix.structured import Constraint
+
+
+@dataclass
+class Seq:
+    """One request inside engine_prefix (n=1)."""
+
+    req: Request
+    tokens: list[int]  # prompt + output so far
+    generator: torch.Generator | None
+    constraint: Constraint | None
+    pages: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose KV is in pages
+    node: Node | None = None  # locked end of the cached prefix
+    num_tree_pages: int = 0
+    reported: bool = False
+    cached_prompt_tokens: int = 0
+    draft_misses: int = 0  # drafts in a row with nothing accepted
+    draft_cooldown: int = 0  # steps to decode without drafting
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.req.prompt_token_ids)
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[self.num_prompt :]
+
+
+@dataclass
+class Entry:
+    """One request's share of a step: a prefill chunk of ``num_tokens``, one decode token, or a decode token
+    followed by ``draft`` tokens to verify."""
+
+    seq: Seq
+    num_tokens: int
+    draft: list[int] = field(default_factory=list)
+    prefill: bool = False
+
+
+@dataclass
+class PrefixBatch:
+    chunks: list[SeqChunk]
+    entries: list[Entry]  # entries[i] made chunks[i]
