@@ -64,18 +64,24 @@ def to_call_error(worker_id: str, err: grpc.aio.AioRpcError) -> EngineCallError:
 
 
 class _GrpcStream:
-    """Wraps a grpc.aio stream call so errors come out as EngineCallError."""
+    """A grpc.aio stream call as an async iterator whose errors are EngineCallError. It reads the call
+    directly (`read()`), skipping grpc's own async-generator layer: this is the per-token path."""
 
     def __init__(self, worker_id: str, call) -> None:
         self._worker_id = worker_id
         self._call = call
 
-    async def __aiter__(self):
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
         try:
-            async for msg in self._call:
-                yield msg
+            msg = await self._call.read()
         except grpc.aio.AioRpcError as err:
             raise to_call_error(self._worker_id, err) from None
+        if msg is grpc.aio.EOF:
+            raise StopAsyncIteration
+        return msg
 
     def cancel(self) -> None:
         if not self._call.done():  # cancelling a finished call still costs a C-core round trip
