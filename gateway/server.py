@@ -7,6 +7,8 @@ import dataclasses
 import logging
 import sys
 
+from duet.model_dir import ModelDirError
+from duet.tokenizer import TokenizerError
 from gateway.config import ConfigError, load, parse_api_keys
 
 
@@ -46,7 +48,11 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "admin_key", None):
         overrides["admin_key"] = args.admin_key
     config = dataclasses.replace(config, **overrides)
-    app = build_app(config, tracer_provider=setup_tracing(config.tracing))
+    try:
+        app = build_app(config, tracer_provider=setup_tracing(config.tracing))
+    except (ModelDirError, TokenizerError) as e:
+        print(f"duet gateway: cannot load a model of {args.config}: {e}", file=sys.stderr)
+        return 2
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=5)
     return 0
