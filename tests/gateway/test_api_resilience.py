@@ -157,7 +157,8 @@ def test_span_tree_http_route_grpc_client_engine(tmp_path):
         t.join(10)
 
 
-def test_two_gateway_processes_sharing_redis_agree_on_affinity(tmp_path, redis_url):
+def test_two_gateway_processes_sharing_redis_agree_on_affinity(tmp_path, clean_redis_url):
+    redis_url = clean_redis_url
     sims = start_sims([Sim("prefix"), Sim("prefix"), Sim("prefix")], tmp_path)
     a = GatewayProcess(gateway_config(sims, redis=redis_url), tmp_path, "a")
     b = GatewayProcess(gateway_config(sims, redis=redis_url), tmp_path, "b")
@@ -180,7 +181,8 @@ def test_two_gateway_processes_sharing_redis_agree_on_affinity(tmp_path, redis_u
             s.kill()
 
 
-def test_workers_registered_in_redis_are_discovered_and_dropped_when_gone(tmp_path, redis_url):
+def test_workers_registered_in_redis_are_discovered_and_dropped_when_gone(tmp_path, clean_redis_url):
+    redis_url = clean_redis_url
     gw = GatewayThread(gateway_config([], redis=redis_url)).start(wait_workers=0)
     sim = start_sims([Sim("prefix", redis=redis_url)], tmp_path)[0]
     try:
