@@ -162,3 +162,9 @@ def test_sse_error_objects_are_json(stack):
     r = httpx.post(stack.url + "/v1/chat/completions", content=b"{not json")
     assert r.status_code == 400
     assert json.loads(r.text)["error"]["type"] == "invalid_request_error"
+
+
+def test_operator_variant_override_header(client):
+    raw = client.completions.with_raw_response.create(model=MODEL, prompt="pin me", max_tokens=1,
+                                                      extra_headers={"x-duet-variant": "default"})
+    assert raw.headers["x-duet-variant"] == "default" and raw.headers["x-duet-route-reason"] == "override"
