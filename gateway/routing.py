@@ -16,6 +16,11 @@ The seven steps, in order (docs/routing.md explains each and every default):
 6. replica     - most blocks cached on the worker minus a load penalty, unless the pool is
                  imbalanced, then the least loaded;
 7. decision    - the worker plus the reason, one of REASONS (a metric label).
+
+`RoutingConfig.policy` keeps steps 1-3 and swaps the rest, for baselines (`duet bench compare`):
+"duet" (default) runs all seven; "cache_aware" skips 4 and 5 (replica by cache match and load
+over every candidate, as SGLang's router does); "round_robin" takes the candidates in turn by
+`RouteRequest.sequence` (the caller's request counter), ignoring cache and load.
 """
 
 from __future__ import annotations
@@ -36,8 +41,9 @@ PAGED_CAPABILITIES = frozenset({"n", "beam_search"})
 
 REASONS = (
     "capability", "affinity", "reuse_high", "reuse_low", "multi_turn",
-    "cache_match", "least_load", "imbalance", "override",
+    "cache_match", "least_load", "imbalance", "override", "round_robin",
 )
+POLICIES = ("duet", "cache_aware", "round_robin")
 
 
 class NoCapableWorker(Exception):
@@ -106,9 +112,12 @@ class RoutingConfig:
     imbalance_ratio: float = 1.5  # guard fires when max load > ratio * min load ...
     imbalance_abs: int = 8  # ... and max load - min load > this many requests
     waiting_weight: float = 1.0  # a queued request counts as this many in flight (load = running + w * waiting)
+    policy: str = "duet"  # "duet" | "cache_aware" | "round_robin" (baselines; module docstring)
 
     def validate(self) -> RoutingConfig:
         """Return self, or raise RoutingConfigError with what is wrong."""
+        if self.policy not in POLICIES:
+            raise RoutingConfigError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.sticky_key not in ("session", "user"):
             raise RoutingConfigError(f"sticky_key must be 'session' or 'user', got {self.sticky_key!r}")
         if not 0.0 <= self.reuse_threshold <= 1.0:
@@ -143,6 +152,7 @@ class RouteRequest:
     required_capabilities: frozenset[str] = frozenset()
     variant_override: str | None = None
     turn_count: int = 1  # user messages in the chat; > 1 means multi-turn
+    sequence: int = 0  # the caller's count of routed requests (the round_robin policy)
 
 
 @dataclass(frozen=True)
@@ -188,6 +198,14 @@ def route(
         steps.append("override")
 
     reuse = seen.estimated_reuse(req.block_hashes)
+    if config.policy == "round_robin":
+        steps.append("round_robin")
+        in_turn = sorted(in_variant, key=lambda w: w.worker_id)[req.sequence % len(in_variant)]
+        return _decide(in_turn, variant, reuse, index, req, steps)
+    if config.policy == "cache_aware":
+        worker, replica_reason = _pick_replica(in_variant, req.block_hashes, config, index)
+        steps.append(replica_reason)
+        return _decide(worker, variant, reuse, index, req, steps)
 
     # 4. session affinity
     if affinity_worker is not None:
@@ -319,7 +337,7 @@ def _pick_replica(
 # the most decisive step names the decision: an operator action first, then hard constraints,
 # then what overrode the cache-first choice, then the engine choice, then the replica choice
 _PRECEDENCE = (
-    "override", "capability", "affinity", "imbalance", "multi_turn", "reuse_high", "reuse_low",
+    "override", "capability", "affinity", "imbalance", "round_robin", "multi_turn", "reuse_high", "reuse_low",
     "cache_match", "least_load",
 )
 

@@ -284,3 +284,24 @@ def test_waiting_weight_makes_a_queue_count_more_than_a_running_batch():
     pool = [worker("a", "prefix", running=4, num_waiting=2), worker("b", "prefix", running=7)]
     assert Router(RoutingConfig(waiting_weight=1.0))(req([5]), pool, record=False).worker_id == "a"  # 6 < 7
     assert Router(RoutingConfig(waiting_weight=4.0))(req([5]), pool, record=False).worker_id == "b"  # 12 > 7
+
+
+# baseline policies (duet bench compare) -----------------------------------------------------
+
+def test_round_robin_policy_takes_workers_in_turn_whatever_the_cache_or_session():
+    r = Router(RoutingConfig(policy="round_robin"))
+    picks = [r(req([1, 2, 3], session_key="s", turn_count=3, sequence=i), MIXED, affinity="x1") for i in range(8)]
+    assert [d.worker_id for d in picks] == ["p0", "p1", "x0", "x1"] * 2
+    assert {d.reason for d in picks} == {"round_robin"}
+
+
+def test_cache_aware_policy_ignores_affinity_and_engine_kind():
+    r = Router(RoutingConfig(policy="cache_aware"))
+    r.index.add("p1", (5, 6, 7))
+    d = r(req([5, 6, 7], session_key="s", turn_count=3), MIXED, affinity="x1")
+    assert (d.worker_id, d.reason) == ("p1", "cache_match")  # duet would keep x1 (affinity)
+
+
+def test_unknown_policy_is_refused():
+    with pytest.raises(RoutingConfigError, match="policy must be one of"):
+        RoutingConfig(policy="random").validate()
