@@ -14,6 +14,7 @@ stop string hit): the engine aborts the request and frees its pages.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from gateway.protocol import ApiRequest
 from gateway.stops import StopMatcher
 
 _FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
+_SEQUENCE = itertools.count()  # routed requests of this process (the round_robin routing policy)
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
     req = routing.RouteRequest(
         model=model_id, block_hashes=hashes, num_prompt_tokens=len(prep.prompt_ids),
         session_key=prep.session_key, user_key=api.user, required_capabilities=api.required_capabilities,
-        variant_override=prep.variant_override, turn_count=api.turn_count,
+        variant_override=prep.variant_override, turn_count=api.turn_count, sequence=next(_SEQUENCE),
     )
     config = await gw.state.get_routing(model_id) or gw.config.routing
     affinity_key = prep.session_key or None
