@@ -1,0 +1,84 @@
+"""Real traces as benchmark workloads (the traces in ../shared/data; their README describes them).
+
+    mooncake(path, src, num_requests, max_prompt_tokens, max_tokens, time_scale) -> list[BenchRequest]
+    azure(path, traffic_class, src, num_requests, max_prompt_tokens, max_tokens, time_scale) -> list[BenchRequest]
+
+Arrival times are the trace's (seconds from its first record) times `time_scale` (0.5 = twice as
+fast). Prompt lengths are cut to `max_prompt_tokens` and output lengths to `max_tokens` so a trace
+recorded on a large model fits a small one; Mooncake prompts keep their shared-prefix structure
+when cut (a cut prompt is a prefix of the full one).
+"""
+
+from __future__ import annotations
+
+import csv
+from datetime import datetime
+from pathlib import Path
+
+from loadtests.mooncake import TraceError, load_trace, session_key
+from loadtests.workloads import BenchRequest, TokenSource, WorkloadError
+
+
+def mooncake(path: str | Path, src: TokenSource, num_requests: int | None, max_prompt_tokens: int,
+             max_tokens: int, time_scale: float = 1.0) -> list[BenchRequest]:
+    """Each record's hash ids become fixed token blocks (`TokenSource.block`); the session header is the
+    conversation the trace implies (`mooncake.session_key`)."""
+    _check_scale(time_scale)
+    records = load_trace(path)[:num_requests]
+    t0 = records[0].timestamp_ms
+    out = []
+    for i, rec in enumerate(records):
+        n = min(rec.input_length, max_prompt_tokens)
+        ids: list[int] = []
+        for h in rec.hash_ids:
+            if len(ids) >= n:
+                break
+            ids += src.block(h)
+        if len(ids) < n:
+            raise TraceError(f"{path}: record {i} has too few hash_ids for input_length {rec.input_length}")
+        sid = session_key(rec)
+        out.append(BenchRequest(f"mooncake-{i}", "mooncake", tuple(ids[:n]), max(1, min(rec.output_length, max_tokens)),
+                                arrival_s=(rec.timestamp_ms - t0) / 1000.0 * time_scale, session_id=sid))
+    return out
+
+
+def load_azure(path: str | Path) -> list[tuple[float, int, int]]:
+    """(seconds from the first record, context tokens, generated tokens), in file order."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"trace file not found: {path}")
+    rows = []
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        for lineno, row in enumerate(reader, 2):
+            try:
+                stamp = row["TIMESTAMP"]
+                # the trace's fractions have 7 digits; datetime takes at most 6
+                head, _, frac = stamp.partition(".")
+                t = datetime.strptime(head, "%Y-%m-%d %H:%M:%S").timestamp() + float(f"0.{frac or 0}")
+                rows.append((t, int(row["ContextTokens"]), int(row["GeneratedTokens"])))
+            except (KeyError, TypeError, ValueError) as e:
+                raise TraceError(f"{path}:{lineno}: not an Azure trace row "
+                                 f"(TIMESTAMP,ContextTokens,GeneratedTokens): {e}") from None
+    if not rows:
+        raise TraceError(f"{path}: no records")
+    t0 = rows[0][0]
+    return [(t - t0, c, g) for t, c, g in rows]
+
+
+def azure(path: str | Path, traffic_class: str, src: TokenSource, num_requests: int | None,
+          max_prompt_tokens: int, max_tokens: int, time_scale: float = 1.0) -> list[BenchRequest]:
+    """Azure traces carry no prompt content: each request is an unrelated run of its context length."""
+    _check_scale(time_scale)
+    out = []
+    for i, (t, ctx, gen) in enumerate(load_azure(path)[:num_requests]):
+        rid = f"{traffic_class}-{i}"
+        n = max(1, min(ctx, max_prompt_tokens))
+        out.append(BenchRequest(rid, traffic_class, tuple(src.draw(rid, n)), max(1, min(gen, max_tokens)),
+                                arrival_s=t * time_scale))
+    return out
+
+
+def _check_scale(time_scale: float) -> None:
+    if not time_scale > 0:
+        raise WorkloadError(f"--time-scale must be positive, got {time_scale}")
