@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--redis", default=None, help="Redis URL; default: in-process state")
     up.add_argument("--port", type=int, default=8000)
     up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--admin-key", default=None,
+                    help="admin API / dashboard key (or DUET_ADMIN_KEY); default: a random one, printed")
     up.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     up.add_argument("--sim", action="store_true", help="model-free sim workers instead of real engines (tests)")
     up.add_argument("--sim-ms-per-token", type=float, default=20.0, help="with --sim: decode time per token")

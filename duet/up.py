@@ -5,6 +5,10 @@ Starts N `duet engine paged` and M `duet engine prefix` workers (or `duet engine
 --model, waits until the gateway's /ready says every model has a healthy worker, prints the API and
 dashboard URLs, and runs until Ctrl-C / SIGTERM or until a child dies.
 
+The dashboard and admin API need an admin key: --admin-key or DUET_ADMIN_KEY, else a random one made
+for this run. It reaches the gateway through its environment (never a command line `ps` shows) and is
+printed next to the dashboard URL when it was generated.
+
 No orphans: each child runs in its own process group (so Ctrl-C reaches only `duet up`, which
 shuts the children down in order: SIGTERM to each group, workers drain, SIGKILL after a grace
 period) and asks the kernel for SIGTERM should `duet up` itself die (PR_SET_PDEATHSIG).
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -50,13 +55,13 @@ class Stack:
         self.log_dir = log_dir
         self.children: list[tuple[str, subprocess.Popen]] = []
 
-    def spawn(self, name: str, args: list[str]) -> None:
+    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         # preexec_fn is safe here: `duet up` runs no threads
         with open(self.log_dir / f"{name}.log", "wb") as log:
             proc = subprocess.Popen([sys.executable, "-m", "duet.cli", *args], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     preexec_fn=_die_with_parent,  # noqa: PLW1509
-                                    env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                    env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
         self.children.append((name, proc))
 
     def dead(self) -> tuple[str, int] | None:
@@ -112,6 +117,8 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     host = args.host
+    given_key = getattr(args, "admin_key", None) or os.environ.get("DUET_ADMIN_KEY")
+    admin_key = given_key or secrets.token_urlsafe(24)
     addresses = []
     try:
         for kind, count in (("paged", args.paged), ("prefix", args.prefix)):
@@ -131,7 +138,7 @@ def main(args: argparse.Namespace) -> int:
             config["redis"] = args.redis
         config_path = log_dir / "gateway.yaml"
         config_path.write_text(yaml.safe_dump(config))
-        stack.spawn("gateway", ["gateway", "--config", str(config_path)])
+        stack.spawn("gateway", ["gateway", "--config", str(config_path)], env={"DUET_ADMIN_KEY": admin_key})
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{args.port}"
         print(f"duet up: {args.paged} paged + {args.prefix} prefix {'sim ' if args.sim else ''}workers on "
               f"{model.name}; logs in {log_dir}", flush=True)
@@ -147,8 +154,9 @@ def main(args: argparse.Namespace) -> int:
                 print(f"duet up: not ready after {args.ready_timeout:.0f}s; logs in {log_dir}", file=sys.stderr)
                 return 1
             time.sleep(0.2)
-        print(f"API:       {url}/v1\nDashboard: {url}/dashboard\nMetrics:   {url}/metrics\n"
-              f"Ctrl-C to stop.", flush=True)
+        shown_key = "as given (--admin-key / DUET_ADMIN_KEY)" if given_key else admin_key
+        print(f"API:       {url}/v1\nDashboard: {url}/dashboard  (admin key: {shown_key})\n"
+              f"Metrics:   {url}/metrics\nCtrl-C to stop.", flush=True)
         while stop["signal"] is None:
             if (dead := stack.dead()) is not None:
                 print(f"duet up: {dead[0]} exited with {dead[1]}:\n{stack.tail(dead[0])}", file=sys.stderr,

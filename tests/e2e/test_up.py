@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,7 +55,8 @@ class Up:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, "-m", "duet.cli", "up", "--port", str(self.port), *flags],
                                      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=dict(os.environ, **(env or {})))
+                                     env={**{k: v for k, v in os.environ.items() if k != "DUET_ADMIN_KEY"},
+                                          **(env or {})})
         self.out: list[str] = []
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -91,6 +93,11 @@ def test_duet_up_with_sim_workers_serves_and_ctrl_c_leaves_no_orphans():
         up.wait_ready(60)
         text = "".join(up.out)
         assert f"API:       {up.url}/v1" in text and f"{up.url}/dashboard" in text
+        # no key given: `duet up` made one and printed it next to the dashboard URL; it opens the admin API
+        key = re.search(r"/dashboard  \(admin key: (\S+)\)", text).group(1)
+        assert httpx.get(up.url + "/admin/workers").status_code in (401, 403)
+        workers = httpx.get(up.url + "/admin/workers", headers={"Authorization": f"Bearer {key}"})
+        assert workers.status_code == 200 and len(workers.json()["workers"]) == 3
         assert len(_descendants(up.proc.pid)) >= 4  # 3 workers + the gateway
         client = openai.OpenAI(base_url=up.url + "/v1", api_key="k", max_retries=0)
         r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
