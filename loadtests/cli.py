@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duet bench", description="Duet load tests and simulations")
     sub = parser.add_subparsers(dest="bench_command", required=True)
     _add_simulate_routing(sub)
+    from loadtests.bench_run import add_parser as add_run  # argparse only; the run imports lazily
+
+    add_run(sub)
     return parser
 
 
