@@ -8,6 +8,10 @@ error becomes a gRPC status in ONE place, `status_for`:
     EngineOverloadedError    -> RESOURCE_EXHAUSTED (too many in flight; retry elsewhere)
     EngineDrainingError      -> UNAVAILABLE        (draining or still loading)
     anything else            -> INTERNAL
+
+Each Generate is an "engine.generate" server span continuing the caller's W3C trace context from the
+gRPC metadata (`duet.tracing.context_from_grpc`), so the gateway's client span is its parent. The span
+carries the request id, engine kind, prompt and cached tokens; it ends with the stream (an error marks it).
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import logging
 import uuid
 
 import grpc
+from opentelemetry import trace
 
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc
+from duet.tracing import context_from_grpc
 from engine_core.errors import CapacityError, InvalidRequestError
 from engine_core.request import EngineSpec, FinishReason, KvEvent, LoadStats, Request, StepOutput
 from engine_core.sampling_params import SamplingParams
@@ -150,9 +156,10 @@ def kv_events_to_pb(sequence: int, events: list[KvEvent]) -> pb.KvEventBatch:
 class EngineServicer(engine_pb2_grpc.EngineServicer):
     """Until `attach` is called (the model is loading), Generate answers UNAVAILABLE."""
 
-    def __init__(self) -> None:
+    def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
         self.step_loop: StepLoop | None = None
         self.spec: EngineSpec | None = None
+        self.tracer = trace.get_tracer("duet.engine", tracer_provider=tracer_provider)  # global provider if None
 
     def attach(self, step_loop: StepLoop, spec: EngineSpec) -> None:
         self.step_loop, self.spec = step_loop, spec
@@ -164,9 +171,25 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     @_mapped
     async def Generate(self, request, context):
-        loop, spec = self._ready()
-        async for out in loop.generate(request_from_pb(request, spec)):
-            yield output_to_pb(out)
+        # not start_as_current_span: an async generator may be closed from another context (a cancel),
+        # where detaching the attached context would fail; nothing below starts child spans anyway
+        span = self.tracer.start_span("engine.generate", context=context_from_grpc(context),
+                                      kind=trace.SpanKind.SERVER,
+                                      attributes={"duet.request_id": request.request_id,
+                                                  "duet.prompt_tokens": len(request.prompt_token_ids)})
+        try:
+            loop, spec = self._ready()
+            span.set_attribute("duet.engine", spec.engine_kind)
+            async for out in loop.generate(request_from_pb(request, spec)):
+                if out.prompt_tokens is not None:
+                    span.set_attribute("duet.cached_tokens", out.cached_tokens or 0)
+                yield output_to_pb(out)
+        except Exception as exc:
+            span.record_exception(exc)
+            span.set_status(trace.StatusCode.ERROR, str(exc))
+            raise
+        finally:
+            span.end()
 
     @_mapped
     async def Abort(self, request, context):

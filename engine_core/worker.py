@@ -43,13 +43,14 @@ class EngineParts:
 
 class Worker:
     def __init__(self, build: Callable[[], EngineParts], *, host: str = "127.0.0.1", port: int = 0,
-                 drain_timeout: float = 30.0, metrics_port: int | None = None, max_pending: int = 4096) -> None:
+                 drain_timeout: float = 30.0, metrics_port: int | None = None, max_pending: int = 4096,
+                 tracer_provider=None) -> None:
         self.build = build
         self.host, self.port = host, port
         self.drain_timeout = drain_timeout
         self.metrics_port = metrics_port
         self.max_pending = max_pending
-        self.servicer = EngineServicer()
+        self.servicer = EngineServicer(tracer_provider)  # None: the process's global provider
         self.health = health.aio.HealthServicer()
         self.step_loop: StepLoop | None = None
         self.metrics: EngineMetrics | None = None
