@@ -51,10 +51,55 @@ def _run_simulate_routing(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="the headline experiment: all-paged vs all-prefix vs duet on one mixed workload",
+        description="Starts three stacks of the same size on the same checkpoint, one after the other: "
+        "every worker engine_paged behind round robin, every worker engine_prefix behind cache-aware routing, "
+        "and half of each behind Duet's routing; sends each the same mixed workload (multi-turn chats, agent "
+        "loops, unrelated long documents; Poisson arrivals) and reports goodput and TTFT per traffic class.",
+    )
+    p.add_argument("--model", default=None, help="model directory (default: the bench checkpoint, made once)")
+    p.add_argument("--workers", type=int, default=2, help="workers per configuration (duet: half of each kind)")
+    p.add_argument("--quick", action="store_true", help="a smaller workload (about 2 minutes on 2 cores)")
+    p.add_argument("--num-requests", type=int, default=None)
+    p.add_argument("--rate", type=float, default=None, help="conversations + documents started per second")
+    p.add_argument("--max-prompt-tokens", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ttft-slo-ms", type=float, default=None)
+    p.add_argument("--itl-slo-ms", type=float, default=None, help="bound on a request's mean inter-token latency")
+    p.add_argument("--kv-cache-tokens", type=int, default=None, help="per worker, every configuration alike")
+    p.add_argument("--configs", default=None, help="comma-separated subset of paged_round_robin,prefix_cache_aware,duet")
+    p.add_argument("--log-dir", default=None, help="keep the stacks' logs here (default: temp dirs)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.set_defaults(func=_run_compare)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from loadtests import compare
+
+    s = compare.QUICK if args.quick else compare.Settings()
+    given = {k: getattr(args, k) for k in ("model", "workers", "num_requests", "rate", "max_prompt_tokens",
+                                            "max_tokens", "seed", "ttft_slo_ms", "itl_slo_ms")}
+    s = replace(s, **{k: v for k, v in given.items() if v is not None})
+    if args.kv_cache_tokens is not None:
+        s = replace(s, limits=replace(s.limits, kv_cache_tokens=args.kv_cache_tokens))
+    if args.configs:
+        s = replace(s, configs=tuple(c.strip() for c in args.configs.split(",") if c.strip()))
+    result = compare.run(s, args.log_dir, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(json.dumps(result, indent=2) if args.json else compare.format_table(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duet bench", description="Duet load tests and simulations")
     sub = parser.add_subparsers(dest="bench_command", required=True)
     _add_simulate_routing(sub)
+    _add_compare(sub)
     from loadtests.bench_run import add_parser as add_run  # argparse only; the run imports lazily
 
     add_run(sub)

@@ -1,0 +1,124 @@
+"""A serving stack for a benchmark: N engine workers and one gateway as child processes.
+
+`ServingStack(model, kinds, routing, ...)` is a context manager: on entry it starts one
+`duet engine KIND` per entry of `kinds` (each on a free port, the same page size, KV budget and
+batch limits, one torch thread each so that workers do not fight over the cores), then
+`duet gateway --config` with the given `routing` section, and waits until the gateway sees every
+worker healthy (its /admin/workers, not just /ready, which needs only one). On exit it stops the
+children through `duet.up.Stack` (SIGTERM, drain, SIGKILL after a grace period). A child that dies
+while starting raises `StackError` with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Self
+
+import yaml
+
+from duet.up import Stack
+
+ADMIN_KEY = "bench-admin"  # the stack is private to the benchmark: a fixed key is enough
+
+
+class StackError(RuntimeError):
+    """The stack did not come up (a child exited, or not every worker got healthy in time)."""
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What every worker of every configuration gets, so that configurations differ only in
+    engine kinds and routing."""
+
+    kv_cache_tokens: int = 32768
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    page_size: int = 16
+    torch_threads: int = 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServingStack:
+    def __init__(self, model: str | Path, kinds: list[str], routing: dict, limits: EngineLimits = EngineLimits(),
+                 ready_timeout_s: float = 300.0, log_dir: Path | None = None) -> None:
+        self.model = Path(model)
+        self.kinds = list(kinds)
+        self.routing = dict(routing)
+        self.limits = limits
+        self.ready_timeout_s = ready_timeout_s
+        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="duet-bench-"))
+        self.stack = Stack(self.log_dir)
+        self.url = ""
+
+    def __enter__(self) -> Self:
+        try:
+            self._start()
+        except BaseException:
+            self.stack.shutdown()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stack.shutdown()
+
+    def _start(self) -> None:
+        lim = self.limits
+        addresses = []
+        # the children inherit the environment: one torch thread per worker (the gateway has no torch)
+        saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+        os.environ.update(OMP_NUM_THREADS=str(lim.torch_threads), MKL_NUM_THREADS=str(lim.torch_threads))
+        try:
+            for i, kind in enumerate(self.kinds):
+                port = _free_port()
+                self.stack.spawn(f"{kind}-{i}", [
+                    "engine", kind, "--model", str(self.model), "--port", str(port), "--worker-id", f"{kind}-{i}",
+                    "--device", "cpu", "--page-size", str(lim.page_size), "--kv-cache-tokens", str(lim.kv_cache_tokens),
+                    "--max-num-seqs", str(lim.max_num_seqs), "--max-num-batched-tokens", str(lim.max_num_batched_tokens),
+                ])
+                addresses.append(f"127.0.0.1:{port}")
+            port = _free_port()
+            config = {"host": "127.0.0.1", "port": port, "models": [{"path": str(self.model)}],
+                      "workers": [{"address": a} for a in addresses], "health": {"poll_interval_s": 0.5},
+                      "auth": {"admin_key": ADMIN_KEY}, "routing": self.routing}
+            path = self.log_dir / "gateway.yaml"
+            path.write_text(yaml.safe_dump(config))
+            self.stack.spawn("gateway", ["gateway", "--config", str(path)])
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            if (dead := self.stack.dead()) is not None:
+                raise StackError(f"{dead[0]} exited with {dead[1]} while starting:\n{self.stack.tail(dead[0])}")
+            rows = self.workers()
+            if len(rows) == len(self.kinds) and all(r["healthy"] for r in rows):
+                return
+            if time.monotonic() > deadline:
+                raise StackError(f"not every worker healthy after {self.ready_timeout_s:.0f}s; logs in {self.log_dir}")
+            time.sleep(0.25)
+
+    def workers(self) -> list[dict]:
+        """The gateway's view of its workers (GET /admin/workers); [] while it is not answering."""
+        req = urllib.request.Request(self.url + "/admin/workers", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return json.loads(r.read())["workers"]
+        except (urllib.error.URLError, OSError, ValueError, KeyError):
+            return []
