@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +62,10 @@ class TokenSource:
         if len(allowed) < 2:
             raise WorkloadError(f"the vocabulary has {len(allowed)} usable token ids; a workload needs 2 or more")
         self.allowed = allowed
+        # one int object per allowed id, shared by every prompt: a replayed trace's prompts then cost a
+        # pointer per token, not a fresh int each
+        self._ints = tuple(int(i) for i in allowed)
+        self._block = lru_cache(maxsize=8192)(self._make_block)  # shared prefixes recur (block 0 in every record)
 
     @classmethod
     def from_model_dir(cls, path: str | Path) -> TokenSource:
@@ -73,11 +78,16 @@ class TokenSource:
     def draw(self, key: str, n: int) -> list[int]:
         seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
         rng = np.random.Generator(np.random.PCG64(seed))
-        return self.allowed[rng.integers(0, len(self.allowed), size=n)].tolist()
+        ints = self._ints
+        return [ints[i] for i in rng.integers(0, len(ints), size=n).tolist()]
 
-    def block(self, hash_id: int, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[int]:
-        idx = block_token_ids(hash_id, 0, len(self.allowed), block_tokens)
-        return self.allowed[list(idx)].tolist()
+    def block(self, hash_id: int) -> tuple[int, ...]:
+        return self._block(hash_id)
+
+    def _make_block(self, hash_id: int) -> tuple[int, ...]:
+        ints = self._ints
+        # mooncake's generator uncached (__wrapped__): its cache of raw runs would hold fresh ints
+        return tuple(ints[i] for i in block_token_ids.__wrapped__(hash_id, 0, len(ints), MOONCAKE_BLOCK_TOKENS))
 
 
 def _check(num_requests: int, max_prompt_tokens: int, max_tokens: int) -> None:
