@@ -7,6 +7,9 @@ Lifecycle:
   2. `build()` runs in a thread (loading weights never blocks the event loop); then SERVING;
   3. SIGTERM/SIGINT: health NOT_SERVING, new requests refused (UNAVAILABLE), requests in flight
      finish for up to `drain_timeout` seconds (the rest are aborted), the server stops, exit 0.
+
+With `redis_url` the worker registers itself for the gateways' discovery once SERVING (duet/registry.py:
+a heartbeated key with its address, kind, model and version) and deletes the entry first thing on drain.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from duet.registry import Registration, advertised_address, worker_info
 from duet.rpc import engine_pb2, engine_pb2_grpc
 from engine_core.metrics import EngineMetrics
 from engine_core.request import EngineSpec
@@ -44,12 +48,14 @@ class EngineParts:
 class Worker:
     def __init__(self, build: Callable[[], EngineParts], *, host: str = "127.0.0.1", port: int = 0,
                  drain_timeout: float = 30.0, metrics_port: int | None = None, max_pending: int = 4096,
-                 tracer_provider=None) -> None:
+                 tracer_provider=None, redis_url: str | None = None) -> None:
         self.build = build
         self.host, self.port = host, port
         self.drain_timeout = drain_timeout
         self.metrics_port = metrics_port
         self.max_pending = max_pending
+        self.redis_url = redis_url
+        self.registration: Registration | None = None
         self.servicer = EngineServicer(tracer_provider)  # None: the process's global provider
         self.health = health.aio.HealthServicer()
         self.step_loop: StepLoop | None = None
@@ -80,6 +86,12 @@ class Worker:
         self.step_loop.start()
         self.servicer.attach(self.step_loop, parts.spec)
         await self._set_health(True)
+        if self.redis_url:
+            spec = parts.spec
+            self.registration = Registration(self.redis_url, worker_info(
+                spec.worker_id, advertised_address(self.host, self.port), spec.engine_kind, spec.model_id,
+                spec.version))
+            self.registration.start()
         self.ready.set()
         log.info("serving %s (%s) on port %d", parts.spec.model_id, parts.spec.engine_kind, self.port)
         return self.port
@@ -89,6 +101,9 @@ class Worker:
 
     async def shutdown(self) -> bool:
         """Drain and stop. True when every request in flight finished within the timeout."""
+        if self.registration is not None:  # gateways stop sending new work before the drain
+            await self.registration.stop()
+            self.registration = None
         await self._set_health(False)
         clean = True
         if self.step_loop is not None:
@@ -118,8 +133,9 @@ class Worker:
 
 
 def run_worker(build: Callable[[], EngineParts], *, host: str, port: int, drain_timeout: float,
-               metrics_port: int | None) -> int:
+               metrics_port: int | None, redis_url: str | None = None) -> int:
     """Blocking entry for `duet engine <kind>`; returns the exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    worker = Worker(build, host=host, port=port, drain_timeout=drain_timeout, metrics_port=metrics_port)
+    worker = Worker(build, host=host, port=port, drain_timeout=drain_timeout, metrics_port=metrics_port,
+                    redis_url=redis_url)
     return asyncio.run(worker.serve_until_signal())

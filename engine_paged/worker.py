@@ -79,4 +79,4 @@ def main(args: argparse.Namespace) -> int:
                             priority=policy == "priority", version=args.version, worker_id=worker_id)
 
     return run_worker(build, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
-                      metrics_port=args.metrics_port)
+                      metrics_port=args.metrics_port, redis_url=getattr(args, "redis", None))

@@ -81,4 +81,4 @@ def main(args: argparse.Namespace) -> int:
             version=args.version, worker_id=args.worker_id or f"{args.host}:{args.port}")
 
     return run_worker(build, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
-                      metrics_port=args.metrics_port)
+                      metrics_port=args.metrics_port, redis_url=getattr(args, "redis", None))

@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry import trace
 
 from duet.hashing import block_hashes
+from duet.registry import Registration, advertised_address, worker_info
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
 from duet.tracing import context_from_grpc
@@ -275,38 +276,19 @@ async def serve(config: SimConfig, host: str, port: int, ready: asyncio.Event | 
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info("sim worker %s (%s) serving on %s:%d", config.worker_id, config.engine_kind, host, port)
     stop = stop or asyncio.Event()
-    heartbeat = None
-    if redis_url:
-        heartbeat = asyncio.create_task(_register(config, f"{host}:{port}", redis_url, stop))
+    registration = None
+    if redis_url:  # heartbeat into the gateways' registry, exactly as the real engines do
+        registration = Registration(redis_url, worker_info(
+            config.worker_id, advertised_address(host, port), config.engine_kind, config.model_id, config.version))
+        registration.start()
     if ready is not None:
         ready.set()
     await stop.wait()
-    if heartbeat is not None:
-        await heartbeat
+    if registration is not None:
+        await registration.stop()
     engine.draining = True
     await health.enter_graceful_shutdown()
     await server.stop(grace=1.0)
-
-
-REGISTRY_TTL_S = 5.0
-
-
-async def _register(config: SimConfig, address: str, redis_url: str, stop: asyncio.Event) -> None:
-    """Heartbeat this worker into the gateways' registry (the StateStore's worker entries) until stopped."""
-    from gateway.state.redis_store import RedisStore
-
-    store = RedisStore(redis_url)
-    info = {"worker_id": config.worker_id, "address": address, "engine_kind": config.engine_kind,
-            "model_id": config.model_id, "version": config.version}
-    try:
-        while not stop.is_set():
-            await store.register_worker(info, REGISTRY_TTL_S)
-            try:
-                await asyncio.wait_for(stop.wait(), REGISTRY_TTL_S / 3)
-            except TimeoutError:
-                pass
-    finally:
-        await store.close()
 
 
 def main(args: argparse.Namespace) -> int:

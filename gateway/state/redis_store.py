@@ -4,7 +4,7 @@ Keys (under `prefix`, default "duet"):
   {p}:aff:{key}       session/user key -> worker id, with a TTL (SET PX; refreshed on use)
   {p}:routing         hash: model -> routing config JSON (gateway/state/codec.py)
   {p}:routing:changed pub/sub channel: a model name each time its config changes
-  {p}:worker:{id}     worker registration JSON, a TTL key renewed by heartbeats
+  {p}:worker:{id}     worker registration JSON, a TTL key renewed by heartbeats (duet/registry.py)
   {p}:audit           capped list (LPUSH + LTRIM) of config changes, newest first
 
 Every replica keeps a local copy of all routing configs, loaded at start and kept current by
@@ -37,6 +37,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from duet.registry import worker_key, worker_key_pattern
 from gateway.routing import RoutingConfig, RoutingConfigError
 from gateway.state import StateUnavailable
 from gateway.state.codec import config_from_json, config_to_dict, config_to_json
@@ -285,7 +286,7 @@ class RedisStore:
     async def register_worker(self, info: dict[str, Any], ttl_s: float) -> None:
         if "worker_id" not in info:
             raise ValueError("worker info needs a 'worker_id'")
-        key = f"{self._p}:worker:{info['worker_id']}"
+        key = worker_key(str(info["worker_id"]), self._p)
         ttl_ms = max(1, int(ttl_s * 1000))
         try:
             await self._call(lambda: self._redis.set(key, json.dumps(info), px=ttl_ms))
@@ -295,7 +296,7 @@ class RedisStore:
 
     async def list_workers(self) -> list[dict[str, Any]]:
         async def fetch() -> list[dict[str, Any]]:
-            keys = [k async for k in self._redis.scan_iter(match=f"{self._p}:worker:*", count=500)]
+            keys = [k async for k in self._redis.scan_iter(match=worker_key_pattern(self._p), count=500)]
             values = await self._redis.mget(keys) if keys else []
             return [json.loads(v) for v in values if v is not None]  # None: expired meanwhile
 

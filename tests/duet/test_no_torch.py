@@ -8,7 +8,8 @@ import sys
 
 def test_duet_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, duet.model_dir, duet.model_make, duet.tokenizer, duet.detokenizer, duet.hashing;"
+        "import sys, duet.model_dir, duet.model_make, duet.tokenizer, duet.detokenizer, duet.hashing,"
+        " duet.registry;"
         "print(sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
