@@ -43,11 +43,24 @@ def check_paged_args(name: str, q: Tensor, k_cache: Tensor, v_cache: Tensor, blo
         raise ValueError(f"{name}: q must be a floating tensor, got {q.dtype}")
 
 
-def gather_pages(cache: Tensor, pages: Tensor, length: int) -> Tensor:
-    """The first `length` cached rows of sequences whose page lists are `pages` [..., P] -> [..., length, Hk, D]."""
-    page_size, hk, d = cache.shape[1:]
-    rows = cache[pages.long().clamp(0, cache.shape[0] - 1)]  # [..., P, page_size, Hk, D]
-    return rows.reshape(*pages.shape[:-1], pages.shape[-1] * page_size, hk, d)[..., :length, :, :]
+def page_slots(pages: Tensor, length: int, page_size: int) -> Tensor:
+    """Cache slots (page * page_size + offset) of positions 0 .. length-1 of sequences whose page lists are
+    `pages` [..., P] (P * page_size >= length) -> [..., length] int64."""
+    offsets = torch.arange(page_size, device=pages.device)
+    return (pages.long()[..., None] * page_size + offsets).flatten(-2)[..., :length]
+
+
+def gather_heads(cache: Tensor, slots: Tensor) -> Tensor:
+    """Rows `slots` [..., L] of cache [num_pages, page_size, Hk, D], head-major: -> [..., Hk, L, D] (contiguous).
+
+    One index_select over the cache seen as [slots * Hk, D] writes the layout the matmuls want directly, so
+    nothing is copied a second time (a permute of [..., L, Hk, D] would be, inside torch.matmul)."""
+    hk, d = cache.shape[2], cache.shape[3]
+    heads = torch.arange(hk, device=slots.device)
+    rows = slots.unsqueeze(-2) * hk + heads[:, None]  # [..., Hk, L]
+    # clamp: block-table entries past a sequence's last page are unspecified; they only feed masked positions
+    rows = rows.clamp_(0, cache.shape[0] * cache.shape[1] * hk - 1)
+    return cache.reshape(-1, d).index_select(0, rows.reshape(-1)).view(*rows.shape, d)
 
 
 def paged_decode_attention_ref(
@@ -58,14 +71,15 @@ def paged_decode_attention_ref(
     page_size, hk = k_cache.shape[1], k_cache.shape[2]
     if b == 0:
         return torch.empty_like(q)
-    # pad every sequence to the longest context in the batch and mask the tail
+    # On CPU this reference is the production path, so it is written for speed: the whole batch in one
+    # gather and two batched matmuls, every sequence padded to the longest context and the tail masked.
     max_len = int(context_lens.max())
-    num_pages = -(-max_len // page_size)
-    pages = block_tables[:, :num_pages]
-    k = gather_pages(k_cache, pages, max_len).float().permute(0, 2, 3, 1)  # [B, Hk, D, L]
-    v = gather_pages(v_cache, pages, max_len).float().permute(0, 2, 1, 3)  # [B, Hk, L, D]
+    slots = page_slots(block_tables[:, : -(-max_len // page_size)], max_len, page_size)  # [B, L]
+    k = gather_heads(k_cache, slots).float()  # [B, Hk, L, D]
+    v = gather_heads(v_cache, slots).float()  # [B, Hk, L, D]
+    # GQA: the G query heads of one KV head are rows of one matmul, so K/V are never repeated per query head
     qf = q.float().view(b, hk, hq // hk, d)  # [B, Hk, G, D]
-    scores = torch.matmul(qf, k) * scale  # [B, Hk, G, L]
+    scores = torch.matmul(qf, k.transpose(-1, -2)).mul_(scale)  # [B, Hk, G, L]
     pad = torch.arange(max_len, device=q.device)[None, :] >= context_lens.to(q.device).long()[:, None]
     scores.masked_fill_(pad[:, None, None, :], float("-inf"))
     out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, Hk, G, D]

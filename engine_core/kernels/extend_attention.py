@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from engine_core.kernels._jit import dot_settings, interpreting, lazy_jit, tl, triton
-from engine_core.kernels.decode_attention import check_paged_args, gather_pages
+from engine_core.kernels.decode_attention import check_paged_args, gather_heads, page_slots
 
 
 def check_extend_args(q: Tensor, block_tables: Tensor, cu_seqlens_q: Tensor, prefix_lens: Tensor) -> None:
@@ -53,11 +53,11 @@ def extend_attention_ref(
         if n == 0:
             continue
         total = prefix + n
-        pages = block_tables[i, : -(-total // page_size)]
-        k = gather_pages(k_cache, pages, total).float().permute(1, 2, 0)  # [Hk, D, L]
-        v = gather_pages(v_cache, pages, total).float().permute(1, 0, 2)  # [Hk, L, D]
+        slots = page_slots(block_tables[i, : -(-total // page_size)], total, page_size)  # [L]
+        k = gather_heads(k_cache, slots).float()  # [Hk, L, D]
+        v = gather_heads(v_cache, slots).float()  # [Hk, L, D]
         qf = q[start:end].float().view(n, hk, g, d).permute(1, 2, 0, 3)  # [Hk, G, n, D]
-        scores = torch.matmul(qf, k[:, None]) * scale  # [Hk, G, n, L]
+        scores = torch.matmul(qf, k[:, None].transpose(-1, -2)).mul_(scale)  # [Hk, G, n, L]
         query_pos = prefix + torch.arange(n, device=q.device)
         future = torch.arange(total, device=q.device)[None, :] > query_pos[:, None]  # [n, L]
         scores.masked_fill_(future, float("-inf"))
