@@ -216,7 +216,9 @@ def route(
 
     # 5. engine kind by estimated reuse
     kinds = {w.engine_kind for w in in_variant}
-    if req.turn_count > 1:
+    # A session key says more turns will resend this prompt, so even its first turn goes where the
+    # history will be cached (affinity keeps the later turns there).
+    if req.turn_count > 1 or req.session_key is not None:
         wanted, engine_reason = PREFIX, "multi_turn"
     elif reuse >= config.reuse_threshold and reuse > 0.0:
         wanted, engine_reason = PREFIX, "reuse_high"

@@ -202,6 +202,13 @@ def test_multi_turn_chat_goes_to_prefix_even_when_unseen():
     assert (d.engine_kind, d.reason) == ("prefix", "multi_turn")
 
 
+def test_the_first_turn_of_a_session_goes_to_prefix_where_its_history_will_be_cached():
+    d = Router()(req([200, 201], session_key="s-1"), MIXED)
+    assert (d.engine_kind, d.reason) == ("prefix", "multi_turn")
+    anonymous = Router()(req([300, 301]), MIXED)
+    assert (anonymous.engine_kind, anonymous.reason) == ("paged", "reuse_low")
+
+
 def test_a_pool_with_one_engine_kind_serves_everything():
     only_prefix = [worker("x0", "prefix"), worker("x1", "prefix")]
     d = Router()(req([1, 2]), only_prefix)  # low reuse would want paged
