@@ -6,11 +6,14 @@ traffic, and a weight changed in the page (with its confirmation step) changes t
 import asyncio
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
-from live_stack import ROOT, LiveStack, SimSpec, chat_body
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from duet_stack import ROOT, LiveStack, Sim, chat_body
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 KEY = "adm-dashboard"
@@ -22,9 +25,9 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debia
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     s = LiveStack(tmp_path_factory.mktemp("dashboard"), [
-        SimSpec("paged-v1", kind="paged", version="v1", ms_per_token=10),
-        SimSpec("paged-v2", kind="paged", version="v2", ms_per_token=10),
-        SimSpec("prefix-v1", kind="prefix", version="v1", ms_per_token=10),
+        Sim("paged", worker_id="paged-v1", version="v1", ms_per_token=10),
+        Sim("paged", worker_id="paged-v2", version="v2", ms_per_token=10),
+        Sim("prefix", worker_id="prefix-v1", version="v1", ms_per_token=10),
     ], admin_key=KEY, routing={"sticky_key": "user", "variants": [
         {"name": "stable", "weight": 90, "pools": [{"engine_kind": "paged", "version": "v1"},
                                                   {"engine_kind": "prefix", "version": "v1"}]},

@@ -1,6 +1,13 @@
-"""Test harness for the gateway tests: sim workers as real processes (`duet engine sim`, real gRPC,
+"""The one test harness for live stacks: sim workers as real processes (`duet engine sim`, real gRPC,
 killable), gateways either in a thread of the test process (uvicorn; tests can read its internals
-and spans) or as `duet gateway --config` processes."""
+and spans) or as `duet gateway --config` processes, and `LiveStack`, the whole thing for the admin,
+dashboard and rollback tests (named sims with versions, an admin key, a routing config, one or more
+gateway processes sharing Redis), torn down with the test.
+
+    sims = start_sims([Sim("prefix"), Sim("paged", worker_id="p1", version="v2")], tmp)
+    gw = GatewayThread(gateway_config(sims)).start()          # in-process gateway
+    stack = LiveStack(tmp, [Sim("paged", worker_id="stable")], admin_key="k").start()  # all processes
+"""
 
 from __future__ import annotations
 
@@ -39,13 +46,16 @@ def model_dir() -> Path:
 
 @dataclass
 class Sim:
-    """One `duet engine sim` process."""
+    """One `duet engine sim` process. `worker_id` defaults to its address (the sim's own default)."""
 
-    kind: str = "prefix"
+    kind: str = "prefix"  # the engine kind the sim poses as
     ms_per_token: float = 2.0
     fail_rate: float = 0.0
     capabilities: str | None = None
     redis: str | None = None
+    worker_id: str | None = None
+    version: str = "v1"
+    prefill_ms_per_token: float | None = None  # None: the sim's default
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
 
@@ -56,12 +66,16 @@ class Sim:
     def start(self, log_dir: Path) -> Sim:
         args = [sys.executable, "-m", "duet.cli", "engine", "sim", "--model", str(model_dir()),
                 "--port", str(self.port), "--sim-as", self.kind, "--sim-ms-per-token", str(self.ms_per_token),
-                "--sim-fail-rate", str(self.fail_rate)]
+                "--sim-fail-rate", str(self.fail_rate), "--version", self.version]
+        if self.worker_id is not None:
+            args += ["--worker-id", self.worker_id]
+        if self.prefill_ms_per_token is not None:
+            args += ["--sim-prefill-ms-per-token", str(self.prefill_ms_per_token)]
         if self.capabilities is not None:
             args += ["--sim-capabilities", self.capabilities]
         if self.redis is not None:
             args += ["--redis", self.redis]
-        with open(log_dir / f"sim-{self.port}.log", "wb") as log:
+        with open(log_dir / f"sim-{self.worker_id or self.port}.log", "wb") as log:
             self.proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
         return self
@@ -86,6 +100,10 @@ class Sim:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """SIGTERM (the sim drains), SIGKILL after 10 s."""
+        _terminate(self.proc)
 
 
 def start_sims(sims: list[Sim], log_dir: Path) -> list[Sim]:
@@ -142,7 +160,8 @@ class GatewayProcess:
         self._log = tmp / f"{name}.log"
         with open(self._log, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "duet.cli", "gateway", "--config", str(path)],
-                                         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                                         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
     def wait_ready(self, timeout_s: float = 30.0) -> GatewayProcess:
         deadline = time.monotonic() + timeout_s
@@ -158,10 +177,88 @@ class GatewayProcess:
         raise RuntimeError(f"gateway not ready: {self._log.read_text()[-2000:]}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        _terminate(self.proc)
+
+
+def _terminate(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class LiveStack:
+    """Sim worker processes plus `gateways` gateway processes (configured with the admin key, the routing
+    config and, when given, a shared Redis; several gateways only make sense with redis_url). `start()`
+    returns once every gateway reports every sim healthy on /admin/workers."""
+
+    def __init__(self, tmp: Path, sims: list[Sim], admin_key: str, routing: dict | None = None,
+                 redis_url: str | None = None, gateways: int = 1) -> None:
+        self.tmp = tmp
+        self.sims = sims
+        self.admin_key = admin_key
+        self.routing = routing or {}
+        self.redis_url = redis_url
+        self.model_dir = model_dir()
+        self.model = self.model_dir.name
+        self._ports = [free_port() for _ in range(gateways)]
+        self.urls = [f"http://127.0.0.1:{p}" for p in self._ports]
+        self.url = self.urls[0]
+        self.gateways: list[GatewayProcess] = []
+
+    def start(self, timeout_s: float = 60.0) -> LiveStack:
+        for s in self.sims:
+            s.start(self.tmp)
+        extra = {"redis": self.redis_url} if self.redis_url else {}
+        for i, port in enumerate(self._ports):
+            config = gateway_config(self.sims, port=port, auth={"admin_key": self.admin_key},
+                                    health={"poll_interval_s": 0.25}, routing=self.routing, **extra)
+            self.gateways.append(GatewayProcess(config, self.tmp, f"gateway{i}"))
+        for url in self.urls:
+            self.wait_ready(url, timeout_s)
+        return self
+
+    def wait_ready(self, url: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        want = {s.worker_id or s.address for s in self.sims}
+        procs = [s.proc for s in self.sims] + [g.proc for g in self.gateways]
+        while time.monotonic() < deadline:
+            for p in procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"a stack process exited with {p.returncode}:\n{self.logs()}")
             try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                r = httpx.get(url + "/admin/workers", headers=self.admin_headers, timeout=1.0)
+                if r.status_code == 200:
+                    healthy = {w["worker_id"] for w in r.json()["workers"] if w.get("healthy")}
+                    if want <= healthy:
+                        return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the stack was not ready within {timeout_s}s:\n{self.logs()}")
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_key}"}
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {f.name}\n{f.read_text(errors='replace')[-3000:]}"
+                         for f in sorted(self.tmp.glob("*.log")))
+
+    def stop(self) -> None:
+        procs = [g.proc for g in self.gateways] + [s.proc for s in self.sims if s.proc is not None]
+        for p in procs:  # all at once: they drain in parallel
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            _terminate(p)
+        self.gateways.clear()
+
+
+def chat_body(model: str, text: str, user: str, max_tokens: int = 4) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+            "user": user}

@@ -11,8 +11,8 @@ import httpx
 from starlette.applications import Starlette
 from test_admin import AUTH, GOOD, KEY, Backend
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dashboard"))
-from live_stack import LiveStack, SimSpec, chat_body
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from duet_stack import LiveStack, Sim, chat_body
 
 from gateway.admin import admin_routes, key_id
 from gateway.state.redis_store import RedisStore
@@ -60,7 +60,7 @@ async def _until(get, ok, timeout_s=1.0):
 
 async def test_two_gateway_processes_route_by_a_change_made_on_one(clean_redis_url, tmp_path):
     """Real `duet gateway` processes: flip all traffic to the canary on A; B routes there within 1 s."""
-    stack = LiveStack(tmp_path, [SimSpec("stable", version="v1"), SimSpec("canary", version="v2")],
+    stack = LiveStack(tmp_path, [Sim("paged", worker_id="stable", version="v1"), Sim("paged", worker_id="canary", version="v2")],
                       admin_key=KEY, redis_url=clean_redis_url, gateways=2)
     stack.start()
     try:

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dashboard"))
-from live_stack import LiveStack, SimSpec, chat_body
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from duet_stack import LiveStack, Sim, chat_body
 
 KEY = "adm-rollback"
 
@@ -29,11 +29,11 @@ def routing(canary_version: str, canary_weight: float = 50) -> dict:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     s = LiveStack(tmp_path_factory.mktemp("rollback"), [
-        SimSpec("stable", version="v1"),
-        SimSpec("canary-ok", version="v2"),
+        Sim("paged", worker_id="stable", version="v1"),
+        Sim("paged", worker_id="canary-ok", version="v2"),
         # slow prefill: ~15 ms per uncached prompt token, so TTFT is far above the baseline's
-        SimSpec("canary-slow", version="v3", prefill_ms_per_token=15.0),
-        SimSpec("canary-fail", version="v4", fail_rate=1.0),
+        Sim("paged", worker_id="canary-slow", version="v3", prefill_ms_per_token=15.0),
+        Sim("paged", worker_id="canary-fail", version="v4", fail_rate=1.0),
     ], admin_key=KEY, routing=routing("v2"))
     s.start()
     yield s
