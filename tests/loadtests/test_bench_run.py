@@ -197,8 +197,9 @@ def test_real_engines_serve_agent_loops_and_the_prefix_engine_reuses_the_history
             e.wait(timeout_s=120)
         gw = GatewayThread(gateway_config(engines)).start()
         try:
-            # one at a time: the first loop's tool descriptions are new (reuse_low -> paged), the second
-            # loop's are seen (reuse_high -> prefix); each loop's next step follows its worker
+            # one at a time: agent loops carry a session key, so even their first call goes to the prefix
+            # engine (multi_turn), where the second loop finds the first loop's tool descriptions cached;
+            # each loop's next step follows its worker
             requests = agent(src, 4, 512, 4, steps=2)
             records = run_benchmark(gw.url, MODEL, requests, concurrency=1, encode=tokenizer.encode,
                                     keep_prompts=True, progress=False)
@@ -210,7 +211,9 @@ def test_real_engines_serve_agent_loops_and_the_prefix_engine_reuses_the_history
     assert all(r.ok for r in records), [r.error for r in records]
     assert all(r.output_tokens == 4 for r in records)
     by_id = {r.request_id: r for r in records}
-    assert [by_id[f"agent-{i}-t0"].engine for i in (0, 1)] == ["paged", "prefix"]
+    assert [by_id[f"agent-{i}-t0"].engine for i in (0, 1)] == ["prefix", "prefix"]
+    assert [by_id[f"agent-{i}-t0"].route_reason for i in (0, 1)] == ["multi_turn", "multi_turn"]
+    assert by_id["agent-1-t0"].cached_tokens > 0  # the shared tool descriptions
     for i in (0, 1):
         first, second = by_id[f"agent-{i}-t0"], by_id[f"agent-{i}-t1"]
         assert second.worker == first.worker and second.route_reason == "affinity"
