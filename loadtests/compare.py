@@ -52,9 +52,9 @@ class Settings:
 
     model: str | None = None  # None: the bench checkpoint, made once in the cache dir
     workers: int = 2
-    num_requests: int = 120
-    rate: float = 0.4  # conversations + documents started per second (Poisson)
-    max_prompt_tokens: int = 1536
+    num_requests: int = 180
+    rate: float = 1.5  # conversations + documents started per second (Poisson)
+    max_prompt_tokens: int = 1024
     max_tokens: int = 32
     seed: int = 0
     ttft_slo_ms: float = 4000.0
@@ -76,7 +76,7 @@ class Settings:
         return self
 
 
-QUICK = Settings(num_requests=36, rate=0.5)
+QUICK = Settings(num_requests=48)
 
 
 def bench_checkpoint() -> Path:
