@@ -90,7 +90,13 @@ def _run_compare(args: argparse.Namespace) -> int:
         s = replace(s, limits=replace(s.limits, kv_cache_tokens=args.kv_cache_tokens))
     if args.configs:
         s = replace(s, configs=tuple(c.strip() for c in args.configs.split(",") if c.strip()))
-    result = compare.run(s, args.log_dir, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    from loadtests.stack import StackError
+
+    try:
+        result = compare.run(s, args.log_dir, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except StackError as e:  # a worker or the gateway did not come up: its log says why
+        print(f"duet bench compare: {e}", file=sys.stderr)
+        return 1
     print(json.dumps(result, indent=2) if args.json else compare.format_table(result))
     return 0
 
