@@ -6,7 +6,9 @@ checkpoint, CPU, in process (the scheduler + model runner loop, no gRPC). Fields
   if each running request had reserved prompt + max_tokens slots contiguously at admission.
 - throughput_tok_s: output tokens/s for 32 requests submitted at once (greedy, exact lengths);
   speedup_vs_hf_sequential / speedup_vs_hf_static_batch: against transformers' generate on the
-  same checkpoint and prompts, one request at a time and as one left-padded batch.
+  same checkpoint and prompts, one request at a time and as one left-padded batch;
+  the `_cpu` variants are the same ratios over this process's CPU seconds (with one thread, less
+  disturbed by other jobs on a shared machine).
 - n8_page_ratio: peak pages of one request with n=8 over peak pages of 8 independent copies,
   1,024-token prompt.
 """
@@ -68,19 +70,32 @@ def kv_utilization(checkpoint, work: Workload, page_size: int) -> dict:
             "kv_utilization_steps": len(paged)}
 
 
+def _cpu(fn, *args):
+    """(fn's result, CPU seconds of this process while it ran): with one torch thread, a rate that other
+    jobs on a shared machine disturb much less than wall time (they still share caches and memory)."""
+    start = time.process_time()
+    result = fn(*args)
+    return result, time.process_time() - start
+
+
 def throughput(checkpoint, work: Workload, hf_seq_requests: int) -> dict:
     parts = _engine(checkpoint, kv_cache_tokens=65536, max_num_seqs=64)
-    _, seconds, steps = drive(parts.scheduler, parts.runner, _requests(work, "t"))
-    engine_rate = work.output_tokens / seconds
+    (_, seconds, steps), engine_cpu = _cpu(drive, parts.scheduler, parts.runner, _requests(work, "t"))
+    engine_rate, engine_cpu_rate = work.output_tokens / seconds, work.output_tokens / engine_cpu
     model = hf_model(checkpoint)
     subset = Workload(work.prompts[:hf_seq_requests], work.max_tokens[:hf_seq_requests])
-    seq_rate = subset.output_tokens / hf_sequential(model, subset)
-    static_rate = work.output_tokens / hf_static_batch(model, work)
+    seq_seconds, seq_cpu = _cpu(hf_sequential, model, subset)
+    static_seconds, static_cpu = _cpu(hf_static_batch, model, work)
+    seq_rate = subset.output_tokens / seq_seconds
+    static_rate = work.output_tokens / static_seconds
     return {"throughput_tok_s": round(engine_rate, 2), "engine_seconds": round(seconds, 2), "engine_steps": steps,
             "hf_sequential_tok_s": round(seq_rate, 2), "hf_sequential_requests_measured": len(subset.prompts),
             "hf_static_batch_tok_s": round(static_rate, 2),
             "speedup_vs_hf_sequential": round(engine_rate / seq_rate, 2),
-            "speedup_vs_hf_static_batch": round(engine_rate / static_rate, 2)}
+            "speedup_vs_hf_static_batch": round(engine_rate / static_rate, 2),
+            # the same ratios over CPU seconds instead of wall seconds (a cross-check for noisy machines)
+            "speedup_vs_hf_sequential_cpu": round(engine_cpu_rate / (subset.output_tokens / seq_cpu), 2),
+            "speedup_vs_hf_static_batch_cpu": round(engine_cpu_rate / (work.output_tokens / static_cpu), 2)}
 
 
 def n8_page_ratio(checkpoint, max_tokens: int, page_size: int = 16) -> dict:
