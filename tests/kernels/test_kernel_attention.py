@@ -107,6 +107,18 @@ def test_decode_reference_is_plain_attention(paged_kv):
             torch.testing.assert_close(out[b, h], want, atol=1e-5, rtol=1e-5)
 
 
+def test_decode_reference_softmax_spans_a_long_context(paged_kv):
+    # contexts longer than one of the reference's blocks (64 positions): the softmax must span the blocks
+    lens, ratio = [1, 64, 65, 200], 4
+    q, kv = _decode_inputs(paged_kv, 16, 2, ratio, 16, F32, lens)
+    out = decode.paged_decode_attention_ref(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.lens, 0.3)
+    for b, n in enumerate(lens):
+        keys, values = _seq_kv(kv, b, n)
+        for h in range(q.shape[1]):
+            want = _naive(q[b, h], keys[:, h // ratio], values[:, h // ratio], 0.3)
+            torch.testing.assert_close(out[b, h], want, atol=1e-5, rtol=1e-5)
+
+
 def test_extend_reference_is_causal_attention_over_prefix(paged_kv):
     prefix, new, ratio = [0, 3, 8], [4, 1, 6], 2
     kv = paged_kv([p + n for p, n in zip(prefix, new)], 4, 2, 16, F32)
