@@ -46,9 +46,10 @@ class CompareError(ValueError):
 
 @dataclass(frozen=True)
 class Settings:
-    """One experiment. The defaults are the full run (about 10 minutes on 2 CPU cores); QUICK is
-    the --quick one. SLOs are fixed up front, from the idle latencies of the bench checkpoint on one
-    CPU thread (docs/benchmarks.md gives the measurement), never from the results."""
+    """One experiment. The defaults are the full run (about 5 minutes on 2 shared CPU cores); QUICK
+    is the --quick one (about 2). The SLOs are fixed, the same for every configuration: about 3-5x
+    the TTFT and TPOT medians of the bench checkpoint at light load on one CPU thread per worker
+    (docs/benchmarks.md), so that an unqueued request meets them and a queued one does not."""
 
     model: str | None = None  # None: the bench checkpoint, made once in the cache dir
     workers: int = 2
