@@ -68,8 +68,9 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--ttft-slo-ms", type=float, default=None)
-    p.add_argument("--itl-slo-ms", type=float, default=None, help="bound on a request's mean inter-token latency")
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT bound of goodput (default 4000)")
+    p.add_argument("--slo-itl-ms", type=float, default=None,
+                   help="bound on a request's mean inter-token latency (default 250)")
     p.add_argument("--kv-cache-tokens", type=int, default=None, help="per worker, every configuration alike")
     p.add_argument("--configs", default=None, help="comma-separated subset of paged_round_robin,prefix_cache_aware,duet")
     p.add_argument("--log-dir", default=None, help="keep the stacks' logs here (default: temp dirs)")
@@ -84,7 +85,8 @@ def _run_compare(args: argparse.Namespace) -> int:
 
     s = compare.QUICK if args.quick else compare.Settings()
     given = {k: getattr(args, k) for k in ("model", "workers", "num_requests", "rate", "max_prompt_tokens",
-                                            "max_tokens", "seed", "ttft_slo_ms", "itl_slo_ms")}
+                                            "max_tokens", "seed")}
+    given.update(ttft_slo_ms=args.slo_ttft_ms, itl_slo_ms=args.slo_itl_ms)
     s = replace(s, **{k: v for k, v in given.items() if v is not None})
     if args.kv_cache_tokens is not None:
         s = replace(s, limits=replace(s.limits, kv_cache_tokens=args.kv_cache_tokens))

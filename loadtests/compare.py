@@ -73,7 +73,7 @@ class Settings:
         if not self.rate > 0:
             raise CompareError(f"--rate must be positive, got {self.rate}")
         if self.ttft_slo_ms <= 0 or self.itl_slo_ms <= 0:
-            raise CompareError("--ttft-slo-ms and --itl-slo-ms must be positive")
+            raise CompareError("--slo-ttft-ms and --slo-itl-ms must be positive")
         return self
 
 
