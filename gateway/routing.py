@@ -112,6 +112,7 @@ class RoutingConfig:
     imbalance_ratio: float = 1.5  # guard fires when max load > ratio * min load ...
     imbalance_abs: int = 8  # ... and max load - min load > this many requests
     waiting_weight: float = 1.0  # a queued request counts as this many in flight (load = running + w * waiting)
+    spill_abs: int = 4  # a low-reuse prompt goes to engine_prefix when paged's idlest has this many more in flight
     policy: str = "duet"  # "duet" | "cache_aware" | "round_robin" (baselines; module docstring)
 
     def validate(self) -> RoutingConfig:
@@ -122,8 +123,9 @@ class RoutingConfig:
             raise RoutingConfigError(f"sticky_key must be 'session' or 'user', got {self.sticky_key!r}")
         if not 0.0 <= self.reuse_threshold <= 1.0:
             raise RoutingConfigError(f"reuse_threshold must be in [0, 1], got {self.reuse_threshold}")
-        if self.overload_running < 1 or self.imbalance_abs < 0 or self.imbalance_ratio < 1.0:
-            raise RoutingConfigError("overload_running >= 1, imbalance_abs >= 0, imbalance_ratio >= 1 required")
+        if self.overload_running < 1 or self.imbalance_abs < 0 or self.imbalance_ratio < 1.0 or self.spill_abs < 0:
+            raise RoutingConfigError(
+                "overload_running >= 1, imbalance_abs >= 0, spill_abs >= 0, imbalance_ratio >= 1 required")
         if self.load_penalty < 0 or self.waiting_weight < 0:
             raise RoutingConfigError("load_penalty and waiting_weight must be >= 0")
         names = [v.name for v in self.variants]
@@ -228,6 +230,11 @@ def route(
         wanted = next(iter(kinds))  # the variant has one kind only: it serves everything
     elif len(kinds) > 1:
         steps.append(engine_reason)  # the reuse estimate really chose between two kinds
+        if wanted == PAGED and _paged_far_busier(in_variant, config):
+            # a one-shot prompt costs the prefix engine no more than the paged one; queueing it behind
+            # a busy paged pool while the prefix pool idles is what hurts its TTFT tail
+            wanted = PREFIX
+            steps.append("imbalance")
     pool = [w for w in in_variant if w.engine_kind == wanted]
 
     # 6. replica: cached blocks against load, with an imbalance guard
@@ -308,6 +315,14 @@ def _load(w: WorkerView, config: RoutingConfig) -> float:
     """Requests in flight, a queued one weighted: it waits behind a prefill, a running one
     mostly shares the batch."""
     return w.num_running + config.waiting_weight * w.num_waiting
+
+
+def _paged_far_busier(workers: list[WorkerView], config: RoutingConfig) -> bool:
+    """Whether the idlest paged worker carries `spill_abs` more requests than the idlest prefix
+    worker, and `imbalance_ratio` times as many (the engine-level imbalance guard)."""
+    paged = min(_load(w, config) for w in workers if w.engine_kind == PAGED)
+    prefix = min(_load(w, config) for w in workers if w.engine_kind == PREFIX)
+    return paged - prefix >= config.spill_abs and paged > config.imbalance_ratio * prefix
 
 
 def _overloaded(w: WorkerView, config: RoutingConfig) -> bool:

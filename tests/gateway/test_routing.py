@@ -209,6 +209,16 @@ def test_the_first_turn_of_a_session_goes_to_prefix_where_its_history_will_be_ca
     assert (anonymous.engine_kind, anonymous.reason) == ("paged", "reuse_low")
 
 
+def test_a_one_shot_prompt_spills_to_prefix_when_paged_is_far_busier():
+    busy_paged = [worker("p0", "paged", running=6), worker("x0", "prefix", running=1)]
+    d = Router(RoutingConfig(spill_abs=4))(req([400, 401]), busy_paged)
+    assert (d.engine_kind, d.reason) == ("prefix", "imbalance")
+    # a small gap, or the same gap at high load (not 1.5x), keeps one-shot prompts on paged
+    for loads in ((4, 1), (20, 16)):
+        pair = [worker("p0", "paged", running=loads[0]), worker("x0", "prefix", running=loads[1])]
+        assert Router(RoutingConfig(spill_abs=4))(req([500, 501]), pair).engine_kind == "paged"
+
+
 def test_a_pool_with_one_engine_kind_serves_everything():
     only_prefix = [worker("x0", "prefix"), worker("x1", "prefix")]
     d = Router()(req([1, 2]), only_prefix)  # low reuse would want paged
