@@ -118,7 +118,12 @@ def make_checkpoint(
 
 
 def default_model_dir() -> Path:
-    """The embedded tiny Llama model, made on first use under the user cache dir and reused after.
+    """The embedded tiny Llama model, made on first use under the user cache dir and reused after."""
+    return cached_model_dir("tiny", "llama")
+
+
+def cached_model_dir(preset: str, arch: str) -> Path:
+    """A preset checkpoint made on first use under the user cache dir and reused after.
 
     Safe when several processes make it at once: each writes a private temp dir, then renames it
     into place; a loser of the rename race drops its copy and uses the winner's.
@@ -127,13 +132,13 @@ def default_model_dir() -> Path:
     from platformdirs import user_cache_dir
 
     root = Path(os.environ.get("DUET_CACHE_DIR") or user_cache_dir("duet")) / "models"
-    final = root / f"tiny-llama-v{FORMAT_VERSION}"
+    final = root / f"{preset}-{arch}-v{FORMAT_VERSION}"
     if (final / "config.json").is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
     try:
-        make_checkpoint(tmp, preset="tiny", arch="llama")
+        make_checkpoint(tmp, preset=preset, arch=arch)
         os.rename(tmp, final)
     except OSError:
         if not (final / "config.json").is_file():

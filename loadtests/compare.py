@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -81,27 +79,10 @@ QUICK = Settings(num_requests=48)
 
 
 def bench_checkpoint() -> Path:
-    """The `bench` checkpoint, made on first use under the cache dir (DUET_CACHE_DIR overrides) and
-    reused; written to a temp dir and renamed, so concurrent first uses are safe."""
-    from platformdirs import user_cache_dir
+    """The `bench` checkpoint, made once under the cache dir (DUET_CACHE_DIR overrides) and reused."""
+    from duet.model_make import cached_model_dir
 
-    from duet.model_make import FORMAT_VERSION, make_checkpoint
-
-    root = Path(os.environ.get("DUET_CACHE_DIR") or user_cache_dir("duet")) / "models"
-    final = root / f"bench-llama-v{FORMAT_VERSION}"
-    if (final / "config.json").is_file():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-    try:
-        make_checkpoint(tmp, preset="bench", arch="llama")
-        os.rename(tmp, final)
-    except OSError:
-        if not (final / "config.json").is_file():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return cached_model_dir("bench", "llama")
 
 
 def workload(model: Path, s: Settings) -> list[BenchRequest]:
