@@ -37,6 +37,8 @@ from gateway.errors import (
     GatewayError,
     InvalidRequest,
     PermissionDenied,
+    StateStoreUnavailable,
+    WorkerNotFound,
     error_response,
 )
 from gateway.rollback import CanaryPolicy, PolicyError, RollbackController
@@ -71,18 +73,6 @@ class AdminBackend(Protocol):
         """Stop routing to the worker (running requests finish). False: no such worker."""
 
 
-class Unavailable(GatewayError):
-    status = 503
-    type = "service_unavailable"
-    code = "state_unavailable"
-
-
-class WorkerNotFound(GatewayError):
-    status = 404
-    type = "invalid_request_error"
-    code = "worker_not_found"
-
-
 def key_id(key: str) -> str:
     """What the audit log records instead of the key itself."""
     return "admin-" + hashlib.sha256(key.encode()).hexdigest()[:8]
@@ -108,7 +98,7 @@ def _handler(gateway: AdminBackend, fn: Callable[[Request, str], Awaitable[Respo
         except GatewayError as e:
             return error_response(e)
         except StateUnavailable as e:
-            return error_response(Unavailable(f"the change could not reach the shared state store: {e}"))
+            return error_response(StateStoreUnavailable(f"the change could not reach the shared state store: {e}"))
     return endpoint
 
 

@@ -9,9 +9,11 @@ Hierarchy:
     ├── AuthenticationFailed          401 invalid_api_key
     ├── PermissionDenied              403 permission_denied (admin endpoints)
     ├── ModelNotFound                 404 model_not_found
+    ├── WorkerNotFound                404 worker_not_found (admin drain)
     ├── RequestTooLarge               413 request_too_large
     ├── QueueFull                     429 rate_limit_exceeded (admission queue full)
     ├── NoCapableWorker               503 service_unavailable (no capable healthy worker)
+    ├── StateStoreUnavailable         503 state_unavailable (an admin change could not reach Redis)
     └── EngineFailure                 502 engine_error (every attempt failed / failed mid-stream)
 
 Raise these anywhere in the request path; `error_response` (for HTTP) and `error_payload` (for an
@@ -78,6 +80,12 @@ class ModelNotFound(GatewayError):
         super().__init__(f"The model '{model}' does not exist or you do not have access to it.", "model")
 
 
+class WorkerNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "worker_not_found"
+
+
 class RequestTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
@@ -94,6 +102,12 @@ class NoCapableWorker(GatewayError):
     status = 503
     type = "service_unavailable"
     code = "no_capable_worker"
+
+
+class StateStoreUnavailable(GatewayError):
+    status = 503
+    type = "service_unavailable"
+    code = "state_unavailable"
 
 
 class EngineFailure(GatewayError):
