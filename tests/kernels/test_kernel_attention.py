@@ -96,21 +96,12 @@ def _seq_kv(kv, b, length):
     return torch.stack([kv.k_cache[p, o] for p, o in rows]), torch.stack([kv.v_cache[p, o] for p, o in rows])
 
 
-def test_decode_reference_is_plain_attention(paged_kv):
-    lens, ratio = [1, 4, 9, 17], 4
-    q, kv = _decode_inputs(paged_kv, 4, 2, ratio, 16, F32, lens)
-    out = decode.paged_decode_attention_ref(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.lens, 0.3)
-    for b, n in enumerate(lens):
-        keys, values = _seq_kv(kv, b, n)
-        for h in range(q.shape[1]):
-            want = _naive(q[b, h], keys[:, h // ratio], values[:, h // ratio], 0.3)
-            torch.testing.assert_close(out[b, h], want, atol=1e-5, rtol=1e-5)
-
-
-def test_decode_reference_softmax_spans_a_long_context(paged_kv):
-    # contexts longer than one of the reference's blocks (64 positions): the softmax must span the blocks
-    lens, ratio = [1, 64, 65, 200], 4
-    q, kv = _decode_inputs(paged_kv, 16, 2, ratio, 16, F32, lens)
+# the second case has contexts longer than one of the reference's blocks (64 positions): the softmax must
+# span the blocks
+@pytest.mark.parametrize("lens, page_size", [([1, 4, 9, 17], 4), ([1, 64, 65, 200], 16)])
+def test_decode_reference_is_plain_attention(paged_kv, lens, page_size):
+    ratio = 4
+    q, kv = _decode_inputs(paged_kv, page_size, 2, ratio, 16, F32, lens)
     out = decode.paged_decode_attention_ref(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.lens, 0.3)
     for b, n in enumerate(lens):
         keys, values = _seq_kv(kv, b, n)
