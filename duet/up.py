@@ -32,6 +32,8 @@ from pathlib import Path
 
 import yaml
 
+from duet import scale_out
+
 SHUTDOWN_GRACE_S = 20.0
 
 
@@ -55,10 +57,11 @@ class Stack:
         self.log_dir = log_dir
         self.children: list[tuple[str, subprocess.Popen]] = []
 
-    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None,
+              program: list[str] | None = None) -> None:
         # preexec_fn is safe here: `duet up` runs no threads
         with open(self.log_dir / f"{name}.log", "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "duet.cli", *args], stdout=log,
+            proc = subprocess.Popen([*(program or [sys.executable, "-m", "duet.cli"]), *args], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     preexec_fn=_die_with_parent,  # noqa: PLW1509
                                     env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
@@ -134,16 +137,31 @@ def main(args: argparse.Namespace) -> int:
                 addresses.append(f"127.0.0.1:{port}")
         config = {"host": host, "port": args.port, "models": [{"path": str(model)}],
                   "workers": [{"address": a} for a in addresses], "health": {"poll_interval_s": 0.5}}
-        if args.redis:
-            config["redis"] = args.redis
-        config_path = log_dir / "gateway.yaml"
-        config_path.write_text(yaml.safe_dump(config))
-        stack.spawn("gateway", ["gateway", "--config", str(config_path)], env={"DUET_ADMIN_KEY": admin_key})
+        gateways = getattr(args, "gateways", 1)
+        redis_url = args.redis
+        if gateways > 1 and not redis_url:  # replicas share state: a private redis-server (duet/scale_out.py)
+            redis_port = _free_port("127.0.0.1")
+            stack.spawn("redis", [], program=scale_out.redis_server_command(redis_port))
+            scale_out.wait_for_redis(redis_port)
+            redis_url = f"redis://127.0.0.1:{redis_port}/0"
+        if redis_url:
+            config["redis"] = redis_url
+        gateway_ports = scale_out.gateway_ports(gateways, args.port, _free_port)
+        for i, port in enumerate(gateway_ports):
+            name = "gateway" if gateways == 1 else f"gateway-{i}"
+            config_path = log_dir / f"{name}.yaml"
+            config_path.write_text(yaml.safe_dump({**config, "port": port} if gateways == 1 else
+                                                  {**config, "host": "127.0.0.1", "port": port}))
+            stack.spawn(name, ["gateway", "--config", str(config_path)], env={"DUET_ADMIN_KEY": admin_key})
+        if gateways > 1:
+            stack.spawn("lb", scale_out.balancer_args(host, args.port, gateway_ports))
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{args.port}"
         print(f"duet up: {args.paged} paged + {args.prefix} prefix {'sim ' if args.sim else ''}workers on "
-              f"{model.name}; logs in {log_dir}", flush=True)
+              f"{model.name}" + (f", {gateways} gateways behind duet lb" if gateways > 1 else "") +
+              f"; logs in {log_dir}", flush=True)
         deadline = time.monotonic() + args.ready_timeout
-        while not _ready(url):
+        must_be_ready = [url] if gateways == 1 else [*(f"http://127.0.0.1:{p}" for p in gateway_ports), url]
+        while not all(_ready(u) for u in must_be_ready):
             if stop["signal"] is not None:
                 return 130
             if (dead := stack.dead()) is not None:
