@@ -56,6 +56,8 @@ class Stack:
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         self.children: list[tuple[str, subprocess.Popen]] = []
+        self.replicas: set[str] = set()  # gateway replicas: the stack lives while one of them does
+        self._reported: set[str] = set()
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None,
               program: list[str] | None = None) -> None:
@@ -68,9 +70,15 @@ class Stack:
         self.children.append((name, proc))
 
     def dead(self) -> tuple[str, int] | None:
-        for name, p in self.children:
-            if p.poll() is not None:
-                return name, p.returncode
+        """The first child whose death ends the stack. Gateway replicas behind `duet lb` are spares for
+        each other: one dying is logged, the last one dying is fatal."""
+        gone = {name: p.returncode for name, p in self.children if p.poll() is not None}
+        for name in gone.keys() & self.replicas - self._reported:
+            print(f"duet up: {name} exited with {gone[name]}; the other gateways serve", file=sys.stderr, flush=True)
+            self._reported.add(name)
+        for name, code in gone.items():
+            if name not in self.replicas or self.replicas <= gone.keys():
+                return name, code
         return None
 
     def tail(self, name: str, chars: int = 2000) -> str:
@@ -154,6 +162,7 @@ def main(args: argparse.Namespace) -> int:
                                                   {**config, "host": "127.0.0.1", "port": port}))
             stack.spawn(name, ["gateway", "--config", str(config_path)], env={"DUET_ADMIN_KEY": admin_key})
         if gateways > 1:
+            stack.replicas = {f"gateway-{i}" for i in range(gateways)}
             stack.spawn("lb", scale_out.balancer_args(host, args.port, gateway_ports))
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{args.port}"
         print(f"duet up: {args.paged} paged + {args.prefix} prefix {'sim ' if args.sim else ''}workers on "

@@ -68,16 +68,21 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict) -> tuple[str,
 
 async def test_session_keeps_its_worker_across_replicas(two_gateways):
     stack = two_gateways
+
+    async def session(client: httpx.AsyncClient, s: int) -> set[str]:
+        workers = set()
+        for turn in range(4):
+            url = stack.urls[turn % 2]  # alternate replicas explicitly
+            body = chat_body(stack.model, f"session {s} turn {turn}: unrelated text {turn * 7919}", f"u{s}")
+            r = await client.post(url + "/v1/chat/completions", json=body, headers={"x-session-id": f"s{s}"})
+            assert r.status_code == 200, r.text
+            workers.add(r.headers["x-duet-worker"])
+        return workers
+
     async with httpx.AsyncClient(timeout=30) as client:
-        for s in range(4):
-            workers = set()
-            for turn in range(4):
-                url = stack.urls[turn % 2]  # alternate replicas explicitly
-                body = chat_body(stack.model, f"session {s} turn {turn}: unrelated text {turn * 7919}", f"u{s}")
-                r = await client.post(url + "/v1/chat/completions", json=body, headers={"x-session-id": f"s{s}"})
-                assert r.status_code == 200, r.text
-                workers.add(r.headers["x-duet-worker"])
-            assert len(workers) == 1, f"session s{s} moved between workers across replicas: {workers}"
+        per_session = await asyncio.gather(*(session(client, s) for s in range(4)))
+    for s, workers in enumerate(per_session):
+        assert len(workers) == 1, f"session s{s} moved between workers across replicas: {workers}"
 
 
 async def test_gateway_killed_before_first_byte_loses_no_request(two_gateways):
