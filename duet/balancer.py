@@ -84,7 +84,7 @@ class Balancer:
             try:
                 r, w = await asyncio.wait_for(asyncio.open_connection(b.host, b.port), self.connect_timeout_s)
                 return b, r, w
-            except (OSError, asyncio.TimeoutError) as e:
+            except (TimeoutError, OSError) as e:
                 if b.live:
                     log.warning("backend %s down: connect failed (%s)", b.name, e)
                 b.live = False
@@ -158,7 +158,7 @@ class Balancer:
             finally:
                 w.close()
             ok = line.split()[1:2] == [b"200"]
-        except (OSError, asyncio.TimeoutError, IndexError):
+        except (TimeoutError, OSError, IndexError):
             ok = False
         if ok != b.live:
             log.warning("backend %s is %s", b.name, "up" if ok else "down")

@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import LiveStack, Sim, chat_body, free_port  # noqa: E402
+from duet_stack import LiveStack, Sim, chat_body, free_port
 
-from duet.balancer import Backend, Balancer, parse_backend  # noqa: E402
+from duet.balancer import Backend, Balancer, parse_backend
 
 
 def test_parse_backend_and_round_robin_prefers_live():

@@ -9,9 +9,9 @@ from pathlib import Path
 import yaml
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-SECRET_NAMES = re.compile(r"^(.*[_-])?(api_?keys?|admin_?key|password|passwd|secret|token)$", re.I)
+SECRET_NAMES = re.compile(r"^(.*[_-])?(api_?keys?|admin_?key|password|passwd|secret|token)$", re.IGNORECASE)
 ENV_REFERENCE = re.compile(r"^\$\{\w+(:?[-?][^}]*)?\}$")  # compose interpolation: ${VAR}, ${VAR:?msg}
-KEY_LOOKING = re.compile(r"\bsk-[A-Za-z0-9_-]{4,}|change-?me|hunter2", re.I)
+KEY_LOOKING = re.compile(r"\bsk-[A-Za-z0-9_-]{4,}|change-?me|hunter2", re.IGNORECASE)
 
 
 def _files():

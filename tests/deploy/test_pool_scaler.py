@@ -83,7 +83,7 @@ def test_the_request_the_kubernetes_client_sends():
 def test_cli_without_a_cluster_says_so():
     out = subprocess.run([sys.executable, "-m", "duet.cli", "deploy", "scale-pools", "--gateway",
                           "http://127.0.0.1:9", "--dry-run", "--once"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "KUBECONFIG": "/nonexistent",
+                         text=True, timeout=60, check=False, env={"PATH": "/usr/bin:/bin", "KUBECONFIG": "/nonexistent",
                                                      "HOME": "/nonexistent", "PYTHONPATH": str(ROOT)})
     assert out.returncode == 2, out.stderr
     assert "no Kubernetes credentials" in out.stdout
