@@ -131,7 +131,14 @@ def main(args: argparse.Namespace) -> int:
     given_key = getattr(args, "admin_key", None) or os.environ.get("DUET_ADMIN_KEY")
     admin_key = given_key or secrets.token_urlsafe(24)
     addresses = []
+    gateways = getattr(args, "gateways", 1)
+    redis_url = args.redis
     try:
+        if gateways > 1 and not redis_url:  # replicas share state: a private redis-server (duet/scale_out.py)
+            redis_port = _free_port("127.0.0.1")
+            stack.spawn("redis", [], program=scale_out.redis_server_command(redis_port))
+            scale_out.wait_for_redis(redis_port)
+            redis_url = f"redis://127.0.0.1:{redis_port}/0"
         for kind, count in (("paged", args.paged), ("prefix", args.prefix)):
             for i in range(count):
                 port = _free_port("127.0.0.1")
@@ -145,13 +152,6 @@ def main(args: argparse.Namespace) -> int:
                 addresses.append(f"127.0.0.1:{port}")
         config = {"host": host, "port": args.port, "models": [{"path": str(model)}],
                   "workers": [{"address": a} for a in addresses], "health": {"poll_interval_s": 0.5}}
-        gateways = getattr(args, "gateways", 1)
-        redis_url = args.redis
-        if gateways > 1 and not redis_url:  # replicas share state: a private redis-server (duet/scale_out.py)
-            redis_port = _free_port("127.0.0.1")
-            stack.spawn("redis", [], program=scale_out.redis_server_command(redis_port))
-            scale_out.wait_for_redis(redis_port)
-            redis_url = f"redis://127.0.0.1:{redis_port}/0"
         if redis_url:
             config["redis"] = redis_url
         gateway_ports = scale_out.gateway_ports(gateways, args.port, _free_port)

@@ -127,3 +127,12 @@ async def test_one_gateway_killed_mid_run(up_two_gateways):
     lb_log = (log_dir / "lb.log").read_text()
     since_up = lb_log[lb_log.rindex(f"127.0.0.1:{victim_port} is up"):]
     assert re.search(rf"127\.0\.0\.1:{victim_port} .*down", since_up), lb_log[-2000:]  # the balancer noticed
+
+
+def test_several_gateways_without_redis_say_what_is_missing():
+    env = {**os.environ, "PATH": "/nonexistent"}  # no redis-server to start
+    out = subprocess.run([sys.executable, "-m", "duet.cli", "up", "--sim", "--gateways", "2",
+                          "--port", str(free_port())], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 2
+    assert "--redis URL" in out.stderr and "redis-server" in out.stderr
