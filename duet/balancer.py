@@ -102,7 +102,7 @@ class Balancer:
                 if not await self._pipe(client_r, client_w, r, w, conn):
                     return
                 backend.live = False
-                log.warning("backend %s closed before answering; replaying on another", backend.name)
+                log.warning("backend %s down: closed before answering; replaying on another", backend.name)
             # no backend took the connection: close it (the client sees a closed connection, not a hang)
         finally:
             with contextlib.suppress(Exception):
