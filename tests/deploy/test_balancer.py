@@ -37,9 +37,9 @@ def two_gateways(tmp_path_factory, redis_url):
 
     redis.Redis.from_url(redis_url).flushall()
     # prefill of ~1.5 s for the prompts below: a kill at 0.5 s finds every request before its first byte
+    # two workers of one kind: the replica (not just the kind) must follow the session across gateways
     sims = [Sim("prefix", worker_id="prefix-a", prefill_ms_per_token=25.0),
-            Sim("prefix", worker_id="prefix-b", prefill_ms_per_token=25.0),
-            Sim("paged", worker_id="paged-a", prefill_ms_per_token=25.0)]
+            Sim("prefix", worker_id="prefix-b", prefill_ms_per_token=25.0)]
     tmp = tmp_path_factory.mktemp("two-gateways")
     stack = LiveStack(tmp, sims, admin_key="test-admin", redis_url=redis_url, gateways=2).start()
     yield stack
