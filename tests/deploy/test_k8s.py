@@ -237,3 +237,35 @@ def test_pool_scaler_may_scale_only_the_engines(rendered):
     assert args[:2] == ["deploy", "scale-pools"]
     targets = {a.split("=")[1] for a, prev in zip(args, ["", *args]) if prev == "--deployment"}
     assert targets == engine_names
+
+
+def test_gateways_and_engines_read_redis_from_one_place(rendered):
+    _, docs = rendered
+    gw = next(d for d in _objects(docs, "Deployment") if d["metadata"]["name"] == "duet-gateway")
+    env = {e["name"]: e for e in gw["spec"]["template"]["spec"]["containers"][0]["env"]}
+    ref = env["DUET_REDIS_URL"]["valueFrom"]["configMapKeyRef"]
+    assert ref["key"] == "REDIS_URL"
+    for d in _engines(docs):
+        c = d["spec"]["template"]["spec"]["containers"][0]
+        assert c["args"][c["args"].index("--redis") + 1] == "$(REDIS_URL)"
+        assert {"configMapRef": {"name": ref["name"]}} in c["envFrom"]
+
+
+def test_external_redis_component(tmp_path):
+    """The documented way to use a managed Redis: the overlay plus components/external-redis."""
+    root = Path(os.path.relpath(K8S, tmp_path))
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [str(root / "overlays" / "gpu")], "components": [str(root / "components" / "external-redis")]}))
+    out = subprocess.run([_kubectl(), "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert not {("StatefulSet", "duet-redis"), ("Service", "duet-redis"), ("NetworkPolicy", "redis-from-duet")} & names
+    env = next(c for c in _objects(docs, "ConfigMap") if c["metadata"]["name"].startswith("duet-env"))
+    assert env["data"]["REDIS_URL"] != "redis://duet-redis:6379/0"
+    assert env["data"]["DUET_DRAIN_TIMEOUT_S"] == "120"  # the overlay's own settings survive
+    for d in docs:
+        if d["kind"] not in CRD_KINDS:
+            kubernetes_validate.validate(d, KUBERNETES_VERSION, strict=True)

@@ -27,6 +27,8 @@ def test_environment_keys_are_merged(monkeypatch):
     monkeypatch.setenv("DUET_ADMIN_KEY", "adm")
     c = from_dict({"auth": {"api_keys": ["k0"], "admin_key": "file-admin"}})
     assert set(c.api_keys) == {"k0", "k1", "k2"} and c.admin_key == "adm"
+    monkeypatch.setenv("DUET_REDIS_URL", "redis://:pw@state:6379/1")
+    assert from_dict({"redis": "redis://other:6379/0"}).redis == "redis://:pw@state:6379/1"
 
 
 @pytest.mark.parametrize("raw, words", [
