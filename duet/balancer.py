@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import signal
 from dataclasses import dataclass, field
 
 log = logging.getLogger("duet.lb")
@@ -192,5 +193,16 @@ def main(args: argparse.Namespace) -> int:
         print(f"duet lb: {e}")
         return 2
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(balancer.serve(args.host, args.port))
+        asyncio.run(_serve_until_signal(balancer, args.host, args.port))
     return 0
+
+
+async def _serve_until_signal(balancer: Balancer, host: str, port: int) -> None:
+    """Serve until SIGTERM or SIGINT. Handlers are needed: as PID 1 in a container, a signal without
+    one is ignored and the container would only die by SIGKILL."""
+    serving = asyncio.create_task(balancer.serve(host, port))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, serving.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await serving

@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
+import sys
 import time
 from dataclasses import dataclass
 
@@ -176,6 +178,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"duet deploy scale-pools: no Kubernetes credentials (in-cluster or kubeconfig): {e}")
         return 2
     admin_key = os.environ.get("DUET_ADMIN_KEY")
+    # as PID 1 in its pod, SIGTERM without a handler would be ignored until the grace period's SIGKILL
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     while True:
         try:
             run_round(args.gateway, admin_key, scales, deployments, bounds, args.dry_run)
