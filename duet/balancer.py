@@ -102,8 +102,9 @@ class Balancer:
                     self.replays += 1
                 if not await self._pipe(client_r, client_w, r, w, conn):
                     return
-                backend.live = False
-                log.warning("backend %s down: closed before answering; replaying on another", backend.name)
+                if conn.sent:  # it took a request and closed without a byte: it is going away
+                    backend.live = False
+                    log.warning("backend %s down: closed before answering; replaying on another", backend.name)
             # no backend took the connection: close it (the client sees a closed connection, not a hang)
         finally:
             with contextlib.suppress(Exception):
