@@ -111,3 +111,15 @@ def test_grafana_is_provisioned_with_the_dashboard(compose):
     assert providers[0]["options"]["path"] == "/var/lib/grafana/dashboards"
     sources = yaml.safe_load((DEPLOY / "compose" / "grafana" / "datasources.yaml").read_text())["datasources"]
     assert sources[0]["url"] == "http://prometheus:9090" and sources[0]["isDefault"]
+
+
+def test_the_model_is_pullable_and_the_same_everywhere(compose):
+    from duet.model_registry import PULLABLE
+
+    name = compose["services"]["model"]["environment"]["DUET_MODEL"]
+    assert name in PULLABLE
+    gw_config = yaml.safe_load((DEPLOY / "compose" / "gateway.yaml").read_text())
+    assert [m["path"] for m in gw_config["models"]] == [f"/models/{name}"]
+    for s in compose["services"].values():
+        if (cmd := s.get("command", []))[:1] == ["engine"]:
+            assert cmd[cmd.index("--model") + 1] == f"/models/{name}"

@@ -269,3 +269,17 @@ def test_external_redis_component(tmp_path):
     for d in docs:
         if d["kind"] not in CRD_KINDS:
             kubernetes_validate.validate(d, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_model_is_pullable_and_served_under_its_name(rendered):
+    from duet.model_registry import PULLABLE
+
+    _, docs = rendered
+    env = next(c for c in _objects(docs, "ConfigMap") if c["metadata"]["name"].startswith("duet-env"))["data"]
+    assert env["DUET_MODEL"] in PULLABLE  # what the init containers hand to `duet model pull`
+    gw_config = next(c for c in _objects(docs, "ConfigMap") if c["metadata"]["name"].startswith("duet-gateway"))
+    paths = [m["path"] for m in yaml.safe_load(gw_config["data"]["gateway.yaml"])["models"]]
+    assert paths == [f"/models/{env['DUET_MODEL']}"]  # the directory name is the API model id
+    for d in _engines(docs):
+        c = d["spec"]["template"]["spec"]["containers"][0]
+        assert _arg(c["args"], "--model", env) == paths[0]

@@ -53,7 +53,8 @@ def _pid_of(cmdline_part: str) -> int | None:
 def up_two_gateways(redis_binary):
     port = free_port()
     env = {**os.environ, "PATH": f"{Path(redis_binary).parent}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "duet.cli", "up", "--sim", "--sim-ms-per-token", "20",
+    proc = subprocess.Popen([sys.executable, "-m", "duet.cli", "up", "--model", str(model_dir()),
+                             "--sim", "--sim-ms-per-token", "20",
                              "--paged", "1", "--prefix", "2", "--gateways", "2", "--port", str(port),
                              "--ready-timeout", "90"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -131,7 +132,8 @@ async def test_one_gateway_killed_mid_run(up_two_gateways):
 
 def test_several_gateways_without_redis_say_what_is_missing():
     env = {**os.environ, "PATH": "/nonexistent"}  # no redis-server to start
-    out = subprocess.run([sys.executable, "-m", "duet.cli", "up", "--sim", "--gateways", "2",
+    out = subprocess.run([sys.executable, "-m", "duet.cli", "up", "--model", str(model_dir()), "--sim",
+                          "--gateways", "2",
                           "--port", str(free_port())], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=60, check=False)
     assert out.returncode == 2
