@@ -4,7 +4,8 @@ Starts N `duet engine paged` and M `duet engine prefix` workers (or `duet engine
 --sim) and one `duet gateway --config` as child processes on the default real model (pulled
 on first use; the tiny random model if that fails) unless --model, waits until the gateway sees every
 worker it started healthy, prints the API and
-dashboard URLs, and runs until Ctrl-C / SIGTERM or until a child dies.
+dashboard URLs, and runs until Ctrl-C / SIGTERM or until a child dies. With --gateways N, N gateway
+replicas share Redis behind `duet lb` on the one port (duet/scale_out.py); one replica dying is survived.
 
 The dashboard and admin API need an admin key: --admin-key or DUET_ADMIN_KEY, else a random one made
 for this run. It reaches the gateway through its environment (never a command line `ps` shows) and is
