@@ -89,3 +89,17 @@ def test_healthcheck_tells_serving_from_down(tmp_path):
         assert detail.endswith("SERVING")
     finally:
         sim.kill()
+
+
+def test_every_package_is_copied_into_the_image():
+    """A package pip would install but the Dockerfile does not copy would break the build only there."""
+    import tomllib
+
+    copied = {src for i in _stages(DOCKERFILE.read_text())["source"] if i.startswith("COPY")
+              for src in i.split()[1:-1]}  # COPY SRC... DEST
+    for source in copied:
+        assert (ROOT / source).exists(), f"COPY {source}: no such path"
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    packages = {p.rstrip("*") for p in include["include"]}
+    assert packages <= copied, f"not copied: {packages - copied}"
+    assert {"pyproject.toml", "README.md", "proto"} <= copied
