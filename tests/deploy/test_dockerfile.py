@@ -103,3 +103,30 @@ def test_every_package_is_copied_into_the_image():
     packages = {p.rstrip("*") for p in include["include"]}
     assert packages <= copied, f"not copied: {packages - copied}"
     assert {"pyproject.toml", "README.md", "proto"} <= copied
+
+
+def test_the_wheel_the_image_installs_holds_every_package_file(tmp_path):
+    """The images install a wheel built from the COPY'd sources (not an editable checkout; setuptools comes
+    with grpcio-tools, so no build isolation is needed): every
+    tracked file of the packages, the dashboard's HTML/JS/CSS included, must be in it."""
+    import shutil as sh
+    import zipfile
+
+    stage = _stages(DOCKERFILE.read_text())["source"]
+    context = tmp_path / "src"
+    context.mkdir()
+    for src in {s for i in stage if i.startswith("COPY") for s in i.split()[1:-1]}:
+        (sh.copytree if (ROOT / src).is_dir() else sh.copy)(ROOT / src, context / src)
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          str(context), "-w", str(tmp_path / "wheel")], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    in_wheel = set(zipfile.ZipFile(wheel).namelist())
+    packages = ["duet", "gateway", "engine_core", "engine_paged", "engine_prefix", "loadtests"]
+    tracked = subprocess.run(["git", "ls-files", *packages], cwd=ROOT, capture_output=True, text=True,
+                             check=False).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout: cannot list the tracked files")
+    missing = sorted(f for f in tracked if f not in in_wheel)
+    assert not missing, f"left out of the image: {missing}"
