@@ -106,9 +106,9 @@ def test_every_package_is_copied_into_the_image():
 
 
 def test_the_wheel_the_image_installs_holds_every_package_file(tmp_path):
-    """The images install a wheel built from the COPY'd sources (not an editable checkout; setuptools comes
-    with grpcio-tools, so no build isolation is needed): every
-    tracked file of the packages, the dashboard's HTML/JS/CSS included, must be in it."""
+    """The images install a wheel built from the COPY'd sources, not an editable checkout: every tracked
+    file of the packages, the dashboard's HTML/JS/CSS included, must be in it. (setuptools comes with
+    grpcio-tools, so the build needs no isolated environment.)"""
     import shutil as sh
     import zipfile
 
