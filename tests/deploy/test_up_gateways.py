@@ -117,7 +117,7 @@ async def test_one_gateway_killed_mid_run(up_two_gateways):
     lost = [o for o in outcomes if not o.done and not o.started]
     cut = [o for o in outcomes if o.started and not o.done]
     after = [o for o in outcomes if o.t_start > KILL_AT_S + 0.5]
-    assert len(outcomes) > 4 * CLIENTS, f"too few requests to show anything: {len(outcomes)}"
+    assert len(outcomes) > 2 * CLIENTS, f"too few requests to show anything: {len(outcomes)}"
     assert not lost, f"requests lost before streaming: {[o.error for o in lost]}"
     assert len(cut) <= CLIENTS, "only streams already running on the killed gateway may break"
     assert after and all(o.done for o in after), "the run did not go on through the surviving gateway"
