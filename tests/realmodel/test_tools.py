@@ -43,8 +43,8 @@ def test_forced_calls_parse_and_validate(clients, choice):
 
 
 def test_streamed_call_arrives_in_pieces_that_add_up_to_the_whole_call(clients):
-    kw = dict(model=MODEL, messages=ASK, tools=[WEATHER, SEARCH], tool_choice="required", max_tokens=80,
-              temperature=0)
+    kw = {"model": MODEL, "messages": ASK, "tools": [WEATHER, SEARCH], "tool_choice": "required",
+          "max_tokens": 80, "temperature": 0}
     whole = clients["prefix"].chat.completions.create(**kw).choices[0].message.tool_calls[0]
     pieces, header, finish = [], None, None
     for chunk in clients["prefix"].chat.completions.create(**kw, stream=True):
