@@ -23,7 +23,13 @@ from gateway.config import GatewayConfig
 from gateway.decision_log import DecisionLog
 from gateway.errors import QueueFull
 from gateway.metrics import GatewayMetrics
-from gateway.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestIdMiddleware, TracingMiddleware
+from gateway.middleware import (
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    ErrorShieldMiddleware,
+    RequestIdMiddleware,
+    TracingMiddleware,
+)
 from gateway.models import ServedModel, load_models
 from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.rollback import RollbackController
@@ -170,6 +176,7 @@ def build_app(config: GatewayConfig, **gateway_kwargs) -> Starlette:
     ]
     middleware = [
         Middleware(RequestIdMiddleware),
+        Middleware(ErrorShieldMiddleware),
         Middleware(TracingMiddleware, tracer_provider=gw.tracer_provider),
         Middleware(BodyLimitMiddleware, max_bytes=config.limits.max_body_bytes),
         Middleware(ApiKeyMiddleware, api_keys=config.api_keys),

@@ -25,7 +25,7 @@ from opentelemetry import trace
 from duet.detokenizer import IncrementalDetokenizer
 from duet.hashing import block_hashes
 from duet.rpc import engine_pb2 as pb
-from duet.tokenizer import ChatTemplateError
+from duet.tokenizer import ChatTemplateError, TokenizerError
 from duet.tracing import inject_metadata
 from gateway import errors, routing
 from gateway.engine_client import EngineCallError, GenerateStream
@@ -78,6 +78,9 @@ def prepare(api: ApiRequest, model: ServedModel, request_id: str, cache_salt: st
             text = tok.decode(ids) if api.echo else ""
     except ChatTemplateError as e:
         raise errors.InvalidRequest(f"messages rejected by the chat template: {e}", "messages") from None
+    except TokenizerError as e:
+        raise errors.InvalidRequest(f"the prompt cannot be tokenized: {e}", "messages" if api.kind == "chat"
+                                    else "prompt") from None
     if not ids:
         raise errors.InvalidRequest("the prompt is empty after tokenization", "prompt")
     room = model.max_model_len - len(ids)
