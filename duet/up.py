@@ -3,26 +3,27 @@
 Starts N `duet engine paged` and M `duet engine prefix` workers (or `duet engine sim` workers with
 --sim) and one `duet gateway --config` as child processes on the embedded tiny model unless
 --model, waits until the gateway's /ready says every model has a healthy worker, prints the API and
-dashboard URLs, and runs until Ctrl-C / SIGTERM or until a child dies.
+dashboard URLs, and runs until Ctrl-C / SIGTERM. The children are supervised (duet/supervisor.py): one
+that exits is restarted with backoff, one that crash-loops is reported and left down, and the stack
+itself ends only when the gateway crash-loops. A child that exits while the stack starts ends it at
+once, with its log (a bad model or flag should not be retried).
 
 The dashboard and admin API need an admin key: --admin-key or DUET_ADMIN_KEY, else a random one made
 for this run. It reaches the gateway through its environment (never a command line `ps` shows) and is
 printed next to the dashboard URL when it was generated.
 
 No orphans: each child runs in its own process group (so Ctrl-C reaches only `duet up`, which
-shuts the children down in order: SIGTERM to each group, workers drain, SIGKILL after a grace
-period) and asks the kernel for SIGTERM should `duet up` itself die (PR_SET_PDEATHSIG).
+shuts the children down: SIGTERM to each group, workers drain, SIGKILL after a grace period) and asks
+the kernel for SIGTERM should `duet up` itself die (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +32,8 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+
+from duet.supervisor import Event, RestartPolicy, Supervisor
 
 SHUTDOWN_GRACE_S = 20.0
 
@@ -41,58 +44,12 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: own process group, SIGTERM when the parent dies (Linux)."""
-    os.setpgrp()
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+def _duet(*args: str) -> list[str]:
+    return [sys.executable, "-m", "duet.cli", *args]
 
 
-class Stack:
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.children: list[tuple[str, subprocess.Popen]] = []
-
-    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
-        # preexec_fn is safe here: `duet up` runs no threads
-        with open(self.log_dir / f"{name}.log", "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "duet.cli", *args], stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=_die_with_parent,  # noqa: PLW1509
-                                    env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
-        self.children.append((name, proc))
-
-    def dead(self) -> tuple[str, int] | None:
-        for name, p in self.children:
-            if p.poll() is not None:
-                return name, p.returncode
-        return None
-
-    def tail(self, name: str, chars: int = 2000) -> str:
-        try:
-            return (self.log_dir / f"{name}.log").read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def shutdown(self) -> None:
-        # the gateway first (no new requests), then the workers (they drain what is in flight)
-        for _, p in reversed(self.children):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + SHUTDOWN_GRACE_S
-        for _, p in self.children:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for _, p in self.children:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)  # whatever is left of the group, grandchildren too
-            except (ProcessLookupError, PermissionError):
-                pass
-            p.wait()
+def _report(event: Event) -> None:
+    print(f"duet up: {event.message}", file=sys.stderr, flush=True)
 
 
 def _ready(url: str) -> bool:
@@ -108,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
 
     model = Path(args.model).expanduser().resolve() if args.model else default_model_dir()
     log_dir = Path(tempfile.mkdtemp(prefix="duet-up-"))
-    stack = Stack(log_dir)
+    stack = Supervisor(log_dir, RestartPolicy(stop_grace_s=SHUTDOWN_GRACE_S), on_event=_report)
     stop = {"signal": None}
 
     def on_signal(signum, frame) -> None:
@@ -127,10 +84,10 @@ def main(args: argparse.Namespace) -> int:
                 worker_id = f"{kind}-{i}"
                 common = ["--model", str(model), "--port", str(port), "--worker-id", worker_id]
                 if args.sim:
-                    stack.spawn(worker_id, ["engine", "sim", *common, "--sim-as", kind,
-                                            "--sim-ms-per-token", str(args.sim_ms_per_token)])
+                    stack.start(worker_id, _duet("engine", "sim", *common, "--sim-as", kind,
+                                                 "--sim-ms-per-token", str(args.sim_ms_per_token)))
                 else:
-                    stack.spawn(worker_id, ["engine", kind, *common, "--device", args.device])
+                    stack.start(worker_id, _duet("engine", kind, *common, "--device", args.device))
                 addresses.append(f"127.0.0.1:{port}")
         config = {"host": host, "port": args.port, "models": [{"path": str(model)}],
                   "workers": [{"address": a} for a in addresses], "health": {"poll_interval_s": 0.5}}
@@ -138,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
             config["redis"] = args.redis
         config_path = log_dir / "gateway.yaml"
         config_path.write_text(yaml.safe_dump(config))
-        stack.spawn("gateway", ["gateway", "--config", str(config_path)], env={"DUET_ADMIN_KEY": admin_key})
+        stack.start("gateway", _duet("gateway", "--config", str(config_path)), env={"DUET_ADMIN_KEY": admin_key})
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{args.port}"
         print(f"duet up: {args.paged} paged + {args.prefix} prefix {'sim ' if args.sim else ''}workers on "
               f"{model.name}; logs in {log_dir}", flush=True)
@@ -146,8 +103,8 @@ def main(args: argparse.Namespace) -> int:
         while not _ready(url):
             if stop["signal"] is not None:
                 return 130
-            if (dead := stack.dead()) is not None:
-                print(f"duet up: {dead[0]} exited with {dead[1]} while starting:\n{stack.tail(dead[0])}",
+            if exited := [n for n in stack.names() if stack.pid(n) is None]:  # a bad flag or model: fail fast
+                print(f"duet up: {exited[0]} exited while starting:\n{stack.log_tail(exited[0])}",
                       file=sys.stderr, flush=True)
                 return 1
             if time.monotonic() > deadline:
@@ -157,11 +114,15 @@ def main(args: argparse.Namespace) -> int:
         shown_key = "as given (--admin-key / DUET_ADMIN_KEY)" if given_key else admin_key
         print(f"API:       {url}/v1\nDashboard: {url}/dashboard  (admin key: {shown_key})\n"
               f"Metrics:   {url}/metrics\nCtrl-C to stop.", flush=True)
+        # from here on a child that exits is restarted (its streams end with an error event at the
+        # gateway, which retries requests not yet streaming elsewhere); only a gateway that crash-loops
+        # ends the stack, since nothing can be served without it
         while stop["signal"] is None:
-            if (dead := stack.dead()) is not None:
-                print(f"duet up: {dead[0]} exited with {dead[1]}:\n{stack.tail(dead[0])}", file=sys.stderr,
-                      flush=True)
-                return 1
+            for event in stack.poll():
+                if event.kind == "gave_up":
+                    print(stack.log_tail(event.name), file=sys.stderr, flush=True)
+                    if event.name == "gateway":
+                        return 1
             time.sleep(0.2)
         return 0
     finally:
