@@ -12,6 +12,7 @@ Hierarchy:
     ├── WorkerNotFound                404 worker_not_found (admin drain)
     ├── RequestTooLarge               413 request_too_large
     ├── QueueFull                     429 rate_limit_exceeded (admission queue full)
+    │   └── RateLimited               429 rate_limit_exceeded (a per-key limit; Retry-After)
     ├── NoCapableWorker               503 service_unavailable (no capable healthy worker)
     ├── StateStoreUnavailable         503 state_unavailable (an admin change could not reach Redis)
     └── EngineFailure                 502 engine_error (every attempt failed / failed mid-stream)
@@ -96,6 +97,15 @@ class QueueFull(GatewayError):
     status = 429
     type = "rate_limit_exceeded"
     code = "rate_limit_exceeded"
+    headers = {"retry-after": "1"}  # noqa: RUF012 - read only
+
+
+class RateLimited(QueueFull):
+    """A per-API-key limit (gateway/limits.py); `retry_after_s` goes out as the Retry-After header."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.headers = {"retry-after": str(retry_after_s)}
 
 
 class NoCapableWorker(GatewayError):
@@ -121,4 +131,6 @@ def error_payload(exc: GatewayError) -> dict:
 
 
 def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_payload(exc), status_code=exc.status, headers=headers)
+    own = getattr(exc, "headers", None)  # e.g. Retry-After of a 429
+    return JSONResponse(error_payload(exc), status_code=exc.status, headers={**(headers or {}), **own} if own
+                        else headers)

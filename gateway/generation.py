@@ -176,7 +176,9 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
             span = tracer.start_span("duet.engine.v1.Engine/Generate", kind=trace.SpanKind.CLIENT, attributes={
                 "rpc.system": "grpc", "rpc.service": "duet.engine.v1.Engine", "rpc.method": "Generate",
                 "server.address": worker.address, "duet.worker": decision.worker_id})
-            stream = worker.client.generate(message, metadata=inject_metadata(trace.set_span_in_context(span)))
+            stream = gw.watchdog.watch(  # first-token and stall timeouts, circuit-breaker outcomes
+                worker.client.generate(message, metadata=inject_metadata(trace.set_span_in_context(span))),
+                decision.worker_id)
             it = stream.__aiter__()
             try:
                 first = await it.__anext__()

@@ -7,7 +7,6 @@ Each is a plain class with `__call__(scope, receive, send)`. They put what the h
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import hmac
 import json
 import logging
@@ -18,6 +17,7 @@ from opentelemetry import trace
 from opentelemetry.propagate import extract
 
 from gateway.errors import AuthenticationFailed, GatewayError, RequestTooLarge, error_payload, error_response
+from gateway.limits import api_key_id
 
 log = logging.getLogger("duet.gateway")
 
@@ -179,5 +179,5 @@ class ApiKeyMiddleware:
             msg = "Incorrect API key provided." if token else "Missing API key: send 'Authorization: Bearer <key>'."
             return await _reject(AuthenticationFailed(msg), scope, receive, send)
         state["cache_salt"] = salt
-        state["api_key_id"] = hashlib.sha256(token).hexdigest()[:12]
+        state["api_key_id"] = api_key_id(token)
         await self.app(scope, receive, send)
