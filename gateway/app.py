@@ -35,6 +35,7 @@ from gateway.middleware import (
     TracingMiddleware,
 )
 from gateway.models import ServedModel, load_models
+from gateway.openapi import openapi_json
 from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.rollback import RollbackController
 from gateway.stats import RequestStats
@@ -194,6 +195,7 @@ def build_app(config: GatewayConfig, **gateway_kwargs) -> Starlette:
         Route("/health", api.health, methods=["GET"]),
         Route("/ready", api.ready, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
         *admin_routes(gw),
     ]
     middleware = [
