@@ -128,10 +128,13 @@ class Gateway:
         self.pending -= 1
         self.metrics.pending.set(self.pending)
 
-    def _call_outcome(self, worker_id: str, ok: bool) -> None:
+    def _call_outcome(self, worker_id: str, ok: bool, timed_out: bool = False) -> None:
+        if timed_out:
+            self.metrics.stream_timeouts.labels(worker_id).inc()
         if ok:
             self.breakers.record_success(worker_id)
         elif self.breakers.record_failure(worker_id):
+            self.metrics.breaker_opened.labels(worker_id).inc()
             log.warning("circuit breaker of worker %s opened: left out of routing for %.0f s", worker_id,
                         self.breakers.open_s)
 

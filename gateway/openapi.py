@@ -16,16 +16,14 @@ from gateway.protocol import CHAT_ROLES, MAX_N, MAX_STOP_STRINGS, MAX_TOKEN_ID
 _INT31 = 1 << 31
 
 
-def _num(lo: float, hi: float, integer: bool = False, exclusive_lo: bool = False) -> dict:
-    out: dict = {"type": "integer" if integer else "number", "maximum": hi}
-    out["exclusiveMinimum" if exclusive_lo else "minimum"] = lo
-    return out
+def _num(lo: float, hi: float, integer: bool = False) -> dict:
+    return {"type": "integer" if integer else "number", "minimum": lo, "maximum": hi}
 
 
 _SAMPLING = {
     "max_tokens": _num(1, _INT31, integer=True),
     "temperature": _num(0, 2),
-    "top_p": _num(0, 1, exclusive_lo=True),
+    "top_p": _num(1e-9, 1),
     "top_k": _num(0, 1 << 20, integer=True),
     "min_p": _num(0, 1),
     "presence_penalty": _num(-2, 2),
@@ -41,18 +39,21 @@ _SAMPLING = {
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
     "user": {"type": "string"},
-    "response_format": {"type": "object", "required": ["type"], "properties": {
-        "type": {"enum": ["text", "json_object", "json_schema"]},
-        "json_schema": {"type": "object", "properties": {"name": {"type": "string"}, "schema": {"type": "object"}}},
-    }},
+    "response_format": {"oneOf": [
+        {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
+        {"type": "object", "required": ["type", "json_schema"], "properties": {
+            "type": {"const": "json_schema"},
+            "json_schema": {"type": "object", "required": ["schema"],
+                            "properties": {"name": {"type": "string"}, "schema": {"type": "object"}}}}},
+    ]},
 }
 
 _MESSAGE = {
-    "type": "object", "required": ["role"],
+    "type": "object", "required": ["role", "content"],
     "properties": {
         "role": {"enum": sorted(CHAT_ROLES)},
         "content": {"oneOf": [
-            {"type": "string"}, {"type": "null"},
+            {"type": "string"},
             {"type": "array", "items": {"type": "object", "required": ["type", "text"],
                                         "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}},
         ]},
@@ -129,9 +130,9 @@ DOCUMENT = {
                 "properties": {
                     "model": {"type": "string", "minLength": 1},
                     "prompt": {"oneOf": [
-                        {"type": "string"},
+                        {"type": "string", "minLength": 1},
                         {"type": "array", "minItems": 1, "items": _num(0, MAX_TOKEN_ID - 1, integer=True)},
-                        {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string"}},
+                        {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string", "minLength": 1}},
                     ]},
                     "echo": {"type": "boolean"},
                     "logprobs": _num(0, 20, integer=True),

@@ -73,6 +73,8 @@ def _num(body: dict, name: str, default, lo: float, hi: float, integer: bool = F
     value = body.get(name)
     if value is None:
         return default
+    if integer and isinstance(value, float) and value.is_integer():
+        value = int(value)  # 2.0 is an integer in JSON Schema (and to vLLM's pydantic models)
     ok_type = int if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, ok_type):
         raise InvalidRequest(f"'{name}' must be {'an integer' if integer else 'a number'}, got {value!r}", name)

@@ -103,11 +103,12 @@ class WatchedStream:
 
 
 class StreamWatchdog:
-    """Expires streams past their deadlines, and tells `on_outcome(worker_id, ok)` how each call went
-    (ok: its first message came; not ok: a retryable error or a timeout) for the circuit breakers."""
+    """Expires streams past their deadlines, and tells `on_outcome(worker_id, ok, timed_out)` how each
+    call went (ok: its first message came; not ok: a retryable error or a timeout) for the circuit
+    breakers and the metrics."""
 
     def __init__(self, timeouts: Timeouts, tick_s: float = 0.25, clock: Callable[[], float] = time.monotonic,
-                 on_outcome: Callable[[str, bool], None] | None = None) -> None:
+                 on_outcome: Callable[[str, bool, bool], None] | None = None) -> None:
         self.timeouts = timeouts
         self.tick_s = tick_s
         self.clock = clock
@@ -119,9 +120,9 @@ class StreamWatchdog:
         self._streams.add(watched)
         return watched
 
-    def report(self, worker_id: str, ok: bool) -> None:
+    def report(self, worker_id: str, ok: bool, timed_out: bool = False) -> None:
         if self.on_outcome is not None:
-            self.on_outcome(worker_id, ok)
+            self.on_outcome(worker_id, ok, timed_out)
 
     def forget(self, stream: WatchedStream) -> None:
         self._streams.discard(stream)
@@ -142,7 +143,7 @@ class StreamWatchdog:
                 expired.append(s)
         for s in expired:
             log.warning("%s", s.expired)
-            self.report(s.worker_id, ok=False)
+            self.report(s.worker_id, ok=False, timed_out=True)
         return expired
 
     async def run(self) -> None:

@@ -101,8 +101,8 @@ def test_restart_with_another_argv_and_stop(sup, tmp_path):
 def test_shutdown_kills_what_ignores_sigterm(tmp_path):
     sup = Supervisor(tmp_path, RestartPolicy(stop_grace_s=0.5))
     stubborn = sup.start("stubborn", [sys.executable, "-c",
-                                      "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                                      "print('ready', flush=True); time.sleep(120)"])
+                                      ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                       "print('ready', flush=True); time.sleep(120)")])
     deadline = time.monotonic() + 10
     while "ready" not in sup.log_tail("stubborn") and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -50,7 +50,7 @@ def _assert_openai_400(r: httpx.Response, needle: str, param: str | None = None)
 
 
 def test_json_nested_1000_deep_is_a_400(gw):
-    raw = '{"model": "%s", "prompt": "hi", "x": %s1%s}' % (MODEL, "[" * 1000, "]" * 1000)
+    raw = f'{{"model": "{MODEL}", "prompt": "hi", "x": {"[" * 1000}1{"]" * 1000}}}'
     _assert_openai_400(_post(gw, "/v1/completions", raw), "nests deeper than")
 
 
@@ -77,13 +77,13 @@ def test_stop_token_id_past_uint32_is_a_400(gw):
 
 @pytest.mark.parametrize("literal", ["1" * 5000, "-" + "9" * 5000, "1" + "0" * 70])
 def test_integer_with_thousands_of_digits_is_a_400(gw, literal):
-    raw = '{"model": "%s", "prompt": "hi", "max_tokens": %s}' % (MODEL, literal)
+    raw = f'{{"model": "{MODEL}", "prompt": "hi", "max_tokens": {literal}}}'
     _assert_openai_400(_post(gw, "/v1/completions", raw), "digits")
 
 
 @pytest.mark.parametrize("literal", ["1e400", "-1e400", "NaN", "Infinity", "-Infinity"])
 def test_non_finite_numbers_are_a_400(gw, literal):
-    raw = '{"model": "%s", "prompt": "hi", "temperature": %s}' % (MODEL, literal)
+    raw = f'{{"model": "{MODEL}", "prompt": "hi", "temperature": {literal}}}'
     _assert_openai_400(_post(gw, "/v1/completions", raw), "finite")
 
 
@@ -128,3 +128,13 @@ def test_tokenizer_refuses_a_lone_surrogate_with_its_own_error():
     with pytest.raises(TokenizerError, match="not valid Unicode"):
         tok.encode("ok \ud800")
     assert tok.decode(tok.encode("ok \U0001F600")) == "ok \U0001F600"
+
+
+def test_integral_floats_are_integers_as_json_schema_says():
+    from gateway.protocol import parse_completion
+
+    api = parse_completion({"model": "m", "prompt": "x", "n": 2.0, "max_tokens": 16.0, "seed": 0.0})
+    assert (api.sampling.n, api.sampling.max_tokens, api.sampling.seed) == (2, 16, 0)
+    assert isinstance(api.sampling.max_tokens, int)
+    with pytest.raises(InvalidRequest, match="'n' must be an integer"):
+        parse_completion({"model": "m", "prompt": "x", "n": 2.5})

@@ -74,6 +74,8 @@ def test_a_frozen_worker_s_streams_end_after_the_stall_timeout_and_free_their_pa
                     assert last["choices"][0]["finish_reason"] == "length"
         finally:
             os.kill(frozen.proc.pid, signal.SIGCONT)
+        metrics = httpx.get(gw.url + "/metrics").text
+        assert re.search(r'duet_stream_timeouts_total\{worker="frozen"\} [1-9]', metrics), metrics
         # thawed: the cancelled requests are aborted and their pages come back
         assert _wait(lambda: frozen.load().num_running == 0 and frozen.load().kv_pages_used == 0, 15)
     finally:
@@ -125,6 +127,7 @@ def test_a_worker_failing_every_call_is_left_out_by_its_breaker(tmp_path):
                 break
             time.sleep(0.3)  # let a health poll mark the bad worker healthy again
         assert gw.gateway.breakers.state("bad") == "open"
+        assert 'duet_worker_breaker_opened_total{worker="bad"} 1.0' in httpx.get(gw.url + "/metrics").text
         time.sleep(1.0)  # health polls say "bad" is healthy; the open breaker still keeps it out
         before = retries_of_bad()
         for i in range(5):
