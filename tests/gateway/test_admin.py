@@ -203,3 +203,18 @@ async def test_non_finite_weights_are_refused_and_change_nothing(client, backend
     assert got.status_code == 200 and [v["weight"] for v in got.json()["variants"]] == [90.0, 10.0]
     audit = await client.get("/admin/audit", headers=AUTH)
     assert audit.status_code == 200 and len(audit.json()["entries"]) == 1
+
+
+@pytest.mark.parametrize("change", [
+    {"window_s": "nan"}, {"max_ttft_p99_ratio": "inf"}, {"confirm_s": "NaN"},
+    {"ramp": [{"weight": "nan", "hold_s": 10}]}, {"ramp": [{"weight": 10, "hold_s": "inf"}]},
+])
+async def test_non_finite_canary_policy_is_refused_and_changes_nothing(client, backend, change):
+    await client.put("/admin/models/m/routing", json=GOOD, headers=AUTH)
+    policy = {"canary": "canary", "baseline": "stable", "window_s": 30, "min_requests": 5}
+    assert (await client.put("/admin/models/m/canary-policy", json=policy, headers=AUTH)).status_code == 200
+    r = await client.put("/admin/models/m/canary-policy", json={**policy, **change}, headers=AUTH)
+    assert r.status_code == 400 and "finite" in r.json()["error"]["message"]
+    got = await client.get("/admin/models/m/canary-policy", headers=AUTH)
+    assert got.status_code == 200 and got.json()["policy"]["window_s"] == 30
+    assert (await stream_event(backend))["rollback"]["policies"]["m"]["window_s"] == 30

@@ -138,3 +138,23 @@ def test_integral_floats_are_integers_as_json_schema_says():
     assert isinstance(api.sampling.max_tokens, int)
     with pytest.raises(InvalidRequest, match="'n' must be an integer"):
         parse_completion({"model": "m", "prompt": "x", "n": 2.5})
+
+
+async def test_an_exception_mid_stream_ends_the_stream_with_an_error_event():
+    from starlette.responses import StreamingResponse
+
+    async def events():
+        yield b'data: {"choices": []}\n\n'
+        raise RuntimeError("a bug mid-stream")
+
+    async def streaming(request):
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/s", streaming)],
+                    middleware=[Middleware(RequestIdMiddleware), Middleware(ErrorShieldMiddleware)])
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
+                                 base_url="http://gw") as c:
+        r = await c.get("/s")
+    lines = [ln for ln in r.text.split("\n") if ln.startswith("data: ")]
+    assert r.status_code == 200 and lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2][6:])["error"]["type"] == "internal_error"
