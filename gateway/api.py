@@ -69,7 +69,8 @@ async def _generate(request: Request, parse) -> Response:
         # stall every other stream's tokens
         prep = await asyncio.to_thread(prepare, *args) if _text_size(api) > LONG_PROMPT_CHARS else prepare(*args)
         request.state.key_lease = await gw.limiter.admit(  # per-key limits; LeaseMiddleware releases it
-            getattr(request.state, "api_key_id", None), api.model, len(prep.prompt_ids) + prep.max_tokens)
+            getattr(request.state, "api_key_id", None), api.model,
+            len(prep.prompt_ids) + prep.max_tokens * api.sampling.n)
         d = await dispatch(gw, prep)
     except errors.GatewayError as e:
         if admitted:

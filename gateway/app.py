@@ -15,6 +15,7 @@ import logging
 
 from opentelemetry import trace
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
@@ -24,7 +25,7 @@ from gateway.circuit_breaker import CircuitBreakers
 from gateway.config import GatewayConfig
 from gateway.decision_log import DecisionLog
 from gateway.engine_client import GrpcEngineClient
-from gateway.errors import QueueFull
+from gateway.errors import QueueFull, http_exception_response
 from gateway.limits import KeyLimiter, LeaseMiddleware
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import (
@@ -209,6 +210,7 @@ def build_app(config: GatewayConfig, **gateway_kwargs) -> Starlette:
         Middleware(ApiKeyMiddleware, api_keys=config.api_keys),
         Middleware(LeaseMiddleware, limiter=gw.limiter),
     ]
-    app = Starlette(routes=routes, middleware=middleware, lifespan=gw.lifespan)
+    app = Starlette(routes=routes, middleware=middleware, lifespan=gw.lifespan,
+                    exception_handlers={HTTPException: http_exception_response})
     app.state.gateway = gw
     return app

@@ -18,7 +18,8 @@ Hierarchy:
     └── EngineFailure                 502 engine_error (every attempt failed / failed mid-stream)
 
 Raise these anywhere in the request path; `error_response` (for HTTP) and `error_payload` (for an
-SSE error event) are the only code that knows the wire shape.
+SSE error event) are the only code that knows the wire shape; `http_exception_response` gives
+Starlette's routing errors (404 unknown path, 405 wrong method) the same shape.
 """
 
 from __future__ import annotations
@@ -124,6 +125,14 @@ class EngineFailure(GatewayError):
     status = 502
     type = "engine_error"
     code = "engine_error"
+
+
+async def http_exception_response(request, exc) -> JSONResponse:
+    """Starlette's own 404 (no such path) and 405 (wrong method) as OpenAI error objects too."""
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    err = GatewayError(f"{exc.detail}: {request.method} {request.url.path}")
+    err.status, err.type, err.code = exc.status_code, "invalid_request_error", codes.get(exc.status_code)
+    return error_response(err, dict(exc.headers or {}))
 
 
 def error_payload(exc: GatewayError) -> dict:

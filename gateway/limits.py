@@ -3,7 +3,7 @@
 Per key (config: `auth.api_keys` entries, `auth.default_key_limits`; docs/operations.md):
 
     requests_per_minute   requests admitted per minute window
-    tokens_per_minute     prompt tokens + max_tokens admitted per minute window (counted up front,
+    tokens_per_minute     prompt tokens + max_tokens × n admitted per minute window (counted up front,
                           as OpenAI does: a request's whole budget is known before it runs)
     max_concurrent        requests of the key in flight at once (streams included)
     models                the models the key may use (others answer 404 model_not_found, as OpenAI)

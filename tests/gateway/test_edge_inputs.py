@@ -158,3 +158,11 @@ async def test_an_exception_mid_stream_ends_the_stream_with_an_error_event():
     lines = [ln for ln in r.text.split("\n") if ln.startswith("data: ")]
     assert r.status_code == 200 and lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2][6:])["error"]["type"] == "internal_error"
+
+
+def test_unknown_paths_and_wrong_methods_are_openai_errors(gw):
+    r = httpx.get(gw.url + "/v1/no-such-endpoint")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found" and r.headers["x-request-id"]
+    r = httpx.get(gw.url + "/v1/completions")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    assert "POST" in r.headers["allow"]
