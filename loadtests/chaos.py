@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -37,7 +38,7 @@ from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
 from duet.supervisor import RestartPolicy
 from loadtests.chaos_load import Gateways, Tally, client_loop, fuzz_loop
-from loadtests.stack import ADMIN_KEY, ServingStack
+from loadtests.stack import ADMIN_KEY, ServingStack, free_port
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,6 @@ class RedisProcess:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
-                import socket
-
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return
             except OSError:
@@ -239,10 +238,9 @@ def _round(x: float | None) -> float | None:
 
 def run(s: ChaosSettings, model: str | None = None, log_dir: str | None = None, progress=lambda line: None) -> dict:
     from duet.model_make import default_model_dir
-    from loadtests.stack import _free_port
 
     model_path = Path(model) if model else default_model_dir()
-    redis = RedisProcess(_free_port())
+    redis = RedisProcess(free_port())
     redis.start()
     timeouts = {"stall_s": s.stall_s, "first_token_s": 60.0}
     policy = RestartPolicy(backoff_initial_s=0.2, backoff_max_s=2.0, max_restarts=50, window_s=60.0,

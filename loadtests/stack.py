@@ -52,7 +52,7 @@ def _duet(*args: str) -> list[str]:
     return [sys.executable, "-m", "duet.cli", *args]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -94,7 +94,7 @@ class ServingStack:
         os.environ.update(OMP_NUM_THREADS=str(lim.torch_threads), MKL_NUM_THREADS=str(lim.torch_threads))
         try:
             for i, kind in enumerate(self.kinds):
-                port = _free_port()
+                port = free_port()
                 self.supervisor.start(f"{kind}-{i}", _duet(
                     "engine", kind, "--model", str(self.model), "--port", str(port), "--worker-id", f"{kind}-{i}",
                     "--device", "cpu", "--page-size", str(lim.page_size), "--kv-cache-tokens", str(lim.kv_cache_tokens),
@@ -103,7 +103,7 @@ class ServingStack:
                 addresses.append(f"127.0.0.1:{port}")
                 self.worker_addresses[f"{kind}-{i}"] = addresses[-1]
             for g in range(self.num_gateways):
-                port = _free_port()
+                port = free_port()
                 config = {"host": "127.0.0.1", "port": port, "models": [{"path": str(self.model)}],
                           "workers": [{"address": a} for a in addresses], "health": {"poll_interval_s": 0.5},
                           "auth": {"admin_key": ADMIN_KEY}, "routing": self.routing, **self.gateway_extra}
