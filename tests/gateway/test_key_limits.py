@@ -135,3 +135,21 @@ def test_a_redis_outage_falls_back_to_per_replica_limits(sims, private_redis):
             _complete(g, "k")
     finally:
         g.stop()
+
+
+def test_key_limits_config_defaults_overrides_and_bad_values():
+    from gateway.config import ConfigError, from_dict
+    from gateway.limits import KeyLimits, api_key_id
+
+    cfg = from_dict({"auth": {"default_key_limits": {"requests_per_minute": 10, "models": ["m"]},
+                              "api_keys": ["sk-a", {"key": "sk-b", "cache_salt": "b", "requests_per_minute": 99,
+                                                    "max_concurrent": 2}]}})
+    assert cfg.key_limits[api_key_id("sk-a")] == KeyLimits(requests_per_minute=10, models=("m",))
+    assert cfg.key_limits[api_key_id("sk-b")] == KeyLimits(requests_per_minute=99, max_concurrent=2, models=("m",))
+    assert cfg.api_keys == {"sk-a": "", "sk-b": "b"}
+    with pytest.raises(ConfigError, match="requests_per_minute must be a positive integer"):
+        from_dict({"auth": {"api_keys": [{"key": "k", "requests_per_minute": 0}]}})
+    with pytest.raises(ConfigError, match="stall_s must be > 0"):
+        from_dict({"timeouts": {"stall_s": -1}})
+    with pytest.raises(ConfigError, match="unknown keys"):
+        from_dict({"timeouts": {"stal_s": 1}})
