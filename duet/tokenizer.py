@@ -30,7 +30,7 @@ _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token"
 
 
 class TokenizerError(ValueError):
-    """The tokenizer files are missing or unreadable."""
+    """The tokenizer files are missing or unreadable, or a text cannot be tokenized."""
 
 
 class ChatTemplateError(TokenizerError):
@@ -92,7 +92,15 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         if not isinstance(text, str):
             raise TokenizerError(f"text to encode must be a string, got {type(text).__name__}")
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        try:
+            return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        except TypeError:  # the Rust side refuses a str it cannot turn into UTF-8 (a lone surrogate)
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise TokenizerError(f"text is not valid Unicode: {e.reason} at position {e.start}") from None
+            raise
+
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -25,7 +25,7 @@ from opentelemetry import trace
 from duet.detokenizer import IncrementalDetokenizer
 from duet.hashing import block_hashes
 from duet.rpc import engine_pb2 as pb
-from duet.tokenizer import ChatTemplateError
+from duet.tokenizer import ChatTemplateError, TokenizerError
 from duet.tracing import inject_metadata
 from gateway import errors, routing
 from gateway.engine_client import EngineCallError, GenerateStream
@@ -79,6 +79,9 @@ def prepare(api: ApiRequest, model: ServedModel, request_id: str, cache_salt: st
             text = tok.decode(ids) if api.echo else ""
     except ChatTemplateError as e:
         raise errors.InvalidRequest(f"messages rejected by the chat template: {e}", "messages") from None
+    except TokenizerError as e:
+        raise errors.InvalidRequest(f"the prompt cannot be tokenized: {e}", "messages" if api.kind == "chat"
+                                    else "prompt") from None
     if not ids:
         raise errors.InvalidRequest("the prompt is empty after tokenization", "prompt")
     room = model.max_model_len - len(ids)
@@ -177,7 +180,9 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
             span = tracer.start_span("duet.engine.v1.Engine/Generate", kind=trace.SpanKind.CLIENT, attributes={
                 "rpc.system": "grpc", "rpc.service": "duet.engine.v1.Engine", "rpc.method": "Generate",
                 "server.address": worker.address, "duet.worker": decision.worker_id})
-            stream = worker.client.generate(message, metadata=inject_metadata(trace.set_span_in_context(span)))
+            stream = gw.watchdog.watch(  # first-token and stall timeouts, circuit-breaker outcomes
+                worker.client.generate(message, metadata=inject_metadata(trace.set_span_in_context(span))),
+                decision.worker_id)
             it = stream.__aiter__()
             try:
                 first = await it.__anext__()

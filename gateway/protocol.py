@@ -16,6 +16,7 @@ from gateway.tools import ToolRequest, parse_tools
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_STOP_STRINGS = 16
 MAX_N = 64
+MAX_TOKEN_ID = 1 << 31  # token ids travel as uint32; no vocabulary comes near this
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ def _num(body: dict, name: str, default, lo: float, hi: float, integer: bool = F
     value = body.get(name)
     if value is None:
         return default
+    if integer and isinstance(value, float) and value.is_integer():
+        value = int(value)  # 2.0 is an integer in JSON Schema (and to vLLM's pydantic models)
     ok_type = int if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, ok_type):
         raise InvalidRequest(f"'{name}' must be {'an integer' if integer else 'a number'}, got {value!r}", name)
@@ -135,8 +138,10 @@ def _sampling(body: dict, chat: bool) -> Sampling:
         logprobs, top = top is not None, top or 0
     json_object, json_schema = _response_format(body)
     stop_ids = body.get("stop_token_ids") or ()
-    if not isinstance(stop_ids, (list, tuple)) or not all(isinstance(t, int) and t >= 0 for t in stop_ids):
-        raise InvalidRequest("'stop_token_ids' must be a list of token ids", "stop_token_ids")
+    if not isinstance(stop_ids, (list, tuple)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_TOKEN_ID for t in stop_ids):
+        raise InvalidRequest(f"'stop_token_ids' must be a list of token ids (0 <= id < {MAX_TOKEN_ID})",
+                             "stop_token_ids")
     return Sampling(
         max_tokens=max_tokens,
         temperature=float(_num(body, "temperature", 1.0, 0.0, 2.0)),
@@ -217,7 +222,8 @@ def parse_completion(body: object) -> ApiRequest:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, list):
-        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_TOKEN_ID
+                                 for t in prompt):
             raise InvalidRequest("'prompt' must be a string or a list of token ids (one prompt per request)",
                                  "prompt")
         prompt = tuple(prompt)
