@@ -80,6 +80,8 @@ class SimWorker:
     prefill_free_at: float = 0.0
     in_flight: list[tuple[float, int]] = field(default_factory=list)  # heap of (done, blocks)
     prefill_starts: deque[float] = field(default_factory=deque)  # FIFO: monotone
+    prefills: deque[tuple[float, int]] = field(default_factory=deque)  # (first token at, uncached tokens), FIFO
+    queued_prefill_tokens: int = 0  # uncached tokens of requests before their first token (what a gateway counts)
     kv_blocks: int = 0
     busy_s: float = 0.0  # integral of the in-flight count over time
 
@@ -88,6 +90,8 @@ class SimWorker:
             self.kv_blocks -= heapq.heappop(self.in_flight)[1]
         while self.prefill_starts and self.prefill_starts[0] <= now:
             self.prefill_starts.popleft()
+        while self.prefills and self.prefills[0][0] <= now:
+            self.queued_prefill_tokens -= self.prefills.popleft()[1]
 
     @property
     def load(self) -> int:
@@ -125,12 +129,14 @@ class DuetPolicy:
                 capabilities=frozenset(), healthy=True, draining=False,
                 num_running=w.load - w.waiting, num_waiting=w.waiting,
                 kv_usage=min(1.0, w.kv_blocks / self.cache_blocks) if self.cache_blocks else 0.0,
+                queued_prefill_tokens=w.queued_prefill_tokens,
             )
             for w in workers
         ]
         req = RouteRequest(
             model="trace", block_hashes=rec.hash_ids, num_prompt_tokens=rec.input_length,
             session_key=key, turn_count=self.turns[key] if key is not None else 1,
+            block_tokens=MOONCAKE_BLOCK_TOKENS,
         )
         affinity = self.affinity.get(key) if key is not None else None
         d = route(req, views, self.config, affinity, self.seen, self.index)
@@ -185,6 +191,8 @@ def simulate(
         start = max(now, w.prefill_free_at)
         first_token = start + (rec.input_length - cached_tokens) / service.prefill_tokens_per_s
         w.prefill_free_at = first_token
+        w.prefills.append((first_token, rec.input_length - cached_tokens))
+        w.queued_prefill_tokens += rec.input_length - cached_tokens
         done = first_token + rec.output_length * service.decode_s_per_token
         heapq.heappush(w.in_flight, (done, len(rec.hash_ids)))
         w.kv_blocks += len(rec.hash_ids)
