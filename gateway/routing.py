@@ -113,7 +113,7 @@ class RoutingConfig:
     imbalance_ratio: float = 1.5  # guard fires when max load > ratio * min load ...
     imbalance_abs: int = 8  # ... and max load - min load > this many requests
     waiting_weight: float = 1.0  # a queued request counts as this many in flight (load = running + w * waiting)
-    request_tokens: int = 2048  # duet's cost: one request in flight weighs as much as this many prefill tokens
+    request_tokens: int = 256  # duet's cost: one request in flight weighs as much as this many prefill tokens
     shed_tokens: int = 98304  # a session leaves its worker when another's prefill wait is shorter by this many tokens
     spill_tokens: int = 16384  # a new prompt goes to the other engine kind when its cost is lower by this many
     policy: str = "duet"  # "duet" | "cache_aware" | "round_robin" (baselines; module docstring)
@@ -256,7 +256,10 @@ def route(
     # 6. replica: the worker holding most of the prompt, as long as its prefill wait is within
     # `shed_tokens` of the cheapest's; else the cheapest (cost: prefill wait + in-flight requests). The same rule as affinity, for clients that send no session key (with one, a new session
     # takes the cheapest worker: sharing a document with another session is no reason to queue there).
-    cheapest = min(pool, key=lambda w: (costs[w.worker_id], _load(w, config), w.worker_id))
+    # ties (an idle fleet) rotate with the request counter, so they do not all land on one worker
+    turn = {w.worker_id: i for i, w in enumerate(sorted(pool, key=lambda w: w.worker_id))}
+    cheapest = min(pool, key=lambda w: (costs[w.worker_id], _load(w, config),
+                                        (turn[w.worker_id] - req.sequence) % len(pool)))
     home = max(pool, key=lambda w: (cached[w.worker_id], -costs[w.worker_id]))
     if req.session_key is None and cached[home.worker_id] > min(cached[w.worker_id] for w in pool) and (
             waits[home.worker_id] - waits[cheapest.worker_id] <= config.shed_tokens):

@@ -16,7 +16,7 @@ def _add_simulate_routing(sub: argparse._SubParsersAction) -> None:
         "SGLang-style cache-aware policy and Duet's own routing (gateway.routing.route), over "
         "simulated workers with LRU block caches; reports block hit rates and load balance.",
     )
-    p.add_argument("--trace", required=True, help="Mooncake JSONL trace (timestamp, input_length, output_length, hash_ids)")
+    p.add_argument("--trace", required=True, help="Mooncake JSONL, Azure CSV or OpenAI request log (loadtests/traces.py)")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--cache-blocks", type=int, default=2048, help="per-worker cache capacity in trace blocks (512 tokens)")
     p.add_argument("--time-scale", type=float, default=1.0,

@@ -118,6 +118,7 @@ class DuetPolicy:
         self.reasons: Counter[str] = Counter()
         self.engines: Counter[str] = Counter()
         self.cache_blocks = cache_blocks
+        self.sequence = 0  # requests routed so far (RouteRequest.sequence)
 
     def choose(self, rec: TraceRecord, workers: list[SimWorker]) -> int:
         key = session_key(rec) if self.sessions else None
@@ -136,8 +137,9 @@ class DuetPolicy:
         req = RouteRequest(
             model="trace", block_hashes=rec.hash_ids, num_prompt_tokens=rec.input_length,
             session_key=key, turn_count=self.turns[key] if key is not None else 1,
-            block_tokens=MOONCAKE_BLOCK_TOKENS,
+            block_tokens=MOONCAKE_BLOCK_TOKENS, sequence=self.sequence,
         )
+        self.sequence += 1
         affinity = self.affinity.get(key) if key is not None else None
         d = route(req, views, self.config, affinity, self.seen, self.index)
         self.reasons[d.reason] += 1
@@ -232,7 +234,7 @@ def run(
     service: ServiceModel = ServiceModel(), config: RoutingConfig | None = None, sessions: bool = True,
 ) -> dict:
     """The whole report: the global-cache reference and every policy's result."""
-    from loadtests.mooncake import load_trace
+    from loadtests.traces import load_any
 
     if num_workers < 1:
         raise ValueError(f"--workers must be >= 1, got {num_workers}")
@@ -240,7 +242,8 @@ def run(
         raise ValueError(f"--cache-blocks must be >= 1, got {cache_blocks}")
     if time_scale <= 0:
         raise ValueError(f"--time-scale must be > 0, got {time_scale}")
-    records = load_trace(trace)[:limit] if limit else load_trace(trace)
+    records = load_any(trace)
+    records = records[:limit] if limit else records
     total = None if cache_blocks is None else cache_blocks * num_workers
     out = {
         "trace": trace,

@@ -112,6 +112,18 @@ def test_duet_routing_meets_the_issue_targets_and_beats_the_sglang_policy(extra)
     assert duet["ttft_p99_s"] <= min(q["ttft_p99_s"] for q in p.values())
 
 
+@pytest.mark.parametrize("name", ["AzureLLMInferenceTrace_conv.csv", "AzureLLMInferenceTrace_code.csv"])
+def test_duet_balances_the_azure_traces_no_worse_than_the_sglang_policy(name):
+    trace = TRACE.parent / name
+    if not trace.is_file():
+        pytest.skip(f"Azure trace not found at {trace}")
+    out = run_cli("--trace", str(trace), "--policies", "sglang_cache_aware,duet", "--json")
+    assert out.returncode == 0, out.stderr
+    p = json.loads(out.stdout)["policies"]
+    assert p["duet"]["load_max_over_mean"] <= p["sglang_cache_aware"]["load_max_over_mean"]
+    assert p["duet"]["ttft_p99_s"] <= p["sglang_cache_aware"]["ttft_p99_s"]
+
+
 def test_bad_arguments_give_one_clear_line(tmp_path):
     out = run_cli("--trace", str(tmp_path / "missing.jsonl"))
     assert out.returncode == 2
