@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from dataclasses import replace
 
 from opentelemetry import trace
 from starlette.applications import Starlette
@@ -25,6 +27,7 @@ from gateway.errors import QueueFull
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestIdMiddleware, TracingMiddleware
 from gateway.models import ServedModel, load_models
+from gateway.pool_tracker import PoolTracker
 from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.rollback import RollbackController
 from gateway.stats import RequestStats
@@ -54,6 +57,7 @@ class Gateway:
         self._client_factory = client_factory
         self.pending = 0
         self.drained: set[str] = set()
+        self.pools = PoolTracker(self.metrics)
         self._tasks: list[asyncio.Task] = []
 
     @property
@@ -82,6 +86,7 @@ class Gateway:
                                poll_interval_s=self.config.poll_interval_s, **kwargs)
         await self.pool.start()
         self._tasks.append(asyncio.create_task(self._rollback_loop()))
+        self._tasks.append(asyncio.create_task(self._pool_loop()))
         try:
             yield
         finally:
@@ -94,6 +99,14 @@ class Gateway:
         while True:
             await asyncio.sleep(1.0)
             await self.rollback.tick()
+
+    async def _pool_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.pools.tick(time.monotonic(), self.views())
+
+    def pool_report(self) -> dict:
+        return self.pools.report(time.monotonic())
 
     # -- the request path -----------------------------------------------------------------------
     def admit(self) -> None:
@@ -149,12 +162,9 @@ class Gateway:
         return True
 
     def views(self):
-        views = self.pool.views()
-        if not self.drained:
-            return views
-        from dataclasses import replace
-
-        return [replace(v, draining=True) if v.worker_id in self.drained else v for v in views]
+        queued = self.pools.queued
+        return [replace(v, draining=v.draining or v.worker_id in self.drained,
+                        queued_prefill_tokens=queued(v.worker_id)) for v in self.pool.views()]
 
 
 def build_app(config: GatewayConfig, **gateway_kwargs) -> Starlette:
