@@ -3,7 +3,9 @@
 Starts N `duet engine paged` and M `duet engine prefix` workers (or `duet engine sim` workers with
 --sim) and one `duet gateway --config` as child processes on the embedded tiny model unless
 --model, waits until the gateway's /ready says every model has a healthy worker, prints the API and
-dashboard URLs, and runs until Ctrl-C / SIGTERM or until a child dies.
+dashboard URLs, and runs until Ctrl-C / SIGTERM or until a child dies. With --workers N, the
+workers' kinds follow the gateway's pool planner instead: duet/pool_manager.py drains a worker and
+`duet up` restarts it as the other kind on the same port.
 
 The dashboard and admin API need an admin key: --admin-key or DUET_ADMIN_KEY, else a random one made
 for this run. It reaches the gateway through its environment (never a command line `ps` shows) and is
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import secrets
 import signal
@@ -63,6 +66,19 @@ class Stack:
                                     preexec_fn=_die_with_parent,  # noqa: PLW1509
                                     env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
         self.children.append((name, proc))
+
+    def stop(self, name: str) -> None:
+        """Stop one child (SIGTERM, SIGKILL after the grace period) and forget it."""
+        for entry in [c for c in self.children if c[0] == name]:
+            proc = entry[1]
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=SHUTDOWN_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            self.children.remove(entry)
 
     def dead(self) -> tuple[str, int] | None:
         for name, p in self.children:
@@ -120,20 +136,33 @@ def main(args: argparse.Namespace) -> int:
     given_key = getattr(args, "admin_key", None) or os.environ.get("DUET_ADMIN_KEY")
     admin_key = given_key or secrets.token_urlsafe(24)
     addresses = []
+    planned = getattr(args, "workers", None)
+    if planned is not None:
+        if planned < 1:
+            print("duet up: --workers must be >= 1", file=sys.stderr)
+            return 2
+        args.paged, args.prefix = planned - planned // 2, planned // 2
+    slots: list[tuple[str, int]] = []  # (kind, port) per worker, in start order
+
+    def start_worker(worker_id: str, kind: str, port: int) -> None:
+        common = ["--model", str(model), "--port", str(port), "--worker-id", worker_id]
+        if args.sim:
+            stack.spawn(worker_id, ["engine", "sim", *common, "--sim-as", kind,
+                                    "--sim-ms-per-token", str(args.sim_ms_per_token)])
+        else:
+            stack.spawn(worker_id, ["engine", kind, *common, "--device", args.device])
+
     try:
         for kind, count in (("paged", args.paged), ("prefix", args.prefix)):
             for i in range(count):
                 port = _free_port("127.0.0.1")
-                worker_id = f"{kind}-{i}"
-                common = ["--model", str(model), "--port", str(port), "--worker-id", worker_id]
-                if args.sim:
-                    stack.spawn(worker_id, ["engine", "sim", *common, "--sim-as", kind,
-                                            "--sim-ms-per-token", str(args.sim_ms_per_token)])
-                else:
-                    stack.spawn(worker_id, ["engine", kind, *common, "--device", args.device])
+                start_worker(f"{kind}-{i}", kind, port)
+                slots.append((kind, port))
                 addresses.append(f"127.0.0.1:{port}")
         config = {"host": host, "port": args.port, "models": [{"path": str(model)}],
                   "workers": [{"address": a} for a in addresses], "health": {"poll_interval_s": 0.5}}
+        if getattr(args, "pool_planner", None):
+            config["pool_planner"] = json.loads(args.pool_planner)
         if args.redis:
             config["redis"] = args.redis
         config_path = log_dir / "gateway.yaml"
@@ -157,12 +186,19 @@ def main(args: argparse.Namespace) -> int:
         shown_key = "as given (--admin-key / DUET_ADMIN_KEY)" if given_key else admin_key
         print(f"API:       {url}/v1\nDashboard: {url}/dashboard  (admin key: {shown_key})\n"
               f"Metrics:   {url}/metrics\nCtrl-C to stop.", flush=True)
-        while stop["signal"] is None:
-            if (dead := stack.dead()) is not None:
-                print(f"duet up: {dead[0]} exited with {dead[1]}:\n{stack.tail(dead[0])}", file=sys.stderr,
-                      flush=True)
-                return 1
+        def should_stop() -> bool:
+            return stop["signal"] is not None or stack.dead() is not None
+
+        if planned is not None:
+            from duet.pool_manager import PoolManager, pool_manager_for
+
+            manager: PoolManager = pool_manager_for(url, admin_key, slots, stack, start_worker, should_stop)
+            manager.run()
+        while not should_stop():
             time.sleep(0.2)
+        if (dead := stack.dead()) is not None:
+            print(f"duet up: {dead[0]} exited with {dead[1]}:\n{stack.tail(dead[0])}", file=sys.stderr, flush=True)
+            return 1
         return 0
     finally:
         print("duet up: shutting down", flush=True)

@@ -57,7 +57,7 @@ class Gateway:
         self._client_factory = client_factory
         self.pending = 0
         self.drained: set[str] = set()
-        self.pools = PoolTracker(self.metrics)
+        self.pools = PoolTracker(self.metrics, config.pool_planner)
         self._tasks: list[asyncio.Task] = []
 
     @property

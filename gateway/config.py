@@ -17,6 +17,7 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
     hashing: {max_blocks: 256}
     affinity_ttl_s: 600
     routing: {reuse_threshold: 0.5, ...}    # defaults of gateway.routing.RoutingConfig
+    pool_planner: {cooldown_s: 30, ...}     # defaults of gateway.pool_planner.PlannerConfig
     tracing: {enabled: false}
 
 Environment `DUET_API_KEYS` (comma separated) and `DUET_ADMIN_KEY` add to / override `auth`.
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from gateway.pool_planner import PlannerConfig
 from gateway.routing import Pool, RoutingConfig, RoutingConfigError, Variant
 
 
@@ -60,6 +62,7 @@ class GatewayConfig:
     affinity_ttl_s: float = 600.0  # a session sticks to its worker this long after its last request
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     tracing: bool = False
+    pool_planner: PlannerConfig = field(default_factory=PlannerConfig)
 
 
 def _section(raw: dict, name: str) -> dict:
@@ -138,6 +141,8 @@ def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
             affinity_ttl_s=float(raw.get("affinity_ttl_s", 600.0)),
             routing=routing_from_dict(_section(raw, "routing")),
             tracing=bool(_section(raw, "tracing").get("enabled", False)),
+            pool_planner=PlannerConfig(**_known(PlannerConfig, _section(raw, "pool_planner"),
+                                                "pool_planner")).validate(),
         )
     except (TypeError, ValueError) as e:
         if isinstance(e, ConfigError):

@@ -112,9 +112,12 @@ class PoolPlanner:
         total = sum(current.get(k, 0) for k in KINDS)
         if total < 1:
             return dict(self.target or {k: 0 for k in KINDS})
-        if self.target is None or sum(self.target.values()) != total:  # first tick, or the fleet resized
-            self.target = {k: current.get(k, 0) for k in KINDS}
         self.total = total
+        if self.target is None or sum(self.target.values()) != total:
+            # first tick, or the fleet resized (a worker restarting, added, lost): start from the
+            # balanced split of the work seen, or from what runs now when there is none
+            self.target = balanced_split(self.last_work, total) or {k: current.get(k, 0) for k in KINDS}
+            return dict(self.target)
         wanted = balanced_split(self.last_work, self.total)
         if wanted is None or wanted == self.target:
             return dict(self.target)

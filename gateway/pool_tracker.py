@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from gateway.pool_planner import KINDS, PlannerConfig, PoolPlanner, WorkMeter, kind_work
-from gateway.routing import PAGED, PREFIX, RouteDecision, WorkerView
+from gateway.routing import RouteDecision, WorkerView
 
 
 def estimated_cached_tokens(decision: RouteDecision, block_size: int, prompt_tokens: int) -> int:
@@ -27,10 +27,9 @@ def estimated_cached_tokens(decision: RouteDecision, block_size: int, prompt_tok
 
 
 def wanted_kind(decision: RouteDecision) -> str:
-    """The kind routing chose before a spill moved the request to the other one."""
-    if "spill" in decision.steps:
-        return PREFIX if decision.engine_kind == PAGED else PAGED
-    return decision.engine_kind
+    """The kind routing chose before a spill, or a pool without that kind, sent the request to the
+    other one (so a kind with no worker still shows its demand to the planner)."""
+    return decision.wanted_kind or decision.engine_kind
 
 
 class PoolTracker:
@@ -77,8 +76,9 @@ class PoolTracker:
     # -- the planner tick ----------------------------------------------------------------------
     def tick(self, now: float, views: Iterable[WorkerView]) -> dict[str, int]:
         views = list(views)
-        serving = [v for v in views if v.healthy and not v.draining]
-        self.current = {k: sum(1 for v in serving if v.engine_kind == k) for k in KINDS}
+        # the fleet: healthy workers, draining ones included (a worker drained to switch its kind is
+        # still part of it; counting it out would look like the fleet shrinking)
+        self.current = {k: sum(1 for v in views if v.healthy and v.engine_kind == k) for k in KINDS}
         rates = self.meter.rates(now)
         queued = {k: sum(self.queued(v.worker_id) for v in views if v.engine_kind == k) for k in KINDS}
         work = {k: kind_work(rates[k][0], rates[k][1], queued[k], self.config) for k in KINDS}

@@ -174,6 +174,7 @@ class RouteDecision:
     estimated_reuse: float
     cached_blocks: int
     steps: tuple[str, ...] = field(default=())
+    wanted_kind: str = ""  # the kind step 5 chose, before a spill or a missing kind changed it ("": none)
 
 
 DEFAULT_VARIANT = "default"
@@ -239,6 +240,7 @@ def route(
         wanted, engine_reason = PREFIX, "reuse_high"
     else:
         wanted, engine_reason = PAGED, "reuse_low"
+    first_choice = wanted
     if wanted not in kinds:
         wanted = next(iter(kinds))  # the variant has one kind only: it serves everything
     elif len(kinds) > 1:
@@ -270,7 +272,7 @@ def route(
                  else "least_load")
 
     # 7. decision
-    return _decide(worker, variant, reuse, index, req, steps)
+    return _decide(worker, variant, reuse, index, req, steps, first_choice)
 
 
 def _capable(
@@ -390,7 +392,7 @@ _PRECEDENCE = (
 
 def _decide(
     w: WorkerView, variant: str, reuse: float, index: WorkerBlockIndex,
-    req: RouteRequest, steps: list[str],
+    req: RouteRequest, steps: list[str], wanted_kind: str = "",
 ) -> RouteDecision:
     reason = next(r for r in _PRECEDENCE if r in steps)
     return RouteDecision(
@@ -401,4 +403,5 @@ def _decide(
         estimated_reuse=reuse,
         cached_blocks=index.match(w.worker_id, req.block_hashes),
         steps=tuple(steps),
+        wanted_kind=wanted_kind,
     )

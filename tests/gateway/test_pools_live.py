@@ -63,9 +63,9 @@ def test_admin_pools_reports_target_and_current_and_the_gauge_matches(stack):
     assert all(v.queued_prefill_tokens == 0 for v in stack.gateway.views())
 
 
-def decision(cached_blocks: int, kind: str = "prefix", steps: tuple[str, ...] = ()) -> RouteDecision:
+def decision(cached_blocks: int, kind: str = "prefix", steps: tuple[str, ...] = (), wanted: str = "") -> RouteDecision:
     return RouteDecision(worker_id="w", engine_kind=kind, variant="default", reason="cache_match",
-                         estimated_reuse=1.0, cached_blocks=cached_blocks, steps=steps)
+                         estimated_reuse=1.0, cached_blocks=cached_blocks, steps=steps, wanted_kind=wanted)
 
 
 def test_a_decision_whose_blocks_were_evicted_counts_as_stale():
@@ -84,7 +84,7 @@ def test_a_decision_whose_blocks_were_evicted_counts_as_stale():
 
 def test_work_that_spilled_is_charged_to_the_kind_routing_wanted():
     t = PoolTracker(GatewayMetrics())
-    t.finished(0.0, decision(0, kind="paged", steps=("multi_turn", "spill")), 16, 1000, 0, 10)
+    t.finished(0.0, decision(0, kind="paged", steps=("multi_turn", "spill"), wanted="prefix"), 16, 1000, 0, 10)
     rates = t.meter.rates(1.0)
     assert rates["prefix"][0] == 1000 and rates["paged"] == (0.0, 0.0)
 

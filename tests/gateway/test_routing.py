@@ -224,7 +224,7 @@ def test_a_new_session_spills_to_paged_when_the_prefix_pool_is_far_busier():
     busy_prefix = [worker("p0", "paged"), worker("x0", "prefix", running=4, queued_prefill_tokens=8000)]
     r = Router(cfg)
     first = r(req([600, 601], session_key="s-9"), busy_prefix)
-    assert (first.engine_kind, first.reason) == ("paged", "spill")
+    assert (first.engine_kind, first.reason, first.wanted_kind) == ("paged", "spill", "prefix")
     # its next turn keeps to the paged worker that now holds the history (affinity)
     second = r(req([600, 601, 602], session_key="s-9", turn_count=2), busy_prefix, affinity=first.worker_id)
     assert (second.worker_id, second.reason) == ("p0", "affinity")
@@ -265,6 +265,7 @@ def test_a_pool_with_one_engine_kind_serves_everything():
     only_prefix = [worker("x0", "prefix"), worker("x1", "prefix")]
     d = Router()(req([1, 2]), only_prefix)  # low reuse would want paged
     assert d.engine_kind == "prefix" and d.reason in ("least_load", "cache_match")
+    assert d.wanted_kind == "paged"  # the demand the pool planner sees
 
 
 # 6. replica by cache match and load --------------------------------------------------------
