@@ -144,20 +144,20 @@ def _in_flight(row: dict | None) -> int:
     return 0 if row is None else int(row.get("num_running", 0)) + int(row.get("num_waiting", 0))
 
 
-def pool_manager_for(url: str, admin_key: str, slots: list[tuple[str, int]], stack, start_worker,
+def pool_manager_for(url: str, admin_key: str, slots: list[tuple[str, str, int]], stack, start_worker,
                      should_stop: Callable[[], bool]) -> PoolManager:
-    """The manager `duet up --workers` runs: slot i is the worker started i-th, as `{kind}-{i}` on
-    port slots[i][1]; a switch stops that child and starts `w{i}-{kind}-g{n}` on the same port (a new
-    id each time: the gateway keeps a drained id drained)."""
-    names = [f"{kind}-{i}" for i, (kind, _) in enumerate(slots)]
+    """The manager `duet up --workers` runs over its workers, slots[i] = (worker id, kind, port): a
+    switch stops that child and starts `w{i}-{kind}-g{n}` on the same port (a new id each time: the
+    gateway keeps a drained id drained)."""
+    names = [name for name, _, _ in slots]
     generation = [0] * len(slots)
 
     def switch(slot: int, kind: str) -> str:
         stack.stop(names[slot])
         generation[slot] += 1
         names[slot] = f"w{slot}-{kind}-g{generation[slot]}"
-        start_worker(names[slot], kind, slots[slot][1])
+        start_worker(names[slot], kind, slots[slot][2])
         return names[slot]
 
-    return PoolManager(AdminApi(url, admin_key), [k for k, _ in slots], list(names), switch,
+    return PoolManager(AdminApi(url, admin_key), [k for _, k, _ in slots], list(names), switch,
                        should_stop=should_stop)

@@ -142,7 +142,7 @@ def main(args: argparse.Namespace) -> int:
             print("duet up: --workers must be >= 1", file=sys.stderr)
             return 2
         args.paged, args.prefix = planned - planned // 2, planned // 2
-    slots: list[tuple[str, int]] = []  # (kind, port) per worker, in start order
+    slots: list[tuple[str, str, int]] = []  # (worker id, kind, port) per worker, in start order
 
     def start_worker(worker_id: str, kind: str, port: int) -> None:
         common = ["--model", str(model), "--port", str(port), "--worker-id", worker_id]
@@ -157,7 +157,7 @@ def main(args: argparse.Namespace) -> int:
             for i in range(count):
                 port = _free_port("127.0.0.1")
                 start_worker(f"{kind}-{i}", kind, port)
-                slots.append((kind, port))
+                slots.append((f"{kind}-{i}", kind, port))
                 addresses.append(f"127.0.0.1:{port}")
         config = {"host": host, "port": args.port, "models": [{"path": str(model)}],
                   "workers": [{"address": a} for a in addresses], "health": {"poll_interval_s": 0.5}}
@@ -190,7 +190,11 @@ def main(args: argparse.Namespace) -> int:
             return stop["signal"] is not None or stack.dead() is not None
 
         if planned is not None:
+            import logging
+
             from duet.pool_manager import PoolManager, pool_manager_for
+
+            logging.basicConfig(level=logging.INFO, format="duet up: %(message)s")  # each switch, one line
 
             manager: PoolManager = pool_manager_for(url, admin_key, slots, stack, start_worker, should_stop)
             manager.run()
