@@ -103,11 +103,56 @@ def _run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_advise(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "advise", help="paged, prefix or both? replay your own trace against each deployment",
+        description="Replays a trace (Mooncake JSONL, Azure CSV or an OpenAI request log of JSON lines) against "
+        "all-paged, all-prefix and Duet (every split of the workers), in the routing simulator with --simulate "
+        "or for real on this machine, and recommends one, as markdown and a PNG chart (loadtests/advise.py).",
+    )
+    p.add_argument("--trace", required=True, help="Mooncake JSONL, Azure CSV or OpenAI request log")
+    p.add_argument("--simulate", action="store_true", help="the routing simulator (fast, any trace size)")
+    p.add_argument("--workers", type=int, default=None, help="workers per deployment (default 8 simulated, 4 local)")
+    p.add_argument("--cache-blocks", type=int, default=2048, help="simulated per-worker cache, 512-token blocks")
+    p.add_argument("--time-scale", type=float, default=1.0, help="multiplies arrival times (0.5: twice the load)")
+    p.add_argument("--slo-ttft-s", type=float, default=2.0, help="TTFT bound of goodput, seconds")
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N records (local default 200)")
+    p.add_argument("--model", default=None, help="local replay: model directory (default: the bench checkpoint)")
+    p.add_argument("--out", default=None, help="write advice.md, advice.json and advice.png here")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the markdown")
+    p.set_defaults(func=_run_advise)
+
+
+def _run_advise(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from loadtests import advise
+
+    workers = args.workers or (8 if args.simulate else 4)
+    s = advise.AdviseSettings(workers=workers, cache_blocks=args.cache_blocks, time_scale=args.time_scale,
+                              slo_ttft_s=args.slo_ttft_s, limit=args.limit)
+    if args.simulate:
+        result = advise.advise_simulated(args.trace, s)
+    else:
+        result = advise.advise_local(args.trace, s, args.model,
+                                     progress=lambda line: print(line, file=sys.stderr, flush=True))
+    text = advise.format_markdown(result)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "advice.md").write_text(text)
+        (out / "advice.json").write_text(json.dumps(result, indent=2))
+        advise.write_chart(result, out / "advice.png")
+    print(json.dumps(result, indent=2) if args.json else text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duet bench", description="Duet load tests and simulations")
     sub = parser.add_subparsers(dest="bench_command", required=True)
     _add_simulate_routing(sub)
     _add_compare(sub)
+    _add_advise(sub)
     from loadtests.bench_run import add_parser as add_run  # argparse only; the run imports lazily
 
     add_run(sub)

@@ -108,8 +108,11 @@ class DuetPolicy:
     name = "duet"
 
     def __init__(self, num_workers: int, cache_blocks: int | None, config: RoutingConfig | None = None,
-                 seen_capacity: int = 200_000, sessions: bool = True) -> None:
+                 seen_capacity: int = 200_000, sessions: bool = True, kinds: list[str] | None = None) -> None:
         self.sessions = sessions  # False: anonymous clients, no session key (no affinity)
+        # the engine kind of each worker (default: all engine_prefix); the simulated engines differ only
+        # in the kind routing sees, so a mixed fleet shows what routing by kind does to caches and queues
+        self.kinds = kinds or ["prefix"] * num_workers
         self.config = (config or RoutingConfig()).validate()
         self.seen = SeenBlocks(seen_capacity)
         self.index = WorkerBlockIndex(cache_blocks or 1 << 30)
@@ -126,13 +129,13 @@ class DuetPolicy:
             self.turns[key] += 1
         views = [
             WorkerView(
-                worker_id=w.worker_id, model_id="trace", engine_kind="prefix", version="v1",
+                worker_id=w.worker_id, model_id="trace", engine_kind=self.kinds[i], version="v1",
                 capabilities=frozenset(), healthy=True, draining=False,
                 num_running=w.load - w.waiting, num_waiting=w.waiting,
                 kv_usage=min(1.0, w.kv_blocks / self.cache_blocks) if self.cache_blocks else 0.0,
                 queued_prefill_tokens=w.queued_prefill_tokens,
             )
-            for w in workers
+            for i, w in enumerate(workers)
         ]
         req = RouteRequest(
             model="trace", block_hashes=rec.hash_ids, num_prompt_tokens=rec.input_length,
@@ -171,7 +174,7 @@ def make_policy(name: str, num_workers: int, cache_blocks: int | None, config: R
 
 def simulate(
     records: list[TraceRecord], policy, num_workers: int, cache_blocks: int | None,
-    service: ServiceModel = ServiceModel(), time_scale: float = 1.0,
+    service: ServiceModel = ServiceModel(), time_scale: float = 1.0, slo_ttft_s: float | None = None,
 ) -> dict:
     """Replay `records` (in timestamp order) through `policy`; the per-policy result object."""
     workers = [SimWorker(f"w{i}", LruBlockCache(cache_blocks)) for i in range(num_workers)]
@@ -212,6 +215,12 @@ def simulate(
         "ttft_p50_s": ttfts[len(ttfts) // 2],
         "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
     }
+    if slo_ttft_s is not None:  # goodput: requests whose first token came within the SLO, per second of trace
+        stamps = [r.timestamp_ms for r in records]
+        span = max(1e-9, (max(stamps) - min(stamps)) / 1000.0 * time_scale)
+        good = sum(1 for t in ttfts if t <= slo_ttft_s)
+        result["slo_attainment"] = good / len(ttfts)
+        result["goodput_rps"] = good / span
     if hasattr(policy, "extra"):
         result.update(policy.extra())
     return result
