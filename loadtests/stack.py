@@ -43,6 +43,14 @@ class EngineLimits:
     max_num_batched_tokens: int = 2048
     page_size: int = 16
     torch_threads: int = 1
+    paged_prefix_caching: bool = True  # engine_paged with prefix caching, where the engine has it (below)
+
+
+def paged_prefix_caching_flags() -> list[str]:
+    """`--enable-prefix-caching` when this checkout's `duet engine paged` takes it (the core branch adds
+    it), else nothing: the all-paged stack then runs without prefix caching, and says so in its JSON."""
+    cli = Path(__file__).resolve().parents[1] / "duet" / "cli.py"
+    return ["--enable-prefix-caching"] if "--enable-prefix-caching" in cli.read_text() else []
 
 
 def _free_port() -> int:
@@ -53,8 +61,10 @@ def _free_port() -> int:
 
 class ServingStack:
     def __init__(self, model: str | Path, kinds: list[str], routing: dict, limits: EngineLimits = EngineLimits(),
-                 ready_timeout_s: float = 300.0, log_dir: Path | None = None) -> None:
+                 ready_timeout_s: float = 300.0, log_dir: Path | None = None, pool_planner: dict | None = None) -> None:
         self.model = Path(model)
+        self.pool_planner = pool_planner  # the gateway's planner settings (a stack with a pool manager)
+        self.slots: list[tuple[str, str, int]] = []  # (worker id, kind, port)
         self.kinds = list(kinds)
         self.routing = dict(routing)
         self.limits = limits
@@ -83,16 +93,15 @@ class ServingStack:
         try:
             for i, kind in enumerate(self.kinds):
                 port = _free_port()
-                self.stack.spawn(f"{kind}-{i}", [
-                    "engine", kind, "--model", str(self.model), "--port", str(port), "--worker-id", f"{kind}-{i}",
-                    "--device", "cpu", "--page-size", str(lim.page_size), "--kv-cache-tokens", str(lim.kv_cache_tokens),
-                    "--max-num-seqs", str(lim.max_num_seqs), "--max-num-batched-tokens", str(lim.max_num_batched_tokens),
-                ])
+                self.start_worker(f"{kind}-{i}", kind, port)
+                self.slots.append((f"{kind}-{i}", kind, port))
                 addresses.append(f"127.0.0.1:{port}")
             port = _free_port()
             config = {"host": "127.0.0.1", "port": port, "models": [{"path": str(self.model)}],
                       "workers": [{"address": a} for a in addresses], "health": {"poll_interval_s": 0.5},
                       "auth": {"admin_key": ADMIN_KEY}, "routing": self.routing}
+            if self.pool_planner is not None:
+                config["pool_planner"] = self.pool_planner
             path = self.log_dir / "gateway.yaml"
             path.write_text(yaml.safe_dump(config))
             self.stack.spawn("gateway", ["gateway", "--config", str(path)])
@@ -113,6 +122,22 @@ class ServingStack:
             if time.monotonic() > deadline:
                 raise StackError(f"not every worker healthy after {self.ready_timeout_s:.0f}s; logs in {self.log_dir}")
             time.sleep(0.25)
+
+    def start_worker(self, worker_id: str, kind: str, port: int) -> None:
+        lim = self.limits
+        extra = paged_prefix_caching_flags() if kind == "paged" and lim.paged_prefix_caching else []
+        self.stack.spawn(worker_id, [
+            "engine", kind, "--model", str(self.model), "--port", str(port), "--worker-id", worker_id,
+            "--device", "cpu", "--page-size", str(lim.page_size), "--kv-cache-tokens", str(lim.kv_cache_tokens),
+            "--max-num-seqs", str(lim.max_num_seqs), "--max-num-batched-tokens", str(lim.max_num_batched_tokens),
+            *extra,
+        ], env={"OMP_NUM_THREADS": str(lim.torch_threads), "MKL_NUM_THREADS": str(lim.torch_threads)})
+
+    def pool_manager(self, should_stop):
+        """A duet.pool_manager.PoolManager over this stack's workers (the planner stack)."""
+        from duet.pool_manager import pool_manager_for
+
+        return pool_manager_for(self.url, ADMIN_KEY, self.slots, self.stack, self.start_worker, should_stop)
 
     def workers(self) -> list[dict]:
         """The gateway's view of its workers (GET /admin/workers); [] while it is not answering."""
