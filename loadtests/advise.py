@@ -90,7 +90,10 @@ def recommend(results: dict, reuse: float) -> dict:
     by_reuse = "all_prefix" if reuse > PREFIX_REUSE else "all_paged"
     best_homo = max(homogeneous, key=lambda k: (_key(homogeneous[k]), k == by_reuse))
     d, h = results[best_duet], results[best_homo]
-    gain = d["goodput_rps"] / h["goodput_rps"] if h["goodput_rps"] > 0 else float("inf")
+    if h["goodput_rps"] > 0:
+        gain = d["goodput_rps"] / h["goodput_rps"]
+    else:  # nothing met the SLO on the homogeneous stack: any goodput is a clear win, none is a tie
+        gain = float("inf") if d["goodput_rps"] > 0 else 1.0
     if gain > 1 + MARGIN and d["ttft_p99_s"] <= h["ttft_p99_s"]:
         w = d["workers"]
         choice, why = "both", (f"Duet with {w['paged']} paged + {w['prefix']} prefix serves {gain:.2f}x the goodput "
@@ -204,9 +207,10 @@ def format_markdown(result: dict) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for name, r in result["stacks"].items():
         w = r["workers"]
+        hit, balance = r.get("hit_rate"), r.get("load_max_over_mean")  # simulated runs only
         lines.append(f"| {name} | {w['paged']} + {w['prefix']} | {r['goodput_rps']:.3f} | {r['slo_attainment']:.1%} | "
-                     f"{r.get('hit_rate', float('nan')):.3f} | {r['ttft_p50_s']:.2f} | {r['ttft_p99_s']:.2f} | "
-                     f"{r.get('load_max_over_mean', float('nan')):.3f} |")
+                     f"{'-' if hit is None else f'{hit:.3f}'} | {r['ttft_p50_s']:.2f} | {r['ttft_p99_s']:.2f} | "
+                     f"{'-' if balance is None else f'{balance:.3f}'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -82,6 +82,9 @@ def test_the_recommendation_needs_duet_to_clearly_win():
     slim = recommend({**homogeneous, "duet_1": stack(1.03, 4.0, 1, 3)}, reuse=0.3)
     assert slim["engine"] == "prefix"  # a 3% gain is not worth two engine kinds; high reuse -> prefix
     assert recommend({**homogeneous, "duet_2": stack(1.03, 4.0, 2, 2)}, reuse=0.01)["engine"] == "paged"
+    nobody_met_the_slo = recommend({"all_paged": stack(0.0, 9.0, 4, 0), "all_prefix": stack(0.0, 9.0, 0, 4),
+                                    "duet_2": stack(0.0, 8.0, 2, 2)}, reuse=0.3)
+    assert nobody_met_the_slo["engine"] == "prefix"  # a tie in goodput is no case for two kinds
     worse_tail = recommend({**homogeneous, "duet_2": stack(1.5, 6.0, 2, 2)}, reuse=0.3)
     assert worse_tail["engine"] != "both"
 
