@@ -104,6 +104,12 @@ def recommend(results: dict, reuse: float) -> dict:
         split = homogeneous[best_homo]["workers"]
         why = (f"{best_homo} is within {MARGIN:.0%} of the best Duet split's goodput ({gain:.2f}x) or has the "
                f"lower TTFT p99; {reuse:.0%} of the trace's prompt blocks repeat an earlier prefix")
+    routing_only = results.get("prefix_duet_routing")
+    if choice == "both" and routing_only is not None and _key(routing_only) >= _key(d):
+        # the simulated engines are alike: what won is Duet's routing, which one kind behind it gets too
+        why += ("; in this simulation one engine kind behind Duet's routing does as well "
+                f"({routing_only['goodput_rps']:.3f} req/s), so the gain is the routing's, and whether a second "
+                "kind adds to it is for a local replay (without --simulate) to show")
     return {"engine": choice, "split": split, "best_duet": best_duet, "best_homogeneous": best_homo,
             "goodput_ratio_duet_vs_best_homogeneous": round(gain, 3), "reuse_share": round(reuse, 4), "why": why}
 
