@@ -24,7 +24,7 @@ else the better homogeneous deployment (by goodput, then TTFT p99; ties by the r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.routing import RoutingConfig
@@ -42,7 +42,7 @@ class AdviseSettings:
     time_scale: float = 1.0
     slo_ttft_s: float = 2.0
     limit: int | None = None
-    service: ServiceModel = ServiceModel()
+    service: ServiceModel = field(default_factory=ServiceModel)
 
     def validate(self) -> AdviseSettings:
         if self.workers < 2:
@@ -207,8 +207,8 @@ def format_markdown(result: dict) -> str:
              f"{result['records']} requests ({result['format']}), {result['mode']}, {st['workers']} workers"
              + (f" x {st['cache_blocks']} blocks" if "cache_blocks" in st else "")
              + f", TTFT SLO {st['slo_ttft_s']} s", "",
-             f"**Recommendation: {rec['engine']}** "
-             f"({rec['split']['paged']} paged + {rec['split']['prefix']} prefix). {rec['why']}.", "",
+             (f"**Recommendation: {rec['engine']}** "
+              f"({rec['split']['paged']} paged + {rec['split']['prefix']} prefix). {rec['why']}."), "",
              "| deployment | paged + prefix | goodput req/s | SLO met | hit rate | TTFT p50 s | TTFT p99 s | load max/mean |",
              "|---|---|---|---|---|---|---|---|"]
     for name, r in result["stacks"].items():

@@ -342,9 +342,10 @@ def _m(spread: dict, digits: int) -> str:
 
 def format_table(result: dict) -> str:
     slo = result["slo"]
-    lines = [f"duet bench compare on {result['model']} (cpu), KV {result['kv_cache_tokens_per_worker']} tokens/worker, "
-             f"paged prefix caching {'on' if result['paged_prefix_caching'] else 'off (engine lacks it)'}, "
-             f"SLO: TTFT <= {slo['ttft_ms']:.0f} ms and TPOT <= {slo['itl_ms']:.0f} ms; median [min-max] over repeats", ""]
+    lines = [(f"duet bench compare on {result['model']} (cpu), KV {result['kv_cache_tokens_per_worker']} tokens/worker, "
+              f"paged prefix caching {'on' if result['paged_prefix_caching'] else 'off (engine lacks it)'}, "
+              f"SLO: TTFT <= {slo['ttft_ms']:.0f} ms and TPOT <= {slo['itl_ms']:.0f} ms; median [min-max] over repeats"),
+             ""]
     head = ["rate", "stack", "goodput req/s", "long_doc TTFT p99 ms", "goodput / best homogeneous",
             "long_doc p99 / all_paged"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -361,7 +362,7 @@ def format_table(result: dict) -> str:
                 sw = f", {len(run['switches'])} switches -> {run['workers_after']}" if "switches" in run else ""
                 lines.append(f"{rate_name} #{i + 1} {name}: {run['num_good']}/{run['num_requests']} good, "
                              f"engines {run['engines']}{sw}{errs}")
-    lines += ["", f"goodput_ratio_vs_best_homogeneous (median): {result['goodput_ratio_vs_best_homogeneous']} "
-              "(target >= 1.2 medium/heavy, >= 1.0 light)",
+    lines += ["", (f"goodput_ratio_vs_best_homogeneous (median): {result['goodput_ratio_vs_best_homogeneous']} "
+                   "(target >= 1.2 medium/heavy, >= 1.0 light)"),
               f"long_doc_ttft_p99_ratio_vs_paged (median): {result['long_doc_ttft_p99_ratio_vs_paged']} (target <= 1.0)"]
     return "\n".join(lines)

@@ -99,7 +99,7 @@ def _prompt_text(body: dict) -> str:
     if isinstance(prompt, list):
         prompt = "".join(map(str, prompt))
     if not isinstance(prompt, str):
-        raise ValueError("no 'messages' or 'prompt'")
+        raise TypeError("no 'messages' or 'prompt'")
     return prompt
 
 
@@ -111,7 +111,7 @@ def _content(content) -> str:
 
 def _timestamp(value) -> float:
     if isinstance(value, str):
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        return datetime.fromisoformat(value).timestamp()  # Python 3.11 reads a trailing Z
     return float(value)
 
 

@@ -19,7 +19,8 @@ from test_up import MODEL, Up
 
 KEY = "pool-switch-key"
 PLANNER = {"window_s": 3.0, "cooldown_s": 2.0, "hysteresis": 0.5}
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma".split()
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu",
+         "nu", "xi", "omicron", "pi", "rho", "sigma"]
 
 
 class Load:
