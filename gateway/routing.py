@@ -10,11 +10,14 @@ The seven steps, in order (docs/routing.md explains each and every default):
                  search need engine_paged; no capable worker -> NoCapableWorker (503);
 3. variant     - canary arm, sticky by the hash of the session or user key, or the
                  operator's override (unknown name -> UnknownVariant, 400);
-4. affinity    - the session's previous worker, kept unless unhealthy or overloaded;
+4. affinity    - the session's previous worker, kept unless unhealthy, overloaded, or another
+                 worker's prefill wait is `shed_tokens` shorter (then this session alone moves);
 5. engine      - estimated reuse (leading blocks seen recently / head blocks) >= threshold,
-                 or a multi-turn chat -> prefix, else paged; the other kind if one is missing;
-6. replica     - most blocks cached on the worker minus a load penalty, unless the pool is
-                 imbalanced, then the least loaded;
+                 or a session / multi-turn chat -> prefix, else paged; the other kind if one is
+                 missing, or if its cheapest worker costs `spill_tokens` less (a spill);
+6. replica     - the cheapest worker (cost: queued prefill tokens + this prompt's uncached tokens
+                 + `request_tokens` per request in flight); an anonymous prompt keeps to the worker
+                 caching most of it unless that one's prefill wait is `shed_tokens` longer;
 7. decision    - the worker plus the reason, one of REASONS (a metric label).
 
 `RoutingConfig.policy` keeps steps 1-3 and swaps the rest, for baselines (`duet bench compare`):
@@ -255,10 +258,11 @@ def route(
             steps.append("spill")
     pool = [w for w in in_variant if w.engine_kind == wanted]
 
-    # 6. replica: the worker holding most of the prompt, as long as its prefill wait is within
-    # `shed_tokens` of the cheapest's; else the cheapest (cost: prefill wait + in-flight requests). The same rule as affinity, for clients that send no session key (with one, a new session
-    # takes the cheapest worker: sharing a document with another session is no reason to queue there).
-    # ties (an idle fleet) rotate with the request counter, so they do not all land on one worker
+    # 6. replica: the cheapest worker (cost: prefill wait + in-flight requests; ties, as in an idle fleet,
+    # rotate with the request counter so they do not all land on one worker). A prompt without a session
+    # key keeps to the worker holding most of it while that one's prefill wait is within `shed_tokens` of
+    # the cheapest's: the affinity rule, for anonymous clients. A new session takes the cheapest (sharing a
+    # document with another session is no reason to queue behind it).
     turn = {w.worker_id: i for i, w in enumerate(sorted(pool, key=lambda w: w.worker_id))}
     cheapest = min(pool, key=lambda w: (costs[w.worker_id], _load(w, config),
                                         (turn[w.worker_id] - req.sequence) % len(pool)))
