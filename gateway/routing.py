@@ -118,7 +118,7 @@ class RoutingConfig:
     waiting_weight: float = 1.0  # a queued request counts as this many in flight (load = running + w * waiting)
     request_tokens: int = 256  # duet's cost: one request in flight weighs as much as this many prefill tokens
     shed_tokens: int = 98304  # a session leaves its worker when another's prefill wait is shorter by this many tokens
-    spill_tokens: int = 16384  # a new prompt goes to the other engine kind when its cost is lower by this many
+    spill_tokens: int = 4096  # a new prompt goes to the other engine kind when its cost is lower by this many
     policy: str = "duet"  # "duet" | "cache_aware" | "round_robin" (baselines; module docstring)
 
     def validate(self) -> RoutingConfig:
