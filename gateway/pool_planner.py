@@ -105,15 +105,20 @@ class PoolPlanner:
     last_work: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in KINDS})
     changes: int = 0
 
-    def update(self, now: float, work: dict[str, float], current: dict[str, int]) -> dict[str, int]:
+    def update(self, now: float, work: dict[str, float], current: dict[str, int], hold: bool = False) -> dict[str, int]:
         """The target after this tick. `current`: workers of each kind now (their sum is the fleet
-        size; the first target is the current split)."""
+        size; the first target is the current split). `hold`: keep the target (the measurements do not
+        yet cover a whole window)."""
         self.last_work = {k: work.get(k, 0.0) for k in KINDS}
         total = sum(current.get(k, 0) for k in KINDS)
         if total < 1:
             return dict(self.target or {k: 0 for k in KINDS})
         self.total = total
-        if self.target is None or sum(self.target.values()) != total:
+        if self.target is None or (hold and sum(self.target.values()) != total):
+            self.target = {k: current.get(k, 0) for k in KINDS}
+        if hold:
+            return dict(self.target)
+        if sum(self.target.values()) != total:
             # first tick, or the fleet resized (a worker restarting, added, lost): start from the
             # balanced split of the work seen, or from what runs now when there is none
             self.target = balanced_split(self.last_work, total) or {k: current.get(k, 0) for k in KINDS}

@@ -82,7 +82,12 @@ class PoolTracker:
         rates = self.meter.rates(now)
         queued = {k: sum(self.queued(v.worker_id) for v in views if v.engine_kind == k) for k in KINDS}
         work = {k: kind_work(rates[k][0], rates[k][1], queued[k], self.config) for k in KINDS}
-        target = self.planner.update(now, work, self.current)
+        for k in KINDS:  # requests still running on a kind are traffic, even before any has finished
+            if work[k] == 0 and any(v.healthy and v.engine_kind == k and v.load > 0 for v in views):
+                work[k] = 1e-6
+        # no change until the rates cover a whole window: a fresh gateway has seen too little
+        warming = self.meter.started_at is None or now - self.meter.started_at < self.config.window_s
+        target = self.planner.update(now, work, self.current, hold=warming)
         for k in KINDS:
             self.metrics.pool_target.labels(k).set(target[k])
             self.metrics.pool_current.labels(k).set(self.current[k])

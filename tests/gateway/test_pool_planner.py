@@ -75,3 +75,31 @@ def test_the_report_carries_target_and_current():
     assert r["target"] == {"paged": 1, "prefix": 1} and r["current"] == {"paged": 1, "prefix": 1}
     with pytest.raises(ValueError):
         PlannerConfig(hysteresis=0.2).validate()
+
+
+def test_it_holds_the_target_while_warming_up_and_follows_a_resized_fleet():
+    p = PoolPlanner(PlannerConfig(cooldown_s=0.0))
+    current = {"paged": 2, "prefix": 2}
+    assert p.update(0.0, {"paged": 0.0, "prefix": 500.0}, current, hold=True) == current
+    # three workers while one restarts: the target is the balanced split of three
+    assert p.update(1.0, {"paged": 100.0, "prefix": 500.0}, {"paged": 1, "prefix": 2}) == {"paged": 1, "prefix": 2}
+    assert sum(p.update(2.0, {"paged": 100.0, "prefix": 500.0}, current).values()) == 4
+
+
+def test_running_requests_count_as_traffic_before_any_has_finished():
+    from gateway.metrics import GatewayMetrics
+    from gateway.pool_tracker import PoolTracker
+    from gateway.routing import WorkerView
+
+    def view(wid: str, kind: str, running: int) -> WorkerView:
+        return WorkerView(worker_id=wid, model_id="m", engine_kind=kind, version="v1", capabilities=frozenset(),
+                          healthy=True, draining=False, num_running=running, num_waiting=0, kv_usage=0.0)
+
+    t = PoolTracker(GatewayMetrics(), PlannerConfig(window_s=10.0, cooldown_s=0.0))
+    t.meter.record("prefix", 0.0, 5000, 100)  # sessions have finished; the documents on paged have not
+    t.meter.record("prefix", 8.0, 5000, 100)
+    views = [view("p", "paged", 3), view("x", "prefix", 1)]
+    assert t.tick(5.0, views) == {"paged": 1, "prefix": 1}  # warming up: held
+    assert t.tick(11.0, views) == {"paged": 1, "prefix": 1}  # paged keeps its worker: it has traffic
+    idle_paged = [view("p", "paged", 0), view("x", "prefix", 1)]
+    assert t.tick(12.0, idle_paged) == {"paged": 0, "prefix": 2}  # no traffic at all: the worker moves
