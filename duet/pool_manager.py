@@ -148,7 +148,10 @@ def pool_manager_for(url: str, admin_key: str, slots: list[tuple[str, str, int]]
                      should_stop: Callable[[], bool]) -> PoolManager:
     """The manager `duet up --workers` runs over its workers, slots[i] = (worker id, kind, port): a
     switch stops that child and starts `w{i}-{kind}-g{n}` on the same port (a new id each time: the
-    gateway keeps a drained id drained)."""
+    gateway keeps a drained id drained). `stack` is anything with `stop(name)` (duet.up.Stack, or the
+    supervisor of duet/supervisor.py); `start_worker(name, kind, port)` starts the child. `should_stop`
+    is called every poll while a switch waits: a caller with its own loop (a supervisor's `poll()`)
+    can do that work there."""
     names = [name for name, _, _ in slots]
     generation = [0] * len(slots)
 
