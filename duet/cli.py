@@ -161,6 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--gateways", type=int, default=1,
                     help="gateway replicas behind one port (duet lb); >1 shares state in Redis")
     up.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the stack")
+    up.add_argument("--workers", type=int, default=None,
+                    help="N workers whose engine kinds follow the gateway's pool planner (instead of the fixed "
+                         "--paged/--prefix split; starts half of each)")
+    up.add_argument("--pool-planner", default=None,
+                    help='with --workers: planner settings as JSON, e.g. \'{"cooldown_s": 30, "window_s": 30}\'')
     up.set_defaults(func=_run_up)
 
     gw = sub.add_parser("gateway", help="the gateway alone")

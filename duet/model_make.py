@@ -45,6 +45,9 @@ PRESETS = {
     "tiny": Preset(1000, 64, 2, 4, 2, 16, 128, 2048),
     # About 30M parameters: prefill costs real time on a CPU (the engine benchmarks).
     "bench": Preset(8000, 512, 8, 8, 2, 64, 1408, 4096),
+    # SmolLM2-135M's shape (random weights: for timing, where the weights do not matter). The speed
+    # branch adds the same preset; whichever lands first stays.
+    "smollm2": Preset(49152, 576, 30, 9, 3, 64, 1536, 8192),
 }
 
 CHAT_TEMPLATE = (
