@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     model_sub = model.add_subparsers(dest="model_command", required=True)
     make = model_sub.add_parser("make", help="write a random-weight checkpoint in Hugging Face format")
     make.add_argument("--out", required=True)
-    make.add_argument("--preset", choices=["tiny", "bench"], default="tiny")
+    make.add_argument("--preset", choices=["tiny", "bench", "smollm2"], default="tiny")
     make.add_argument("--arch", choices=["llama", "qwen2", "qwen3"], default="llama")
     make.set_defaults(func=_run_model_make)
 
