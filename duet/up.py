@@ -1,8 +1,9 @@
 """`duet up`: the whole stack as one foreground process tree.
 
 Starts N `duet engine paged` and M `duet engine prefix` workers (or `duet engine sim` workers with
---sim) and one `duet gateway --config` as child processes on the embedded tiny model unless
---model, waits until the gateway's /ready says every model has a healthy worker, prints the API and
+--sim) and one `duet gateway --config` as child processes on the default real model (pulled
+on first use; the tiny random model if that fails) unless --model, waits until the gateway sees every
+worker it started healthy, prints the API and
 dashboard URLs, and runs until Ctrl-C / SIGTERM or until a child dies.
 
 The dashboard and admin API need an admin key: --admin-key or DUET_ADMIN_KEY, else a random one made
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import secrets
 import signal
@@ -95,18 +97,27 @@ class Stack:
             p.wait()
 
 
-def _ready(url: str) -> bool:
+def _all_healthy(url: str, expected: int) -> bool:
+    """The gateway sees `expected` healthy workers (its /ready alone says: at least one per model)."""
     try:
         with urllib.request.urlopen(url + "/ready", timeout=2) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError):
+            body = json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError):
         return False
+    return sum(body.get("healthy_workers", {}).values()) >= expected
 
 
 def main(args: argparse.Namespace) -> int:
-    from duet.model_make import default_model_dir
+    from duet.model_pull import PullError, resolve_model
 
-    model = Path(args.model).expanduser().resolve() if args.model else default_model_dir()
+    def announce(message: str) -> None:
+        print(f"duet up: {message}", file=sys.stderr, flush=True)
+
+    try:
+        model = resolve_model(args.model, getattr(args, "dtype", "float32"), announce)
+    except PullError as exc:
+        print(f"duet up: {exc}", file=sys.stderr)
+        return 2
     log_dir = Path(tempfile.mkdtemp(prefix="duet-up-"))
     stack = Stack(log_dir)
     stop = {"signal": None}
@@ -143,7 +154,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"duet up: {args.paged} paged + {args.prefix} prefix {'sim ' if args.sim else ''}workers on "
               f"{model.name}; logs in {log_dir}", flush=True)
         deadline = time.monotonic() + args.ready_timeout
-        while not _ready(url):
+        while not _all_healthy(url, args.paged + args.prefix):
             if stop["signal"] is not None:
                 return 130
             if (dead := stack.dead()) is not None:
