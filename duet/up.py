@@ -131,6 +131,8 @@ def main(args: argparse.Namespace) -> int:
     given_key = getattr(args, "admin_key", None) or os.environ.get("DUET_ADMIN_KEY")
     admin_key = given_key or secrets.token_urlsafe(24)
     addresses = []
+    # each worker gets its share of the cores: more busy torch threads than cores stall every parallel op
+    threads = max(1, len(os.sched_getaffinity(0)) // max(1, args.paged + args.prefix))
     try:
         for kind, count in (("paged", args.paged), ("prefix", args.prefix)):
             for i in range(count):
@@ -141,7 +143,8 @@ def main(args: argparse.Namespace) -> int:
                     stack.spawn(worker_id, ["engine", "sim", *common, "--sim-as", kind,
                                             "--sim-ms-per-token", str(args.sim_ms_per_token)])
                 else:
-                    stack.spawn(worker_id, ["engine", kind, *common, "--device", args.device])
+                    stack.spawn(worker_id, ["engine", kind, *common, "--device", args.device,
+                                            "--threads", str(threads)])
                 addresses.append(f"127.0.0.1:{port}")
         config = {"host": host, "port": args.port, "models": [{"path": str(model)}],
                   "workers": [{"address": a} for a in addresses], "health": {"poll_interval_s": 0.5}}
