@@ -8,7 +8,9 @@ vLLM serving the model directory, and for each Duet engine kind one worker of th
 side gets the same warm-up (`--warmup` requests of each load, on prompts the measured ones share nothing with),
 then every load, measured with the project's own client (loadtests/client.py: streaming /v1/completions with
 token-id prompts, temperature 0, ignore_eos), and is stopped before the next one starts. Both sides get the same
-batch limits (64 sequences, 2048 tokens a step) and a comparable KV budget; Duet's worker gets every core.
+batch limits (64 sequences, 2048 tokens a step), a comparable KV budget and the same compute threads: vLLM's CPU
+backend keeps one core for its server process and computes on the rest, so Duet's worker gets cores - 1 torch
+threads too (`--duet-threads` overrides).
 
 Loads (`--num-prompts` prompts, `--concurrency` in flight, closed loop):
   unique         random 512-token prompts, 128 output tokens each;
@@ -115,6 +117,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--concurrency must be at least 1, got {args.concurrency}")
     if args.warmup < 0:
         raise ValueError(f"--warmup must be 0 or more, got {args.warmup}")
+    if args.duet_threads is not None and args.duet_threads < 1:
+        raise ValueError(f"--duet-threads must be at least 1, got {args.duet_threads}")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -128,6 +132,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests per load and side (not measured)")
+    p.add_argument("--duet-threads", type=int, default=None,
+                   help="torch threads of Duet's worker (default: cores - 1, what vLLM computes on)")
     p.add_argument("--log-dir", default=None, help="keep the servers' logs here (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=main)
@@ -176,6 +182,7 @@ def run(args: argparse.Namespace, progress) -> dict:
     log_dir.mkdir(parents=True, exist_ok=True)
     sides: dict[str, dict] = {}
     cores = len(os.sched_getaffinity(0))
+    threads = args.duet_threads or max(1, cores - 1)
     kv_bytes_per_token = _kv_bytes_per_token(model)
     kv_gib = max(1, round(KV_CACHE_TOKENS * kv_bytes_per_token / 2**30))
     progress(f"vllm ({peer_vllm.PACKAGE} {peer_vllm.VERSION}) on {model}")
@@ -183,15 +190,15 @@ def run(args: argparse.Namespace, progress) -> dict:
                               max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, kv_cache_gib=kv_gib) as server:
         sides["vllm"] = _measure(server.url, served_name, src, loads, args, progress)
     limits = EngineLimits(kv_cache_tokens=KV_CACHE_TOKENS, max_num_seqs=MAX_NUM_SEQS,
-                          max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, torch_threads=cores)
+                          max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, torch_threads=threads)
     for kind in engines:
-        progress(f"duet engine_{kind} behind the gateway, {cores} torch threads")
+        progress(f"duet engine_{kind} behind the gateway, {threads} torch threads")
         (log_dir / kind).mkdir(exist_ok=True)
         with ServingStack(model, [kind], {"policy": "round_robin"}, limits, log_dir=log_dir / kind) as stack:
             sides[kind] = _measure(stack.url, served_name, src, loads, args, progress)
     return {"peer": f"{peer_vllm.PACKAGE}=={peer_vllm.VERSION}", "model": str(model),
             "num_prompts": args.num_prompts, "concurrency": args.concurrency, "warmup": args.warmup,
-            "cores": cores, "loads": combine(sides, engines)}
+            "cores": cores, "duet_threads": threads, "loads": combine(sides, engines)}
 
 
 def _kv_bytes_per_token(model: Path) -> int:
