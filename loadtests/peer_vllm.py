@@ -28,6 +28,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Self
 
 from duet.cache_dir import cache_root
 
@@ -115,7 +116,7 @@ class VllmServer:
                 "--max-num-seqs", str(self.max_num_seqs),
                 "--max-num-batched-tokens", str(self.max_num_batched_tokens)]
 
-    def __enter__(self) -> VllmServer:
+    def __enter__(self) -> Self:
         env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
                    PYTHONUNBUFFERED="1")
         # the project's virtualenv must not leak into the peer's interpreter
