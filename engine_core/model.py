@@ -157,8 +157,7 @@ class DecoderModel(nn.Module):
         if kernels.kernel_backend(input_ids) == "torch":  # the same indices in every layer: derive them once
             plan = kernels.plan_paged_attention(
                 batch.num_decode_tokens, batch.decode_block_tables, batch.decode_context_lens,
-                batch.extend_block_tables, batch.cu_seqlens_q, batch.prefix_lens, k_caches[0].shape[1],
-                k_caches[0].shape[2])
+                batch.extend_block_tables, batch.cu_seqlens_q, batch.prefix_lens, k_caches[0].shape[1])
         step = StepInputs(positions, batch, self.rope_cache, plan)
         hidden = self.embed_tokens(input_ids)
         residual = None

@@ -50,7 +50,7 @@ def test_planned_attention_matches_references(paged_kv, tol, page_size, hk, rati
                       dtype=torch.int32)
     prefix = torch.tensor([p for p, _ in ext], dtype=torch.int32)
     scale = d**-0.5
-    plan = plan_paged_attention(nd, dec_bt, kv.lens[:nd], ext_bt, cu, prefix, page_size, hk)
+    plan = plan_paged_attention(nd, dec_bt, kv.lens[:nd], ext_bt, cu, prefix, page_size)
     out = paged_attention_planned(q, k, v, kv.k_cache, kv.v_cache, plan, scale)
     want = []
     if nd:
