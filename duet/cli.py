@@ -88,15 +88,57 @@ def _run_model_pull(args: argparse.Namespace) -> int:
 
 
 def _run_up(args: argparse.Namespace) -> int:
+    from duet.scale_out import ScaleOutError
     from duet.up import main
 
-    return main(args) or 0
+    try:
+        return main(args) or 0
+    except ScaleOutError as e:
+        print(f"duet up: {e}", file=sys.stderr)
+        return 2
 
 
 def _run_gateway(args: argparse.Namespace) -> int:
     from gateway.server import main
 
     return main(args) or 0
+
+
+def _run_lb(args: argparse.Namespace) -> int:
+    from duet.balancer import main
+
+    return main(args) or 0
+
+
+def _run_scale_pools(args: argparse.Namespace) -> int:
+    from duet.pool_scaler import main
+
+    return main(args) or 0
+
+
+def _add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
+    lb = sub.add_parser("lb", help="TCP load balancer in front of several gateways (docs/deploy.md)")
+    lb.add_argument("--backend", action="append", required=True, help="gateway host:port (repeat)")
+    lb.add_argument("--host", default="127.0.0.1")
+    lb.add_argument("--port", type=int, default=8000)
+    lb.add_argument("--connect-timeout", type=float, default=2.0, help="seconds to connect to a backend")
+    lb.add_argument("--health-interval", type=float, default=1.0, help="seconds between /health checks")
+    lb.set_defaults(func=_run_lb)
+
+    deploy = sub.add_parser("deploy", help="deployment helpers")
+    deploy_sub = deploy.add_subparsers(dest="deploy_command", required=True)
+    sp = deploy_sub.add_parser("scale-pools", help="set engine Deployments' replicas to the gateway's pool target")
+    sp.add_argument("--gateway", required=True, help="gateway base URL, e.g. http://duet-gateway:8000")
+    sp.add_argument("--namespace", default="default")
+    sp.add_argument("--deployment", action="append", default=None, metavar="KIND=NAME",
+                    help="engine kind to Deployment (default: paged=engine-paged, prefix=engine-prefix)")
+    sp.add_argument("--min-replicas", type=int, default=1)
+    sp.add_argument("--max-replicas", type=int, default=16)
+    sp.add_argument("--max-step", type=int, default=2, help="most replicas added or removed per kind per round")
+    sp.add_argument("--interval", type=float, default=30.0, help="seconds between rounds")
+    sp.add_argument("--once", action="store_true", help="one round, then exit")
+    sp.add_argument("--dry-run", action="store_true", help="print the changes, patch nothing")
+    sp.set_defaults(func=_run_scale_pools)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
@@ -125,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     up.add_argument("--sim", action="store_true", help="model-free sim workers instead of real engines (tests)")
     up.add_argument("--sim-ms-per-token", type=float, default=20.0, help="with --sim: decode time per token")
+    up.add_argument("--gateways", type=int, default=1,
+                    help="gateway replicas behind one port (duet lb); >1 shares state in Redis")
     up.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the stack")
     up.set_defaults(func=_run_up)
 
@@ -135,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     gw.set_defaults(func=_run_gateway)
 
     _add_engine_parser(sub)
+    _add_deploy_parsers(sub)
 
     model = sub.add_parser("model", help="model utilities")
     model_sub = model.add_subparsers(dest="model_command", required=True)

@@ -15,6 +15,7 @@ ValueError) for messages that are not a chat or that the template rejects, with 
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
@@ -102,6 +103,11 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary entry (byte-level form, e.g. "Ġthe"), or None for an unknown id."""
         return self._tok.id_to_token(token_id)
+
+    @property
+    def template_takes_tools(self) -> bool:
+        """The chat template renders a `tools` list itself (it refers to the variable)."""
+        return self.chat_template is not None and re.search(r"\btools\b", self.chat_template) is not None
 
     def apply_chat_template(
         self,

@@ -4,7 +4,8 @@ Starts N `duet engine paged` and M `duet engine prefix` workers (or `duet engine
 --sim) and one `duet gateway --config` as child processes on the default real model (pulled
 on first use; the tiny random model if that fails) unless --model, waits until the gateway sees every
 worker it started healthy, prints the API and
-dashboard URLs, and runs until Ctrl-C / SIGTERM or until a child dies.
+dashboard URLs, and runs until Ctrl-C / SIGTERM or until a child dies. With --gateways N, N gateway
+replicas share Redis behind `duet lb` on the one port (duet/scale_out.py); one replica dying is survived.
 
 The dashboard and admin API need an admin key: --admin-key or DUET_ADMIN_KEY, else a random one made
 for this run. It reaches the gateway through its environment (never a command line `ps` shows) and is
@@ -34,6 +35,8 @@ from pathlib import Path
 
 import yaml
 
+from duet import scale_out
+
 SHUTDOWN_GRACE_S = 20.0
 
 
@@ -56,20 +59,29 @@ class Stack:
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         self.children: list[tuple[str, subprocess.Popen]] = []
+        self.replicas: set[str] = set()  # gateway replicas: the stack lives while one of them does
+        self._reported: set[str] = set()
 
-    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None,
+              program: list[str] | None = None) -> None:
         # preexec_fn is safe here: `duet up` runs no threads
         with open(self.log_dir / f"{name}.log", "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "duet.cli", *args], stdout=log,
+            proc = subprocess.Popen([*(program or [sys.executable, "-m", "duet.cli"]), *args], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     preexec_fn=_die_with_parent,  # noqa: PLW1509
                                     env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
         self.children.append((name, proc))
 
     def dead(self) -> tuple[str, int] | None:
-        for name, p in self.children:
-            if p.poll() is not None:
-                return name, p.returncode
+        """The first child whose death ends the stack. Gateway replicas behind `duet lb` are spares for
+        each other: one dying is logged, the last one dying is fatal."""
+        gone = {name: p.returncode for name, p in self.children if p.poll() is not None}
+        for name in gone.keys() & self.replicas - self._reported:
+            print(f"duet up: {name} exited with {gone[name]}; the other gateways serve", file=sys.stderr, flush=True)
+            self._reported.add(name)
+        for name, code in gone.items():
+            if name not in self.replicas or self.replicas <= gone.keys():
+                return name, code
         return None
 
     def tail(self, name: str, chars: int = 2000) -> str:
@@ -133,7 +145,14 @@ def main(args: argparse.Namespace) -> int:
     addresses = []
     # each worker gets its share of the cores: more busy torch threads than cores stall every parallel op
     threads = max(1, len(os.sched_getaffinity(0)) // max(1, args.paged + args.prefix))
+    gateways = getattr(args, "gateways", 1)
+    redis_url = args.redis
     try:
+        if gateways > 1 and not redis_url:  # replicas share state: a private redis-server (duet/scale_out.py)
+            redis_port = _free_port("127.0.0.1")
+            stack.spawn("redis", [], program=scale_out.redis_server_command(redis_port))
+            scale_out.wait_for_redis(redis_port)
+            redis_url = f"redis://127.0.0.1:{redis_port}/0"
         for kind, count in (("paged", args.paged), ("prefix", args.prefix)):
             for i in range(count):
                 port = _free_port("127.0.0.1")
@@ -148,16 +167,25 @@ def main(args: argparse.Namespace) -> int:
                 addresses.append(f"127.0.0.1:{port}")
         config = {"host": host, "port": args.port, "models": [{"path": str(model)}],
                   "workers": [{"address": a} for a in addresses], "health": {"poll_interval_s": 0.5}}
-        if args.redis:
-            config["redis"] = args.redis
-        config_path = log_dir / "gateway.yaml"
-        config_path.write_text(yaml.safe_dump(config))
-        stack.spawn("gateway", ["gateway", "--config", str(config_path)], env={"DUET_ADMIN_KEY": admin_key})
+        if redis_url:
+            config["redis"] = redis_url
+        gateway_ports = scale_out.gateway_ports(gateways, args.port, _free_port)
+        for i, port in enumerate(gateway_ports):
+            name = "gateway" if gateways == 1 else f"gateway-{i}"
+            config_path = log_dir / f"{name}.yaml"
+            config_path.write_text(yaml.safe_dump({**config, "port": port} if gateways == 1 else
+                                                  {**config, "host": "127.0.0.1", "port": port}))
+            stack.spawn(name, ["gateway", "--config", str(config_path)], env={"DUET_ADMIN_KEY": admin_key})
+        if gateways > 1:
+            stack.replicas = {f"gateway-{i}" for i in range(gateways)}
+            stack.spawn("lb", scale_out.balancer_args(host, args.port, gateway_ports))
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{args.port}"
         print(f"duet up: {args.paged} paged + {args.prefix} prefix {'sim ' if args.sim else ''}workers on "
-              f"{model.name}; logs in {log_dir}", flush=True)
+              f"{model.name}" + (f", {gateways} gateways behind duet lb" if gateways > 1 else "") +
+              f"; logs in {log_dir}", flush=True)
         deadline = time.monotonic() + args.ready_timeout
-        while not _all_healthy(url, args.paged + args.prefix):
+        must_be_ready = [url] if gateways == 1 else [*(f"http://127.0.0.1:{p}" for p in gateway_ports), url]
+        while not all(_all_healthy(u, args.paged + args.prefix) for u in must_be_ready):
             if stop["signal"] is not None:
                 return 130
             if (dead := stack.dead()) is not None:

@@ -151,9 +151,7 @@ class _Run:
         try:
             async for delta in outputs(self.prep, self.d, self.usage):
                 self._tick(delta)
-                chunk = self.builder.chunk(delta)
-                if chunk is not None:
-                    out.append(sse(chunk))
+                out.extend(sse(chunk) for chunk in self.builder.chunks(delta))
                 finished += delta.finish_reason is not None
                 if out and finished < n:  # the very last event waits for the stream's end, just after
                     yield b"".join(out)

@@ -19,7 +19,8 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
     routing: {reuse_threshold: 0.5, ...}    # defaults of gateway.routing.RoutingConfig
     tracing: {enabled: false}
 
-Environment `DUET_API_KEYS` (comma separated) and `DUET_ADMIN_KEY` add to / override `auth`.
+Environment `DUET_API_KEYS` (comma separated) and `DUET_ADMIN_KEY` add to / override `auth`;
+`DUET_REDIS_URL` overrides `redis` (a URL with a password can then come from a Secret).
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
             port=int(raw.get("port", 8000)),
             model_paths=tuple(models),
             workers=tuple(workers),
-            redis=raw.get("redis") or None,
+            redis=os.environ.get("DUET_REDIS_URL") or raw.get("redis") or None,
             api_keys=keys,
             admin_key=os.environ.get("DUET_ADMIN_KEY") or auth.get("admin_key") or None,
             limits=Limits(**_known(Limits, _section(raw, "limits"), "limits")),

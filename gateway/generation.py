@@ -32,6 +32,7 @@ from gateway.engine_client import EngineCallError, GenerateStream
 from gateway.models import ServedModel
 from gateway.protocol import ApiRequest
 from gateway.stops import StopMatcher
+from gateway.tools import render_chat
 
 _FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
 _SEQUENCE = itertools.count()  # routed requests of this process (the round_robin routing policy)
@@ -65,8 +66,8 @@ def prepare(api: ApiRequest, model: ServedModel, request_id: str, cache_salt: st
     tok = model.tokenizer
     try:
         if api.kind == "chat":
-            text = tok.apply_chat_template(list(api.messages), add_generation_prompt=True,
-                                           tools=list(api.tools) if api.tools else None)
+            messages, tools = render_chat(list(api.messages), api.tools, tok.template_takes_tools)
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
             ids = tok.encode(text)
         elif isinstance(api.prompt, str):
             text, ids = api.prompt, tok.encode(api.prompt, add_special_tokens=True)
@@ -106,7 +107,10 @@ def to_pb(prep: Prepared) -> pb.GenerateRequest:
         sp.seed = s.seed % (1 << 64)
     if s.logprobs:
         sp.logprobs = s.top_logprobs
-    if s.json_schema is not None:
+    tool_schema = prep.api.tools.constraint() if prep.api.tools else None
+    if tool_schema is not None:
+        sp.json_schema = tool_schema
+    elif s.json_schema is not None:
         sp.json_schema = s.json_schema
     elif s.json_object:
         sp.json_object = True

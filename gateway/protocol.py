@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 
 from gateway.errors import InvalidRequest
+from gateway.tools import ToolRequest, parse_tools
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_STOP_STRINGS = 16
@@ -47,7 +48,7 @@ class ApiRequest:
     model: str
     sampling: Sampling
     messages: tuple[dict, ...] = ()
-    tools: tuple[dict, ...] | None = None
+    tools: ToolRequest | None = None
     prompt: str | tuple[int, ...] = ""
     stream: bool = False
     include_usage: bool = False
@@ -63,8 +64,8 @@ class ApiRequest:
         caps = set()
         if self.sampling.n > 1:
             caps.add("n")
-        if self.sampling.json_object or self.sampling.json_schema is not None:
-            caps.add("structured_output")
+        if self.sampling.json_object or self.sampling.json_schema is not None or (self.tools and self.tools.active):
+            caps.add("structured_output")  # tool requests route like structured output
         return frozenset(caps)
 
 
@@ -199,12 +200,14 @@ def parse_chat(body: object) -> ApiRequest:
         if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES:
             raise InvalidRequest(f"messages[{i}].role must be one of {sorted(CHAT_ROLES)}", "messages")
         parsed.append(_content_text(m, i))
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise InvalidRequest("'tools' must be a list", "tools")
+    tools = parse_tools(body, parsed)
+    sampling = _sampling(body, chat=True)
+    if tools is not None and tools.constraint() is not None and (sampling.json_object or sampling.json_schema):
+        raise InvalidRequest("tool_choice 'required' or a named function cannot be combined with response_format",
+                             "tool_choice")
     return ApiRequest(
-        kind="chat", model=model, sampling=_sampling(body, chat=True), messages=tuple(parsed),
-        tools=tuple(tools) if tools else None, stream=stream, include_usage=include_usage, user=user,
+        kind="chat", model=model, sampling=sampling, messages=tuple(parsed),
+        tools=tools, stream=stream, include_usage=include_usage, user=user,
     )
 
 

@@ -20,11 +20,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads for the engine and the baselines alike (default 1: on a small "
                              "shared machine OpenMP barriers cost more than a second core gains)")
+    parser.add_argument("--model", default=None,
+                        help="prefix mode: a model directory, .gguf or pullable name instead of the random "
+                             "`bench` checkpoint (e.g. smollm2-135m-instruct)")
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(args.threads)
-    result = importlib.import_module(MODES[args.mode]).run(args.quick)
+    module = importlib.import_module(MODES[args.mode])
+    if args.model:
+        from duet.model_pull import resolve_model
+
+        if args.mode != "prefix":
+            parser.error("--model is for the prefix mode")
+        result = module.run(args.quick, model=str(resolve_model(args.model)))
+    else:
+        result = module.run(args.quick)
     if args.json:
         print(json.dumps(result))
     else:
