@@ -39,7 +39,6 @@ class _Group:
     rows: Tensor | slice  # decode: [n] row indices into q; extend: the chunk's rows
     pages: Tensor | None  # [n * pages per row] page ids, row after row; None: attend to the chunk's own K/V
     mask: Tensor | None  # broadcastable to [n, Hq, Lq, L], True = attend; None: every key / causal
-    num_rows: int
     length: int  # L, keys per row: pages * page_size (the tail of the last page is masked)
 
 
@@ -82,20 +81,20 @@ def plan_paged_attention(num_decode: int, decode_block_tables: Tensor, decode_co
         mask = None
         if any(lens[i] != length for i in members):
             mask = (torch.arange(length, device=device) < decode_context_lens[rows].long()[:, None])[:, None, None]
-        decode.append(_Group(rows, _pages(decode_block_tables[rows], num_pages), mask, len(members), length))
+        decode.append(_Group(rows, _pages(decode_block_tables[rows], num_pages), mask, length))
     extend = []
     cu = cu_seqlens_q.tolist()
     for i, prefix in enumerate(prefix_lens.tolist()):
         n = cu[i + 1] - cu[i]
         rows = slice(num_decode + cu[i], num_decode + cu[i + 1])
         if prefix == 0:
-            extend.append(_Group(rows, None, None, n, n))
+            extend.append(_Group(rows, None, None, n))
             continue
         num_pages = -(-(prefix + n) // page_size)
         length = num_pages * page_size
         query_pos = prefix + torch.arange(n, device=device)
         mask = torch.arange(length, device=device)[None, :] <= query_pos[:, None]  # [n, L]: causal, offset
-        extend.append(_Group(rows, _pages(extend_block_tables[i: i + 1], num_pages), mask, n, length))
+        extend.append(_Group(rows, _pages(extend_block_tables[i: i + 1], num_pages), mask, length))
     return AttentionPlan(decode, extend)
 
 
