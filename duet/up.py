@@ -102,6 +102,8 @@ def main(args: argparse.Namespace) -> int:
             return 2
         args.paged, args.prefix = planned - planned // 2, planned // 2
     slots: list[tuple[str, str, int]] = []  # (worker id, kind, port) per worker, in start order
+    # each worker gets its share of the cores: more busy torch threads than cores stall every parallel op
+    threads = max(1, len(os.sched_getaffinity(0)) // max(1, args.paged + args.prefix))
 
     def start_worker(worker_id: str, kind: str, port: int) -> None:
         common = ["--model", str(model), "--port", str(port), "--worker-id", worker_id]
@@ -109,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
             stack.start(worker_id, _duet("engine", "sim", *common, "--sim-as", kind,
                                          "--sim-ms-per-token", str(args.sim_ms_per_token)))
         else:
-            stack.start(worker_id, _duet("engine", kind, *common, "--device", args.device))
+            stack.start(worker_id, _duet("engine", kind, *common, "--device", args.device, "--threads", str(threads)))
 
     try:
         if gateways > 1 and not redis_url:  # replicas share state: a private redis-server (duet/scale_out.py)

@@ -204,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     from loadtests.bench_run import add_parser as add_run  # argparse only; the run imports lazily
 
     add_run(sub)
+    from loadtests.peer import add_parser as add_peer  # argparse only; the run imports lazily
+
+    add_peer(sub)
     return parser
 
 
