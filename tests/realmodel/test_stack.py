@@ -29,14 +29,15 @@ def test_the_capital_of_france_is_paris(clients, kind):
     assert r.choices[0].finish_reason == "stop"
 
 
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"},
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                           "country": {"type": "string", "maxLength": 40},
                                            "population_millions": {"type": "number"}},
           "required": ["city", "country", "population_millions"], "additionalProperties": False}
 
 
 def test_json_schema_output_parses_and_validates(clients):
     r = clients["prefix"].chat.completions.create(
-        model=MODEL, messages=ask("Give me a JSON object about Paris."), max_tokens=80, temperature=0,
+        model=MODEL, messages=ask("Give me a JSON object about Paris."), max_tokens=160, temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}})
     jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
     assert r.choices[0].finish_reason == "stop"
