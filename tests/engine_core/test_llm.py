@@ -80,8 +80,8 @@ def test_a_small_fixed_kv_budget_queues_requests_and_still_answers_all(llama, ll
     expected = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
     small = LLM(llama, page_size=4, kv_cache_tokens=40)  # room for about one request at a time
     assert [o.outputs[0].token_ids for o in small.generate(prompts, GREEDY)] == expected
-    small.allocator.check_integrity()
-    assert small.allocator.num_free == small.allocator.num_total
+    small.block_manager.check_integrity()
+    assert small.block_manager.num_free_pages == small.block_manager.num_total_pages
     with pytest.raises(CapacityError, match="KV pages"):
         small.generate([[3] * 30], dataclasses.replace(GREEDY, max_tokens=50))
 
@@ -116,7 +116,7 @@ def untouched_llm(llama):
     (PROMPT, SamplingParams(n=0), "n must be"),
     (PROMPT, SamplingParams(logprobs=21), "logprobs"),
     (PROMPT, SamplingParams(min_tokens=20, max_tokens=10), "min_tokens"),
-    (PROMPT, SamplingParams(beam_width=2), "beam search"),
+    (PROMPT, SamplingParams(beam_width=2, n=3), "must not exceed beam_width"),
     (PROMPT, SamplingParams(regex="a+"), "structured output"),
 ])
 def test_bad_input_is_a_clear_error_before_any_work(untouched_llm, prompt, params, message):
@@ -125,7 +125,7 @@ def test_bad_input_is_a_clear_error_before_any_work(untouched_llm, prompt, param
         # a valid prompt first: it must not have run either
         llm.generate([PROMPT, prompt], [GREEDY, params])
     assert all(not k.any() for k in llm.runner.kv_pool.k_caches)
-    assert llm.allocator.num_free == llm.allocator.num_total
+    assert llm.block_manager.num_used_pages == 0
 
 
 def test_params_list_must_match_prompts(llm):
