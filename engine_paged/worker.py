@@ -72,9 +72,8 @@ def build_engine(model: str, *, device: str = "cpu", page_size: int = 16, kv_cac
                                 vocab_size=config.vocab_size, model_id=model_dir.model_id, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, priority=priority,
                                 enable_prefix_caching=enable_prefix_caching)
-    capabilities = CAPABILITIES + (("prefix_caching",) if enable_prefix_caching else ())
     spec = EngineSpec(engine_kind="paged", model_id=model_dir.model_id, version=version, page_size=page_size,
-                      max_model_len=max_model_len, capabilities=capabilities,
+                      max_model_len=max_model_len, capabilities=CAPABILITIES,
                       kv_capacity_tokens=num_pages * page_size, kv_total_pages=num_pages,
                       vocab_size=config.vocab_size, worker_id=worker_id,
                       hash_block_size=page_size if enable_prefix_caching else 0)
