@@ -72,7 +72,7 @@ class LLM:
         self._fixed_pool = kv_cache_tokens is not None
         num_pages = pages_for_budget(self.config, page_size, kv_cache_tokens=kv_cache_tokens or page_size)
         self.runner = ModelRunner(self.model_dir, self._new_pool(num_pages), self.device, self.dtype)
-        self.sampler = Sampler(self.config.vocab_size, self.config.eos_token_ids, self.device, seed)
+        self.sampler = Sampler(self.config.vocab_size, self.config.eos_token_ids, self.runner.device, seed)
         self.scheduler = self._paged_scheduler(num_pages)
         self.core = EngineCore(self.scheduler, self.runner)
         self.tokenizer = _load_tokenizer(self.model_dir.path)

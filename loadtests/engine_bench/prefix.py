@@ -21,7 +21,7 @@ import time
 
 from engine_core.request import Request
 from engine_core.sampling_params import SamplingParams
-from loadtests.engine_bench.common import bench_checkpoint, greedy
+from loadtests.engine_bench.common import bench_checkpoint, bench_device, drive, greedy
 
 KV_TOKENS = 65536
 SCHEMA = {
@@ -49,25 +49,15 @@ def shared_prefix_workload(groups: int, per_group: int, head: int, question: int
 
 def run_timed(scheduler, runner, requests: list[Request]) -> tuple[dict[str, float], dict[str, list[int]], float]:
     """(TTFT per request in s from the common start, tokens per request, total seconds)."""
-    for r in requests:
-        scheduler.validate(r)
-        scheduler.add(r)
     ttft: dict[str, float] = {}
-    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    start = time.perf_counter()
-    while scheduler.has_unfinished():
-        batch = scheduler.schedule()
-        outs = scheduler.take_outputs()
-        if batch is not None:
-            outs += scheduler.process(batch, runner.forward(batch.chunks))
-        now = time.perf_counter() - start
+
+    def first_tokens(now: float, outs) -> None:
         for o in outs:
-            if o.error is not None:
-                raise o.error
             if o.token_ids:
                 ttft.setdefault(o.request_id, now)
-                tokens[o.request_id] += o.token_ids
-    return ttft, tokens, time.perf_counter() - start
+
+    tokens, secs, _ = drive(scheduler, runner, requests, first_tokens)
+    return ttft, {r.request_id: tokens.get((r.request_id, 0), []) for r in requests}, secs
 
 
 def _shared_prefix(ckpt, quick: bool, vocab: int) -> dict:
@@ -81,7 +71,7 @@ def _shared_prefix(ckpt, quick: bool, vocab: int) -> dict:
     ttfts = {}
     outputs = {}
     for kind, build in (("prefix", build_prefix), ("paged", build_paged)):
-        parts = build(str(ckpt), device="cpu", kv_cache_tokens=KV_TOKENS, max_num_seqs=64,
+        parts = build(str(ckpt), device=bench_device(), kv_cache_tokens=KV_TOKENS, max_num_seqs=64,
                       max_num_batched_tokens=2048)
         reqs = [Request(f"{kind}{i}", p, greedy(out)) for i, p in enumerate(prompts)]
         ttft, tokens, secs = run_timed(parts.scheduler, parts.runner, reqs)
@@ -107,7 +97,7 @@ def _structured(ckpt, quick: bool) -> dict:
     from engine_prefix.worker import build_engine
 
     n = 16 if quick else 50
-    parts = build_engine(str(ckpt), device="cpu", kv_cache_tokens=16384)
+    parts = build_engine(str(ckpt), device=bench_device(), kv_cache_tokens=16384)
     schema = json.dumps(SCHEMA)
     reqs = [Request(f"s{i}", [10 + i, 11, 12, 13], SamplingParams(max_tokens=128, temperature=1.0, seed=i,
                                                                   json_schema=schema)) for i in range(n)]
@@ -135,7 +125,7 @@ def _speculative(ckpt, quick: bool, vocab: int) -> dict:
     out = 48 if quick else 128
     rates, result = {}, {}
     for k in (None, 4):
-        parts = build_engine(str(ckpt), device="cpu", kv_cache_tokens=8192, num_draft_tokens=k)
+        parts = build_engine(str(ckpt), device=bench_device(), kv_cache_tokens=8192, num_draft_tokens=k)
         run_timed(parts.scheduler, parts.runner, [Request("warm", prompt, greedy(4))])  # prompt cached for both
         _, tokens, secs = run_timed(parts.scheduler, parts.runner, [Request("r", prompt, greedy(out))])
         rates[k] = len(tokens["r"]) / secs
@@ -156,7 +146,7 @@ def run(quick: bool = False) -> dict:
 
     ckpt = bench_checkpoint()
     vocab = read_model_dir(ckpt).config.vocab_size
-    result = {"mode": "prefix", "quick": quick, "device": "cpu", "torch_threads": torch.get_num_threads()}
+    result = {"mode": "prefix", "quick": quick, "device": bench_device(), "torch_threads": torch.get_num_threads()}
     start = time.perf_counter()
     result.update(_shared_prefix(ckpt, quick, vocab))
     result.update(_structured(ckpt, quick))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 
 import grpc
@@ -135,8 +136,8 @@ async def test_outputs_are_the_same_with_caching_on_and_off(tiny_checkpoint):
     prompts = [rng.choice(heads) + [rng.randrange(3, 1000) for _ in range(rng.randint(1, 40))] for _ in range(8)]
     results = {}
     for caching in (True, False):
-        worker = Worker(lambda: build_engine(str(tiny_checkpoint), kv_cache_tokens=4096, page_size=16,
-                                             enable_prefix_caching=caching), port=0, drain_timeout=5)
+        worker = Worker(functools.partial(build_engine, str(tiny_checkpoint), kv_cache_tokens=4096, page_size=16,
+                                          enable_prefix_caching=caching), port=0, drain_timeout=5)
         port = await worker.start()
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = engine_pb2_grpc.EngineStub(channel)

@@ -7,6 +7,7 @@ import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_scheduler import CountingRunner, expected, make, req, run
 
 import engine_paged.block_manager as block_manager_module
 from duet.hashing import block_hashes
@@ -16,7 +17,6 @@ from engine_core.request import Request
 from engine_core.sampling_params import SamplingParams
 from engine_paged.block_manager import BlockManager
 from engine_paged.prefix_cache import PrefixCache
-from tests.engine_paged.test_scheduler import CountingRunner, expected, make, req, run
 
 PAGE = 4
 MODEL = "model"
@@ -97,7 +97,7 @@ def test_forks_share_cached_pages_and_copy_on_write_leaves_them_alone():
         bm.fork("p", f"c{i}")
     cached_pages = bm.block_table("p")[:2]
     for i in range(3):
-        [(src, dst)] = bm.append_slots(f"c{i}", 1)  # only the partial page is copied
+        [(src, _)] = bm.append_slots(f"c{i}", 1)  # only the partial page is copied
         assert src not in cached_pages and bm.block_table(f"c{i}")[:2] == cached_pages
     bm.check_integrity()
     for s in ["p", "c0", "c1", "c2"]:
@@ -121,8 +121,8 @@ def test_the_scheduler_reports_cached_tokens_and_gives_the_same_tokens():
                     tokens.setdefault((o.request_id, o.index), []).extend(o.token_ids)
         assert firsts["first"].cached_tokens == 0
         assert firsts["second"].cached_tokens == (20 if cache else 0)
-        for key in tokens:
-            assert tokens[key] == expected(prompt, 5), key
+        for key, got in tokens.items():
+            assert got == expected(prompt, 5), key
         load = sched.load()
         assert load.prefix_cache_queries_tokens == 2 * len(prompt)
         assert load.prefix_cache_hits_tokens == (20 if cache else 0)
