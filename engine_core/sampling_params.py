@@ -8,7 +8,9 @@ Semantics follow vLLM / the OpenAI API:
 - logprobs=k returns the sampled token's logprob plus the top k alternatives (k may be 0), computed from the
   raw model logits (before penalties and temperature), at most 20;
 - min_tokens keeps EOS and stop_token_ids from being sampled until that many tokens exist;
-- ignore_eos keeps generating past EOS (stop_token_ids still stop).
+- ignore_eos keeps generating past EOS (stop_token_ids still stop);
+- speculative None follows the worker's setting, True asks for speculative decoding (an engine without it
+  refuses the request), False turns drafting off for this request.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class SamplingParams:
     json_schema: str | None = None
     json_object: bool = False
     regex: str | None = None
+    speculative: bool | None = None
 
     @property
     def greedy(self) -> bool:

@@ -73,6 +73,8 @@ class PagedScheduler:
                                       f"{self.config.max_model_len}, which leaves no room to generate")
         if p.json_schema is not None or p.json_object or p.regex is not None:
             raise InvalidRequestError("structured output is not supported by the paged engine (engine_prefix has it)")
+        if p.speculative:
+            raise InvalidRequestError("speculative decoding is not supported by the paged engine (engine_prefix has it)")
         if p.beam_width > 1 and p.n > p.beam_width:
             raise InvalidRequestError(f"n={p.n} must not exceed beam_width={p.beam_width} with beam search")
         width = p.beam_width if p.beam_width > 1 else p.n

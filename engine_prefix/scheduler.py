@@ -82,6 +82,9 @@ class PrefixScheduler:
         if p.n != 1 or p.beam_width != 1:
             raise InvalidRequestError("engine_prefix serves one output per request (n=1, beam_width=1); "
                                       "send n>1 and beam search to the paged engine")
+        if p.speculative and self.config.speculative is None:
+            raise InvalidRequestError("speculative decoding was asked for, but this worker runs without it "
+                                      "(start it with --speculative ngram, or leave 'speculative' unset)")
         key = constraint_key(p.json_schema, p.json_object, p.regex)
         if key is not None:
             if self.grammars is None:

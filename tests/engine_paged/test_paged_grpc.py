@@ -94,6 +94,7 @@ async def test_beam_search_sends_whole_ranked_beams(engine):
     (4, {"max_tokens": 1, "top_p": 0.0}, "top_p"),
     (4, {"max_tokens": 2, "beam_width": 2, "n": 3}, "beam_width"),
     (4, {"max_tokens": 2, "regex": "a+"}, "structured output"),
+    (4, {"max_tokens": 2, "speculative": True}, "speculative decoding is not supported"),
 ])
 async def test_bad_arguments_are_invalid_argument(engine, prompt_len, sampling, needle):
     with pytest.raises(grpc.aio.AioRpcError) as err:
