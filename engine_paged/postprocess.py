@@ -1,4 +1,4 @@
-"""After the forward pass: sample, fork, append, detect the end, and say what to stream.
+"""After the forward pass: cache newly full pages, sample, fork, append, detect the end, say what to stream.
 
 - Plain requests: one sampler row per sequence that asked for logits.
 - n > 1: when the prompt's prefill completes, the prompt sequence is forked into n sequences

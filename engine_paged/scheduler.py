@@ -6,7 +6,9 @@ Each step has a token budget (`max_num_batched_tokens`) and a sequence cap (`max
      chunks and never stalls the decoding of others;
   3. then new requests from the waiting queue, FCFS (with `priority`: lower value first, FCFS
      among equals), head of line only, while budget, sequence cap and free pages (above the
-     watermark) allow. Nothing is admitted in a step that had to preempt.
+     watermark) allow. Nothing is admitted in a step that had to preempt. With the prefix cache
+     (engine_paged.prefix_cache) a sequence starts from its longest cached prefix; the cached pages
+     it takes from the LRU count against the free room, and the hit is reported as cached_tokens.
 When a running sequence needs a page and none is free, the NEWEST running request is preempted:
 its pages are freed and it goes back to the waiting queue at its original place, to be
 recomputed from its prompt and the tokens it already produced (nothing already streamed is sent
