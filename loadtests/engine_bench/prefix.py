@@ -5,7 +5,8 @@ Engines run in-process (schedule -> forward -> process, no gRPC), every request 
   question, 32 output tokens; --quick: 4 x 8, 512 + 64, 16): ``prefill_tokens_ratio`` = prompt tokens the
   engine computed / distinct prompt tokens; ``cache_hit_rate`` = cached prompt tokens / prompt tokens;
   ``ttft_p50_ratio_vs_paged`` = TTFT p50 of engine_prefix over engine_paged's on the same workload, same
-  KV budget, token budget and batch limits.
+  KV budget, token budget and batch limits (engine_paged with its prefix cache; ``paged_no_cache_*`` is the
+  same engine with it off, and ``outputs_equal_paged`` checks all three gave the same greedy tokens).
 - ``structured_valid_ratio``: json_schema generations (sampled, temperature 1, seeds 0..N-1) that parse and
   validate against the schema.
 - ``spec_speedup``: output tokens/s at batch 1 with n-gram speculation (k=4) over without, greedy, on a
@@ -14,6 +15,7 @@ Engines run in-process (schedule -> forward -> process, no gRPC), every request 
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import statistics
@@ -70,7 +72,8 @@ def _shared_prefix(ckpt, quick: bool, vocab: int) -> dict:
     result: dict = {"shared_prefix_workload": f"{groups}x{per_group} requests, {head}+{question} prompt, {out} out"}
     ttfts = {}
     outputs = {}
-    for kind, build in (("prefix", build_prefix), ("paged", build_paged)):
+    paged_no_cache = functools.partial(build_paged, enable_prefix_caching=False)
+    for kind, build in (("prefix", build_prefix), ("paged", build_paged), ("paged_no_cache", paged_no_cache)):
         parts = build(str(ckpt), device=bench_device(), kv_cache_tokens=KV_TOKENS, max_num_seqs=64,
                       max_num_batched_tokens=2048)
         reqs = [Request(f"{kind}{i}", p, greedy(out)) for i, p in enumerate(prompts)]
@@ -85,8 +88,12 @@ def _shared_prefix(ckpt, quick: bool, vocab: int) -> dict:
             result["distinct_prompt_tokens"] = distinct
             result["prefill_tokens_ratio"] = round(s.prefill_tokens / distinct, 4)
             result["cache_hit_rate"] = round(s.hits_tokens / max(1, s.queries_tokens), 4)
+        if kind == "paged":
+            load = parts.scheduler.load()
+            result["paged_cache_hit_rate"] = round(load.prefix_cache_hits_tokens /
+                                                   max(1, load.prefix_cache_queries_tokens), 4)
     result["ttft_p50_ratio_vs_paged"] = round(ttfts["prefix"] / ttfts["paged"], 4)
-    result["outputs_equal_paged"] = outputs["prefix"] == outputs["paged"]
+    result["outputs_equal_paged"] = outputs["prefix"] == outputs["paged"] == outputs["paged_no_cache"]
     return result
 
 
