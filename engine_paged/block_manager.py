@@ -193,24 +193,29 @@ class BlockManager:
         if self.cache is None or table is None:
             return
         size = self.page_size
-        stored: list[int] = []
-        first_parent = 0
+        run: list[int] = []  # consecutive newly stored blocks: one "stored" event each run
+        run_parent = 0
         for j in range(len(table.hashes), num_computed // size):
             parent = table.hashes[j - 1] if j else self.cache.root(salt)
             block = tuple(token_ids[j * size:(j + 1) * size])
             h = chain_hash(parent, block)
             parent_id = table.cache_ids[j - 1] if j else None
             cache_id = None
+            newly_stored = False
             if j == 0 or parent_id is not None:  # a chain broken by a collision stays uncached from there on
                 was_cached = h in self.cache.by_hash
                 cache_id = self.cache.store(table.pages[j], h, block, salt, parent_id)
-                if cache_id is not None and not was_cached:
-                    if not stored:
-                        first_parent = table.hashes[j - 1] if j else 0
-                    stored.append(h)
+                newly_stored = cache_id is not None and not was_cached
+            if newly_stored:
+                if not run:
+                    run_parent = table.hashes[j - 1] if j else 0
+                run.append(h)
+            elif run:
+                self.cache.stored(run, run_parent)
+                run = []
             table.hashes.append(h)
             table.cache_ids.append(cache_id)
-        self.cache.stored(stored, first_parent)
+        self.cache.stored(run, run_parent)
 
     def take_kv_events(self) -> list:
         return self.cache.take_events() if self.cache else []

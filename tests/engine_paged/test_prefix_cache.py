@@ -155,3 +155,26 @@ def test_random_workloads_keep_integrity_and_exact_tokens_with_the_cache(reqs, n
             continue
         for index in range(outputs):
             assert tokens[(rid, index)] == expected(prompt, max_tokens), (rid, index)
+
+
+def test_a_sequence_that_computed_known_blocks_again_stores_only_the_new_ones():
+    """Two requests with one prompt head computed side by side: the second's copies of the head stay
+    private (no event), and its first new block is stored with the head's last hash as parent."""
+    bm = cached_bm()
+    head = list(range(1, 13))  # 3 blocks
+    bm.append_slots("a", len(head) + 1)
+    bm.append_slots("c", len(head) + 5)  # computed in the same step as "a": no prefix reuse
+    bm.cache_full_blocks("a", head + [60], len(head) + 1)
+    [first] = bm.take_kv_events()
+    tokens = head + [70, 71, 72, 73, 80]
+    bm.cache_full_blocks("c", tokens, len(tokens))
+    [event] = bm.take_kv_events()
+    expected = block_hashes(tokens, PAGE, MODEL)
+    assert list(first.block_hashes) == expected[:3]
+    assert event.kind == "stored" and list(event.block_hashes) == expected[3:4] and event.parent_hash == expected[2]
+    assert not set(bm.block_table("c")[:3]) & set(bm.block_table("a"))  # c's copies stay private
+    bm.check_integrity()
+    bm.free("a")
+    bm.free("c")
+    assert compute(bm, "d", tokens) == 16  # the chain continues through a's head into c's new block
+    bm.check_integrity()
