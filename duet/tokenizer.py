@@ -15,6 +15,7 @@ ValueError) for messages that are not a chat or that the template rejects, with 
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
@@ -29,7 +30,7 @@ _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token"
 
 
 class TokenizerError(ValueError):
-    """The tokenizer files are missing or unreadable."""
+    """The tokenizer files are missing or unreadable, or a text cannot be tokenized."""
 
 
 class ChatTemplateError(TokenizerError):
@@ -91,7 +92,15 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         if not isinstance(text, str):
             raise TokenizerError(f"text to encode must be a string, got {type(text).__name__}")
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        try:
+            return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        except TypeError:  # the Rust side refuses a str it cannot turn into UTF-8 (a lone surrogate)
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise TokenizerError(f"text is not valid Unicode: {e.reason} at position {e.start}") from None
+            raise
+
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -102,6 +111,11 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary entry (byte-level form, e.g. "Ġthe"), or None for an unknown id."""
         return self._tok.id_to_token(token_id)
+
+    @property
+    def template_takes_tools(self) -> bool:
+        """The chat template renders a `tools` list itself (it refers to the variable)."""
+        return self.chat_template is not None and re.search(r"\btools\b", self.chat_template) is not None
 
     def apply_chat_template(
         self,

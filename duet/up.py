@@ -1,28 +1,33 @@
 """`duet up`: the whole stack as one foreground process tree.
 
 Starts N `duet engine paged` and M `duet engine prefix` workers (or `duet engine sim` workers with
---sim) and one `duet gateway --config` as child processes on the embedded tiny model unless
---model, waits until the gateway's /ready says every model has a healthy worker, prints the API and
-dashboard URLs, and runs until Ctrl-C / SIGTERM or until a child dies.
+--sim) and one `duet gateway --config` as child processes on the default real model (pulled on first
+use; the tiny random model if that fails) unless --model, waits until the gateway sees every worker it
+started healthy, prints the API and dashboard URLs, and runs until Ctrl-C / SIGTERM. With --gateways N,
+N gateway replicas share Redis behind `duet lb` on the one port (duet/scale_out.py).
+
+The children are supervised (duet/supervisor.py): one that exits is restarted with backoff, one that
+crash-loops is reported and left down, and the stack itself ends only when every gateway has
+crash-looped. A child that exits while the stack starts ends it at once, with its log (a bad model or
+flag should not be retried).
 
 The dashboard and admin API need an admin key: --admin-key or DUET_ADMIN_KEY, else a random one made
 for this run. It reaches the gateway through its environment (never a command line `ps` shows) and is
 printed next to the dashboard URL when it was generated.
 
 No orphans: each child runs in its own process group (so Ctrl-C reaches only `duet up`, which
-shuts the children down in order: SIGTERM to each group, workers drain, SIGKILL after a grace
-period) and asks the kernel for SIGTERM should `duet up` itself die (PR_SET_PDEATHSIG).
+shuts the children down: SIGTERM to each group, workers drain, SIGKILL after a grace period) and asks
+the kernel for SIGTERM should `duet up` itself die (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
+import json
 import os
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +36,9 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+
+from duet import scale_out
+from duet.supervisor import Event, RestartPolicy, Supervisor
 
 SHUTDOWN_GRACE_S = 20.0
 
@@ -41,74 +49,37 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: own process group, SIGTERM when the parent dies (Linux)."""
-    os.setpgrp()
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+def _duet(*args: str) -> list[str]:
+    return [sys.executable, "-m", "duet.cli", *args]
 
 
-class Stack:
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.children: list[tuple[str, subprocess.Popen]] = []
-
-    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
-        # preexec_fn is safe here: `duet up` runs no threads
-        with open(self.log_dir / f"{name}.log", "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "duet.cli", *args], stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=_die_with_parent,  # noqa: PLW1509
-                                    env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
-        self.children.append((name, proc))
-
-    def dead(self) -> tuple[str, int] | None:
-        for name, p in self.children:
-            if p.poll() is not None:
-                return name, p.returncode
-        return None
-
-    def tail(self, name: str, chars: int = 2000) -> str:
-        try:
-            return (self.log_dir / f"{name}.log").read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def shutdown(self) -> None:
-        # the gateway first (no new requests), then the workers (they drain what is in flight)
-        for _, p in reversed(self.children):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + SHUTDOWN_GRACE_S
-        for _, p in self.children:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for _, p in self.children:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)  # whatever is left of the group, grandchildren too
-            except (ProcessLookupError, PermissionError):
-                pass
-            p.wait()
+def _report(event: Event) -> None:
+    print(f"duet up: {event.message}", file=sys.stderr, flush=True)
 
 
-def _ready(url: str) -> bool:
+def _all_healthy(url: str, expected: int) -> bool:
+    """The gateway sees `expected` healthy workers (its /ready alone says: at least one per model)."""
     try:
         with urllib.request.urlopen(url + "/ready", timeout=2) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError):
+            body = json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError):
         return False
+    return sum(body.get("healthy_workers", {}).values()) >= expected
 
 
 def main(args: argparse.Namespace) -> int:
-    from duet.model_make import default_model_dir
+    from duet.model_pull import PullError, resolve_model
 
-    model = Path(args.model).expanduser().resolve() if args.model else default_model_dir()
+    def announce(message: str) -> None:
+        print(f"duet up: {message}", file=sys.stderr, flush=True)
+
+    try:
+        model = resolve_model(args.model, getattr(args, "dtype", "float32"), announce)
+    except PullError as exc:
+        print(f"duet up: {exc}", file=sys.stderr)
+        return 2
     log_dir = Path(tempfile.mkdtemp(prefix="duet-up-"))
-    stack = Stack(log_dir)
+    stack = Supervisor(log_dir, RestartPolicy(stop_grace_s=SHUTDOWN_GRACE_S), on_event=_report)
     stop = {"signal": None}
 
     def on_signal(signum, frame) -> None:
@@ -120,34 +91,50 @@ def main(args: argparse.Namespace) -> int:
     given_key = getattr(args, "admin_key", None) or os.environ.get("DUET_ADMIN_KEY")
     admin_key = given_key or secrets.token_urlsafe(24)
     addresses = []
+    gateways = getattr(args, "gateways", 1)
+    redis_url = args.redis
     try:
+        if gateways > 1 and not redis_url:  # replicas share state: a private redis-server (duet/scale_out.py)
+            redis_port = _free_port("127.0.0.1")
+            stack.start("redis", scale_out.redis_server_command(redis_port))
+            scale_out.wait_for_redis(redis_port)
+            redis_url = f"redis://127.0.0.1:{redis_port}/0"
         for kind, count in (("paged", args.paged), ("prefix", args.prefix)):
             for i in range(count):
                 port = _free_port("127.0.0.1")
                 worker_id = f"{kind}-{i}"
                 common = ["--model", str(model), "--port", str(port), "--worker-id", worker_id]
                 if args.sim:
-                    stack.spawn(worker_id, ["engine", "sim", *common, "--sim-as", kind,
-                                            "--sim-ms-per-token", str(args.sim_ms_per_token)])
+                    stack.start(worker_id, _duet("engine", "sim", *common, "--sim-as", kind,
+                                                 "--sim-ms-per-token", str(args.sim_ms_per_token)))
                 else:
-                    stack.spawn(worker_id, ["engine", kind, *common, "--device", args.device])
+                    stack.start(worker_id, _duet("engine", kind, *common, "--device", args.device))
                 addresses.append(f"127.0.0.1:{port}")
         config = {"host": host, "port": args.port, "models": [{"path": str(model)}],
                   "workers": [{"address": a} for a in addresses], "health": {"poll_interval_s": 0.5}}
-        if args.redis:
-            config["redis"] = args.redis
-        config_path = log_dir / "gateway.yaml"
-        config_path.write_text(yaml.safe_dump(config))
-        stack.spawn("gateway", ["gateway", "--config", str(config_path)], env={"DUET_ADMIN_KEY": admin_key})
+        if redis_url:
+            config["redis"] = redis_url
+        gateway_ports = scale_out.gateway_ports(gateways, args.port, _free_port)
+        for i, port in enumerate(gateway_ports):
+            name = "gateway" if gateways == 1 else f"gateway-{i}"
+            config_path = log_dir / f"{name}.yaml"
+            config_path.write_text(yaml.safe_dump({**config, "port": port} if gateways == 1 else
+                                                  {**config, "host": "127.0.0.1", "port": port}))
+            stack.start(name, _duet("gateway", "--config", str(config_path)), env={"DUET_ADMIN_KEY": admin_key})
+        gateway_names = ["gateway"] if gateways == 1 else [f"gateway-{i}" for i in range(gateways)]
+        if gateways > 1:
+            stack.start("lb", _duet(*scale_out.balancer_args(host, args.port, gateway_ports)))
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{args.port}"
         print(f"duet up: {args.paged} paged + {args.prefix} prefix {'sim ' if args.sim else ''}workers on "
-              f"{model.name}; logs in {log_dir}", flush=True)
+              f"{model.name}" + (f", {gateways} gateways behind duet lb" if gateways > 1 else "") +
+              f"; logs in {log_dir}", flush=True)
         deadline = time.monotonic() + args.ready_timeout
-        while not _ready(url):
+        must_be_ready = [url] if gateways == 1 else [*(f"http://127.0.0.1:{p}" for p in gateway_ports), url]
+        while not all(_all_healthy(u, args.paged + args.prefix) for u in must_be_ready):
             if stop["signal"] is not None:
                 return 130
-            if (dead := stack.dead()) is not None:
-                print(f"duet up: {dead[0]} exited with {dead[1]} while starting:\n{stack.tail(dead[0])}",
+            if exited := [n for n in stack.names() if stack.pid(n) is None]:  # a bad flag or model: fail fast
+                print(f"duet up: {exited[0]} exited while starting:\n{stack.log_tail(exited[0])}",
                       file=sys.stderr, flush=True)
                 return 1
             if time.monotonic() > deadline:
@@ -157,11 +144,15 @@ def main(args: argparse.Namespace) -> int:
         shown_key = "as given (--admin-key / DUET_ADMIN_KEY)" if given_key else admin_key
         print(f"API:       {url}/v1\nDashboard: {url}/dashboard  (admin key: {shown_key})\n"
               f"Metrics:   {url}/metrics\nCtrl-C to stop.", flush=True)
+        # from here on a child that exits is restarted (its streams end with an error event at the
+        # gateway, which retries requests not yet streaming elsewhere); only when every gateway has
+        # crash-looped does the stack end, since nothing can be served without one
         while stop["signal"] is None:
-            if (dead := stack.dead()) is not None:
-                print(f"duet up: {dead[0]} exited with {dead[1]}:\n{stack.tail(dead[0])}", file=sys.stderr,
-                      flush=True)
-                return 1
+            for event in stack.poll():
+                if event.kind == "gave_up":
+                    print(stack.log_tail(event.name), file=sys.stderr, flush=True)
+                    if set(gateway_names) <= set(stack.given_up()):
+                        return 1
             time.sleep(0.2)
         return 0
     finally:

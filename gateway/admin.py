@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from gateway.body_parser import parse_json_body
 from gateway.decision_log import DecisionLog
 from gateway.errors import (
     AuthenticationFailed,
@@ -114,10 +115,7 @@ def _limit(request: Request, default: int = 100) -> int:
 
 
 async def _json_body(request: Request) -> Any:
-    try:
-        return json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidRequest(f"the body is not valid JSON: {e}") from None
+    return parse_json_body(await request.body())
 
 
 def _check_model(gateway: AdminBackend, model: str) -> None:

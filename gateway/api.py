@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
 
@@ -17,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway import errors
+from gateway.body_parser import parse_json_body
 from gateway.generation import Dispatched, Prepared, dispatch, outputs, prepare
 from gateway.metrics import CONTENT_TYPE
 from gateway.protocol import parse_chat, parse_completion
@@ -56,11 +56,7 @@ async def _generate(request: Request, parse) -> Response:
     admitted = False
     api = None
     try:
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise errors.InvalidRequest(f"the request body is not valid JSON: {e}") from None
-        api = parse(body)
+        api = parse(parse_json_body(await request.body()))
         model = gw.models.get(api.model)
         if model is None:
             raise errors.ModelNotFound(api.model)
@@ -72,6 +68,9 @@ async def _generate(request: Request, parse) -> Response:
         # a long prompt tokenizes off the event loop (the tokenizer releases the GIL), so it does not
         # stall every other stream's tokens
         prep = await asyncio.to_thread(prepare, *args) if _text_size(api) > LONG_PROMPT_CHARS else prepare(*args)
+        request.state.key_lease = await gw.limiter.admit(  # per-key limits; LeaseMiddleware releases it
+            getattr(request.state, "api_key_id", None), api.model,
+            len(prep.prompt_ids) + prep.max_tokens * api.sampling.n)
         d = await dispatch(gw, prep)
     except errors.GatewayError as e:
         if admitted:
@@ -151,9 +150,7 @@ class _Run:
         try:
             async for delta in outputs(self.prep, self.d, self.usage):
                 self._tick(delta)
-                chunk = self.builder.chunk(delta)
-                if chunk is not None:
-                    out.append(sse(chunk))
+                out.extend(sse(chunk) for chunk in self.builder.chunks(delta))
                 finished += delta.finish_reason is not None
                 if out and finished < n:  # the very last event waits for the stream's end, just after
                     yield b"".join(out)

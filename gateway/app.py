@@ -10,24 +10,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 
 from opentelemetry import trace
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from gateway import api
 from gateway.admin import admin_routes
+from gateway.circuit_breaker import CircuitBreakers
 from gateway.config import GatewayConfig
 from gateway.decision_log import DecisionLog
-from gateway.errors import QueueFull
+from gateway.engine_client import GrpcEngineClient
+from gateway.errors import QueueFull, http_exception_response
+from gateway.limits import KeyLimiter, LeaseMiddleware
 from gateway.metrics import GatewayMetrics
-from gateway.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestIdMiddleware, TracingMiddleware
+from gateway.middleware import (
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    ErrorShieldMiddleware,
+    RequestIdMiddleware,
+    TracingMiddleware,
+)
 from gateway.models import ServedModel, load_models
+from gateway.openapi import openapi_json
 from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.rollback import RollbackController
 from gateway.stats import RequestStats
+from gateway.timeouts import StreamWatchdog
 from gateway.workers import WorkerPool
 
 log = logging.getLogger("duet.gateway")
@@ -51,7 +64,13 @@ class Gateway:
         self._state = state
         self.rollback: RollbackController | None = None
         self.pool: WorkerPool | None = None
-        self._client_factory = client_factory
+        t = config.timeouts
+        self._client_factory = client_factory or functools.partial(
+            GrpcEngineClient, keepalive_time_s=t.keepalive_time_s, keepalive_timeout_s=t.keepalive_timeout_s,
+            request_timeout_s=t.request_s, rpc_timeout_s=t.rpc_s)
+        self.breakers = CircuitBreakers(t.breaker_failures, t.breaker_open_s)
+        self.limiter = KeyLimiter(config.key_limits, config.redis)
+        self.watchdog = StreamWatchdog(t, on_outcome=self._call_outcome)
         self.pending = 0
         self.drained: set[str] = set()
         self._tasks: list[asyncio.Task] = []
@@ -77,11 +96,12 @@ class Gateway:
         self.metrics.state_healthy.set_function(lambda: 1.0 if self._state.healthy else 0.0)
         self.metrics.state_errors.set_function(lambda: float(getattr(self._state, "redis_errors_total", 0)))
         self.rollback = RollbackController(self._state, self.stats, registry=self.metrics.registry)
-        kwargs = {"client_factory": self._client_factory} if self._client_factory else {}
         self.pool = WorkerPool(self.config.workers, self.index, self.metrics, state=self._state,
-                               poll_interval_s=self.config.poll_interval_s, **kwargs)
+                               poll_interval_s=self.config.poll_interval_s, client_factory=self._client_factory)
         await self.pool.start()
         self._tasks.append(asyncio.create_task(self._rollback_loop()))
+        self._tasks.append(asyncio.create_task(self.watchdog.run()))
+        self._tasks.append(asyncio.create_task(self.limiter.run()))
         try:
             yield
         finally:
@@ -89,6 +109,7 @@ class Gateway:
                 t.cancel()
             await self.pool.close()
             await self._state.close()
+            await self.limiter.close()
 
     async def _rollback_loop(self) -> None:
         while True:
@@ -107,6 +128,16 @@ class Gateway:
     def release(self) -> None:
         self.pending -= 1
         self.metrics.pending.set(self.pending)
+
+    def _call_outcome(self, worker_id: str, ok: bool, timed_out: bool = False) -> None:
+        if timed_out:
+            self.metrics.stream_timeouts.labels(worker_id).inc()
+        if ok:
+            self.breakers.record_success(worker_id)
+        elif self.breakers.record_failure(worker_id):
+            self.metrics.breaker_opened.labels(worker_id).inc()
+            log.warning("circuit breaker of worker %s opened: left out of routing for %.0f s", worker_id,
+                        self.breakers.open_s)
 
     def block_size(self, model_id: str) -> int:
         for w in self.pool.workers():
@@ -150,10 +181,12 @@ class Gateway:
 
     def views(self):
         views = self.pool.views()
-        if not self.drained:
+        open_breakers = self.breakers.open_workers()
+        if not self.drained and not open_breakers:
             return views
         from dataclasses import replace
 
+        views = [replace(v, healthy=False) if v.worker_id in open_breakers else v for v in views]
         return [replace(v, draining=True) if v.worker_id in self.drained else v for v in views]
 
 
@@ -166,14 +199,18 @@ def build_app(config: GatewayConfig, **gateway_kwargs) -> Starlette:
         Route("/health", api.health, methods=["GET"]),
         Route("/ready", api.ready, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
         *admin_routes(gw),
     ]
     middleware = [
         Middleware(RequestIdMiddleware),
+        Middleware(ErrorShieldMiddleware),
         Middleware(TracingMiddleware, tracer_provider=gw.tracer_provider),
         Middleware(BodyLimitMiddleware, max_bytes=config.limits.max_body_bytes),
         Middleware(ApiKeyMiddleware, api_keys=config.api_keys),
+        Middleware(LeaseMiddleware, limiter=gw.limiter),
     ]
-    app = Starlette(routes=routes, middleware=middleware, lifespan=gw.lifespan)
+    app = Starlette(routes=routes, middleware=middleware, lifespan=gw.lifespan,
+                    exception_handlers={HTTPException: http_exception_response})
     app.state.gateway = gw
     return app

@@ -11,6 +11,8 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
     redis: redis://redis:6379/0   # optional; default: in-process state (one gateway)
     auth:
       api_keys: [sk-a, {key: sk-b, cache_salt: tenant-b}]   # optional; none: /v1 is open
+                                  # an entry may add requests_per_minute, tokens_per_minute, max_concurrent,
+                                  # models (gateway/limits.py); default_key_limits applies to every key
       admin_key: adm-secret
     limits: {max_body_bytes: 4194304, max_pending_requests: 4096, max_attempts: 3, default_max_tokens: null}
     health: {poll_interval_s: 1.0}
@@ -18,8 +20,10 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
     affinity_ttl_s: 600
     routing: {reuse_threshold: 0.5, ...}    # defaults of gateway.routing.RoutingConfig
     tracing: {enabled: false}
+    timeouts: {first_token_s: 120, stall_s: 30, ...}   # gateway.timeouts.Timeouts (null: no limit)
 
-Environment `DUET_API_KEYS` (comma separated) and `DUET_ADMIN_KEY` add to / override `auth`.
+Environment `DUET_API_KEYS` (comma separated) and `DUET_ADMIN_KEY` add to / override `auth`;
+`DUET_REDIS_URL` overrides `redis` (a URL with a password can then come from a Secret).
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from pathlib import Path
 
 import yaml
 
+from gateway.limits import KeyLimits, parse_key_limits
 from gateway.routing import Pool, RoutingConfig, RoutingConfigError, Variant
+from gateway.timeouts import Timeouts
 
 
 class ConfigError(ValueError):
@@ -53,6 +59,7 @@ class GatewayConfig:
     workers: tuple[str, ...] = ()
     redis: str | None = None
     api_keys: dict[str, str] = field(default_factory=dict)  # key -> cache_salt ("" = shared cache)
+    key_limits: dict[str, KeyLimits] = field(default_factory=dict)  # key id (limits.api_key_id) -> limits
     admin_key: str | None = None
     limits: Limits = field(default_factory=Limits)
     poll_interval_s: float = 1.0
@@ -60,6 +67,7 @@ class GatewayConfig:
     affinity_ttl_s: float = 600.0  # a session sticks to its worker this long after its last request
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     tracing: bool = False
+    timeouts: Timeouts = field(default_factory=Timeouts)
 
 
 def _section(raw: dict, name: str) -> dict:
@@ -129,8 +137,9 @@ def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
             port=int(raw.get("port", 8000)),
             model_paths=tuple(models),
             workers=tuple(workers),
-            redis=raw.get("redis") or None,
+            redis=os.environ.get("DUET_REDIS_URL") or raw.get("redis") or None,
             api_keys=keys,
+            key_limits=parse_key_limits(auth.get("api_keys"), auth.get("default_key_limits")),
             admin_key=os.environ.get("DUET_ADMIN_KEY") or auth.get("admin_key") or None,
             limits=Limits(**_known(Limits, _section(raw, "limits"), "limits")),
             poll_interval_s=float(health.get("poll_interval_s", 1.0)),
@@ -138,6 +147,7 @@ def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
             affinity_ttl_s=float(raw.get("affinity_ttl_s", 600.0)),
             routing=routing_from_dict(_section(raw, "routing")),
             tracing=bool(_section(raw, "tracing").get("enabled", False)),
+            timeouts=Timeouts(**_known(Timeouts, _section(raw, "timeouts"), "timeouts")).validate(),
         )
     except (TypeError, ValueError) as e:
         if isinstance(e, ConfigError):

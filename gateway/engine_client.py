@@ -47,11 +47,11 @@ class EngineClient(Protocol):
 
     async def abort(self, request_id: str) -> bool: ...
 
-    async def get_info(self, timeout: float = 2.0) -> pb.EngineInfo: ...
+    async def get_info(self, timeout: float | None = None) -> pb.EngineInfo: ...
 
-    async def get_load(self, timeout: float = 2.0) -> pb.EngineLoad: ...
+    async def get_load(self, timeout: float | None = None) -> pb.EngineLoad: ...
 
-    async def check_health(self, timeout: float = 2.0) -> bool: ...
+    async def check_health(self, timeout: float | None = None) -> bool: ...
 
     def watch_kv_events(self) -> AsyncIterator[pb.KvEventBatch]: ...
 
@@ -91,41 +91,48 @@ class _GrpcStream:
 class GrpcEngineClient:
     """EngineClient over one grpc.aio channel (HTTP/2 multiplexes every stream on it)."""
 
-    def __init__(self, address: str, worker_id: str | None = None) -> None:
+    def __init__(self, address: str, worker_id: str | None = None, keepalive_time_s: float = 10.0,
+                 keepalive_timeout_s: float = 5.0, request_timeout_s: float | None = None,
+                 rpc_timeout_s: float = 2.0) -> None:
         self.address = address
         self.worker_id = worker_id or address
+        self.rpc_timeout_s = rpc_timeout_s  # the deadline of control calls (health, load, info, abort)
+        self.request_timeout_s = request_timeout_s  # the gRPC deadline of a whole Generate call
         self._channel = grpc.aio.insecure_channel(
             address,
-            options=[("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+            options=[("grpc.keepalive_time_ms", int(keepalive_time_s * 1000)),
+                     ("grpc.keepalive_timeout_ms", int(keepalive_timeout_s * 1000)),
                      ("grpc.http2.max_pings_without_data", 0), ("grpc.enable_retries", 0)],
         )
         self._stub = pb_grpc.EngineStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def generate(self, request: pb.GenerateRequest, metadata: tuple = ()) -> GenerateStream:
-        return _GrpcStream(self.worker_id, self._stub.Generate(request, metadata=metadata or None))
+        call = self._stub.Generate(request, metadata=metadata or None, timeout=self.request_timeout_s)
+        return _GrpcStream(self.worker_id, call)
 
     async def abort(self, request_id: str) -> bool:
         try:
-            return (await self._stub.Abort(pb.AbortRequest(request_id=request_id), timeout=2.0)).found
+            return (await self._stub.Abort(pb.AbortRequest(request_id=request_id), timeout=self.rpc_timeout_s)).found
         except grpc.aio.AioRpcError:
             return False
 
-    async def get_info(self, timeout: float = 2.0) -> pb.EngineInfo:
+    async def get_info(self, timeout: float | None = None) -> pb.EngineInfo:
         try:
-            return await self._stub.GetInfo(pb.GetInfoRequest(), timeout=timeout)
+            return await self._stub.GetInfo(pb.GetInfoRequest(), timeout=timeout or self.rpc_timeout_s)
         except grpc.aio.AioRpcError as err:
             raise to_call_error(self.worker_id, err) from None
 
-    async def get_load(self, timeout: float = 2.0) -> pb.EngineLoad:
+    async def get_load(self, timeout: float | None = None) -> pb.EngineLoad:
         try:
-            return await self._stub.GetLoad(pb.GetLoadRequest(), timeout=timeout)
+            return await self._stub.GetLoad(pb.GetLoadRequest(), timeout=timeout or self.rpc_timeout_s)
         except grpc.aio.AioRpcError as err:
             raise to_call_error(self.worker_id, err) from None
 
-    async def check_health(self, timeout: float = 2.0) -> bool:
+    async def check_health(self, timeout: float | None = None) -> bool:
         try:
-            resp = await self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+            resp = await self._health.Check(health_pb2.HealthCheckRequest(service=""),
+                                            timeout=timeout or self.rpc_timeout_s)
         except grpc.aio.AioRpcError:
             return False
         return resp.status == health_pb2.HealthCheckResponse.SERVING

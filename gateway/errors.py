@@ -12,12 +12,14 @@ Hierarchy:
     ├── WorkerNotFound                404 worker_not_found (admin drain)
     ├── RequestTooLarge               413 request_too_large
     ├── QueueFull                     429 rate_limit_exceeded (admission queue full)
+    │   └── RateLimited               429 rate_limit_exceeded (a per-key limit; Retry-After)
     ├── NoCapableWorker               503 service_unavailable (no capable healthy worker)
     ├── StateStoreUnavailable         503 state_unavailable (an admin change could not reach Redis)
     └── EngineFailure                 502 engine_error (every attempt failed / failed mid-stream)
 
 Raise these anywhere in the request path; `error_response` (for HTTP) and `error_payload` (for an
-SSE error event) are the only code that knows the wire shape.
+SSE error event) are the only code that knows the wire shape; `http_exception_response` gives
+Starlette's routing errors (404 unknown path, 405 wrong method) the same shape.
 """
 
 from __future__ import annotations
@@ -96,6 +98,15 @@ class QueueFull(GatewayError):
     status = 429
     type = "rate_limit_exceeded"
     code = "rate_limit_exceeded"
+    headers = {"retry-after": "1"}  # noqa: RUF012 - read only
+
+
+class RateLimited(QueueFull):
+    """A per-API-key limit (gateway/limits.py); `retry_after_s` goes out as the Retry-After header."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.headers = {"retry-after": str(retry_after_s)}
 
 
 class NoCapableWorker(GatewayError):
@@ -116,9 +127,19 @@ class EngineFailure(GatewayError):
     code = "engine_error"
 
 
+async def http_exception_response(request, exc) -> JSONResponse:
+    """Starlette's own 404 (no such path) and 405 (wrong method) as OpenAI error objects too."""
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    err = GatewayError(f"{exc.detail}: {request.method} {request.url.path}")
+    err.status, err.type, err.code = exc.status_code, "invalid_request_error", codes.get(exc.status_code)
+    return error_response(err, dict(exc.headers or {}))
+
+
 def error_payload(exc: GatewayError) -> dict:
     return {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
 
 
 def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_payload(exc), status_code=exc.status, headers=headers)
+    own = getattr(exc, "headers", None)  # e.g. Retry-After of a 429
+    return JSONResponse(error_payload(exc), status_code=exc.status, headers={**(headers or {}), **own} if own
+                        else headers)

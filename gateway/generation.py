@@ -25,13 +25,14 @@ from opentelemetry import trace
 from duet.detokenizer import IncrementalDetokenizer
 from duet.hashing import block_hashes
 from duet.rpc import engine_pb2 as pb
-from duet.tokenizer import ChatTemplateError
+from duet.tokenizer import ChatTemplateError, TokenizerError
 from duet.tracing import inject_metadata
 from gateway import errors, routing
 from gateway.engine_client import EngineCallError, GenerateStream
 from gateway.models import ServedModel
 from gateway.protocol import ApiRequest
 from gateway.stops import StopMatcher
+from gateway.tools import render_chat
 
 _FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
 _SEQUENCE = itertools.count()  # routed requests of this process (the round_robin routing policy)
@@ -65,8 +66,8 @@ def prepare(api: ApiRequest, model: ServedModel, request_id: str, cache_salt: st
     tok = model.tokenizer
     try:
         if api.kind == "chat":
-            text = tok.apply_chat_template(list(api.messages), add_generation_prompt=True,
-                                           tools=list(api.tools) if api.tools else None)
+            messages, tools = render_chat(list(api.messages), api.tools, tok.template_takes_tools)
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
             ids = tok.encode(text)
         elif isinstance(api.prompt, str):
             text, ids = api.prompt, tok.encode(api.prompt, add_special_tokens=True)
@@ -78,6 +79,9 @@ def prepare(api: ApiRequest, model: ServedModel, request_id: str, cache_salt: st
             text = tok.decode(ids) if api.echo else ""
     except ChatTemplateError as e:
         raise errors.InvalidRequest(f"messages rejected by the chat template: {e}", "messages") from None
+    except TokenizerError as e:
+        raise errors.InvalidRequest(f"the prompt cannot be tokenized: {e}", "messages" if api.kind == "chat"
+                                    else "prompt") from None
     if not ids:
         raise errors.InvalidRequest("the prompt is empty after tokenization", "prompt")
     room = model.max_model_len - len(ids)
@@ -106,7 +110,10 @@ def to_pb(prep: Prepared) -> pb.GenerateRequest:
         sp.seed = s.seed % (1 << 64)
     if s.logprobs:
         sp.logprobs = s.top_logprobs
-    if s.json_schema is not None:
+    tool_schema = prep.api.tools.constraint() if prep.api.tools else None
+    if tool_schema is not None:
+        sp.json_schema = tool_schema
+    elif s.json_schema is not None:
         sp.json_schema = s.json_schema
     elif s.json_object:
         sp.json_object = True
@@ -181,7 +188,9 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
             span = tracer.start_span("duet.engine.v1.Engine/Generate", kind=trace.SpanKind.CLIENT, attributes={
                 "rpc.system": "grpc", "rpc.service": "duet.engine.v1.Engine", "rpc.method": "Generate",
                 "server.address": worker.address, "duet.worker": decision.worker_id})
-            stream = worker.client.generate(message, metadata=inject_metadata(trace.set_span_in_context(span)))
+            stream = gw.watchdog.watch(  # first-token and stall timeouts, circuit-breaker outcomes
+                worker.client.generate(message, metadata=inject_metadata(trace.set_span_in_context(span))),
+                decision.worker_id)
             it = stream.__aiter__()
             try:
                 first = await it.__anext__()

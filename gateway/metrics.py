@@ -58,6 +58,10 @@ class GatewayMetrics:
         self.state_healthy = Gauge("duet_state_store_up", "1 if the state store (Redis) is reachable", registry=r)
         self.state_errors = Gauge("duet_state_store_errors", "Failed state store (Redis) calls since start",
                                   registry=r)
+        self.stream_timeouts = Counter("duet_stream_timeouts", "Generate calls ended by the first-token or stall "
+                                       "timeout", ("worker",), registry=r)
+        self.breaker_opened = Counter("duet_worker_breaker_opened", "Times a worker's circuit breaker opened",
+                                      ("worker",), registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,4 +1,4 @@
-"""The gateway's ASGI middleware, outermost first: request id, tracing, body limit, API keys.
+"""The gateway's ASGI middleware, outermost first: request id, error shield, tracing, body limit, API keys.
 
 Each is a plain class with `__call__(scope, receive, send)`. They put what the handlers need in
 `scope["state"]` (Starlette's `request.state`): `request_id`, `cache_salt`, `api_key_id`.
@@ -6,15 +6,20 @@ Each is a plain class with `__call__(scope, receive, send)`. They put what the h
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import hmac
+import json
+import logging
 import re
 import uuid
 
 from opentelemetry import trace
 from opentelemetry.propagate import extract
 
-from gateway.errors import AuthenticationFailed, GatewayError, RequestTooLarge, error_response
+from gateway.errors import AuthenticationFailed, GatewayError, RequestTooLarge, error_payload, error_response
+from gateway.limits import api_key_id
+
+log = logging.getLogger("duet.gateway")
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -50,6 +55,40 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+class ErrorShieldMiddleware:
+    """The last line of the edge's contract, "every answer is 2xx or an OpenAI error object": an
+    exception no handler turned into a GatewayError becomes a 500 `internal_error` object (logged with
+    its traceback) instead of Starlette's plain-text page; once an SSE stream has started, the stream
+    ends with an error event and `[DONE]` instead of being cut."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = {"sse": None}
+
+        async def send_tracked(message) -> None:
+            if message["type"] == "http.response.start":
+                ctype = dict(message.get("headers", ())).get(b"content-type", b"")
+                started["sse"] = ctype.startswith(b"text/event-stream")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as e:  # the catch-all, by design
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            err = GatewayError(f"internal error: {type(e).__name__}")
+            if started["sse"] is None:
+                return await error_response(err)(scope, receive, send)
+            tail = b""
+            if started["sse"]:
+                tail = b"data: " + json.dumps(error_payload(err)).encode() + b"\n\ndata: [DONE]\n\n"
+            with contextlib.suppress(Exception):  # the client may be gone already
+                await send({"type": "http.response.body", "body": tail, "more_body": False})
 
 
 class TracingMiddleware:
@@ -140,5 +179,5 @@ class ApiKeyMiddleware:
             msg = "Incorrect API key provided." if token else "Missing API key: send 'Authorization: Bearer <key>'."
             return await _reject(AuthenticationFailed(msg), scope, receive, send)
         state["cache_salt"] = salt
-        state["api_key_id"] = hashlib.sha256(token).hexdigest()[:12]
+        state["api_key_id"] = api_key_id(token)
         await self.app(scope, receive, send)

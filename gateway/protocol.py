@@ -12,10 +12,12 @@ from dataclasses import dataclass
 
 from gateway.errors import InvalidRequest
 from gateway.extra_params import extra_sampling
+from gateway.tools import ToolRequest, parse_tools
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_STOP_STRINGS = 16
 MAX_N = 64
+MAX_TOKEN_ID = 1 << 31  # token ids travel as uint32; no vocabulary comes near this
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class ApiRequest:
     model: str
     sampling: Sampling
     messages: tuple[dict, ...] = ()
-    tools: tuple[dict, ...] | None = None
+    tools: ToolRequest | None = None
     prompt: str | tuple[int, ...] = ""
     stream: bool = False
     include_usage: bool = False
@@ -72,8 +74,8 @@ class ApiRequest:
             caps.add("n")
         if s.beam_width > 1:
             caps.add("beam_search")
-        if s.json_object or s.json_schema is not None or s.regex is not None:
-            caps.add("structured_output")
+        if s.json_object or s.json_schema is not None or s.regex is not None or (self.tools and self.tools.active):
+            caps.add("structured_output")  # tool requests route like structured output
         if s.speculative:
             caps.add("speculative")
         return frozenset(caps)
@@ -83,6 +85,8 @@ def _num(body: dict, name: str, default, lo: float, hi: float, integer: bool = F
     value = body.get(name)
     if value is None:
         return default
+    if integer and isinstance(value, float) and value.is_integer():
+        value = int(value)  # 2.0 is an integer in JSON Schema (and to vLLM's pydantic models)
     ok_type = int if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, ok_type):
         raise InvalidRequest(f"'{name}' must be {'an integer' if integer else 'a number'}, got {value!r}", name)
@@ -149,8 +153,10 @@ def _sampling(body: dict, chat: bool) -> Sampling:
     if extra.get("regex") is not None and (json_object or json_schema is not None):
         raise InvalidRequest("give one of response_format (json) and regex/guided_choice, not both", "regex")
     stop_ids = body.get("stop_token_ids") or ()
-    if not isinstance(stop_ids, (list, tuple)) or not all(isinstance(t, int) and t >= 0 for t in stop_ids):
-        raise InvalidRequest("'stop_token_ids' must be a list of token ids", "stop_token_ids")
+    if not isinstance(stop_ids, (list, tuple)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_TOKEN_ID for t in stop_ids):
+        raise InvalidRequest(f"'stop_token_ids' must be a list of token ids (0 <= id < {MAX_TOKEN_ID})",
+                             "stop_token_ids")
     return Sampling(
         max_tokens=max_tokens,
         temperature=float(_num(body, "temperature", 1.0, 0.0, 2.0)),
@@ -215,12 +221,14 @@ def parse_chat(body: object) -> ApiRequest:
         if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES:
             raise InvalidRequest(f"messages[{i}].role must be one of {sorted(CHAT_ROLES)}", "messages")
         parsed.append(_content_text(m, i))
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise InvalidRequest("'tools' must be a list", "tools")
+    tools = parse_tools(body, parsed)
+    sampling = _sampling(body, chat=True)
+    if tools is not None and tools.constraint() is not None and (sampling.json_object or sampling.json_schema):
+        raise InvalidRequest("tool_choice 'required' or a named function cannot be combined with response_format",
+                             "tool_choice")
     return ApiRequest(
-        kind="chat", model=model, sampling=_sampling(body, chat=True), messages=tuple(parsed),
-        tools=tuple(tools) if tools else None, stream=stream, include_usage=include_usage, user=user,
+        kind="chat", model=model, sampling=sampling, messages=tuple(parsed),
+        tools=tools, stream=stream, include_usage=include_usage, user=user,
     )
 
 
@@ -230,7 +238,8 @@ def parse_completion(body: object) -> ApiRequest:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, list):
-        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_TOKEN_ID
+                                 for t in prompt):
             raise InvalidRequest("'prompt' must be a string or a list of token ids (one prompt per request)",
                                  "prompt")
         prompt = tuple(prompt)

@@ -10,6 +10,7 @@ import json
 import time
 
 from gateway.generation import Delta, Prepared
+from gateway.tool_calls import Arguments, CallStart, Content, ToolCallParser, parse_whole
 
 
 def sse(obj) -> bytes:
@@ -38,6 +39,11 @@ class ResponseBuilder:
         self._lp_parts = [[] for _ in range(n)]
         self._finish: list[str | None] = [None] * n
         self._offsets = [0] * n
+        tools = prep.api.tools
+        self.tool_mode = None
+        if self.chat and tools is not None and tools.active:
+            self.tool_mode = ("function" if tools.choice == "function" else tools.choice, tools.function)
+        self._parsers = [ToolCallParser(*self.tool_mode) for _ in range(n)] if self.tool_mode else None
 
     # -- logprobs -----------------------------------------------------------------------------
     def _token(self, token_id: int) -> str:
@@ -84,16 +90,46 @@ class ResponseBuilder:
                               "finish_reason": None}], with_usage=self.prep.api.include_usage)
                 for i in range(self.prep.api.sampling.n)]
 
-    def chunk(self, d: Delta) -> dict | None:
+    def chunks(self, d: Delta) -> list[dict]:
+        """The chunks one delta makes: none while nothing is visible yet (an incomplete character, a
+        held-back stop prefix), several when a tool call starts in it."""
+        if self._parsers is not None:
+            return self._tool_chunks(d)
         if not d.text and d.finish_reason is None and not (self.want_logprobs and d.logprobs):
-            return None  # nothing visible yet (an incomplete character, a held-back stop prefix)
+            return []
         if self.chat:
             choice = {"index": d.index, "delta": {"content": d.text} if d.text else {},
                       "logprobs": self._logprobs(d), "finish_reason": d.finish_reason}
         else:
             choice = {"index": d.index, "text": d.text, "logprobs": self._logprobs(d),
                       "finish_reason": d.finish_reason}
-        return self._chunk([choice], with_usage=self.prep.api.include_usage)
+        return [self._chunk([choice], with_usage=self.prep.api.include_usage)]
+
+    def _finish_reason(self, reason: str | None, calls: int) -> str | None:
+        return "tool_calls" if reason == "stop" and calls else reason
+
+    def _tool_chunks(self, d: Delta) -> list[dict]:
+        parser = self._parsers[d.index]
+        events = parser.feed(d.text) + (parser.finish() if d.finish_reason is not None else [])
+        deltas = []
+        for e in events:
+            if isinstance(e, Content):
+                deltas.append({"content": e.text})
+            elif isinstance(e, CallStart):
+                deltas.append({"tool_calls": [{"index": e.index, "id": e.id, "type": "function",
+                                               "function": {"name": e.name, "arguments": ""}}]})
+            elif isinstance(e, Arguments):
+                deltas.append({"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]})
+        if d.finish_reason is not None and not deltas:
+            deltas.append({})
+        logprobs = self._logprobs(d) if d.logprobs else None
+        out = []
+        for i, delta in enumerate(deltas):
+            last = i == len(deltas) - 1
+            choice = {"index": d.index, "delta": delta, "logprobs": logprobs if i == 0 else None,
+                      "finish_reason": self._finish_reason(d.finish_reason, parser.calls) if last else None}
+            out.append(self._chunk([choice], with_usage=self.prep.api.include_usage))
+        return out
 
     def usage_chunk(self, usage: dict) -> dict:
         return self._chunk([], usage_dict(usage), with_usage=True)
@@ -113,8 +149,12 @@ class ResponseBuilder:
             if self.chat:
                 lp = ({"content": [c for part in self._lp_parts[i] for c in part["content"]]}
                       if self.want_logprobs else None)
-                choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                                "logprobs": lp, "finish_reason": self._finish[i]})
+                message, finish = {"role": "assistant", "content": text}, self._finish[i]
+                if self.tool_mode:
+                    content, calls = parse_whole(text, *self.tool_mode)
+                    message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+                    finish = self._finish_reason(finish, len(calls))
+                choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
             else:
                 lp = None
                 if self.want_logprobs:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -96,6 +97,11 @@ class CanaryPolicy:
         return policy
 
     def validate(self) -> None:
+        # NaN passes every range check below and Infinity breaks the JSON the admin API answers with
+        numbers = [self.window_s, self.confirm_s, self.max_ttft_p99_ratio, self.max_error_rate_increase,
+                   *(x for step in self.ramp for x in (step.weight, step.hold_s))]
+        if not all(v is None or math.isfinite(v) for v in numbers):
+            raise PolicyError("canary policy numbers must be finite")
         if self.canary == self.baseline:
             raise PolicyError("canary and baseline must be different variants")
         if self.window_s <= 0 or self.confirm_s < 0 or self.min_requests < 1:

@@ -25,8 +25,9 @@ over every candidate, as SGLang's router does); "round_robin" takes the candidat
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from gateway.canary import pick_weighted, sticky_point
 from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
@@ -117,6 +118,12 @@ class RoutingConfig:
 
     def validate(self) -> RoutingConfig:
         """Return self, or raise RoutingConfigError with what is wrong."""
+        # NaN passes every range check below and Infinity breaks the JSON the admin API answers with
+        numbers = {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), float)}
+        numbers.update({f"variant {v.name!r} weight": v.weight for v in self.variants})
+        for name, value in numbers.items():
+            if not math.isfinite(value):
+                raise RoutingConfigError(f"{name} must be a finite number, got {value}")
         if self.policy not in POLICIES:
             raise RoutingConfigError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.sticky_key not in ("session", "user"):

@@ -23,13 +23,24 @@ def main(argv: list[str] | None = None) -> int:
                              "shared machine OpenMP barriers cost more than a second core gains)")
     parser.add_argument("--device", default=None, choices=["cpu", "cuda"],
                         help="where the engines run (default cpu; the transformers baselines stay on the CPU)")
+    parser.add_argument("--model", default=None,
+                        help="prefix mode: a model directory, .gguf or pullable name instead of the random "
+                             "`bench` checkpoint (e.g. smollm2-135m-instruct)")
     args = parser.parse_args(argv)
     if args.device:
         os.environ["DUET_BENCH_DEVICE"] = args.device
     import torch
 
     torch.set_num_threads(args.threads)
-    result = importlib.import_module(MODES[args.mode]).run(args.quick)
+    module = importlib.import_module(MODES[args.mode])
+    if args.model:
+        from duet.model_pull import resolve_model
+
+        if args.mode != "prefix":
+            parser.error("--model is for the prefix mode")
+        result = module.run(args.quick, model=str(resolve_model(args.model)))
+    else:
+        result = module.run(args.quick)
     if args.json:
         print(json.dumps(result))
     else:

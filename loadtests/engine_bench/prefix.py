@@ -10,7 +10,8 @@ Engines run in-process (schedule -> forward -> process, no gRPC), every request 
 - ``structured_valid_ratio``: json_schema generations (sampled, temperature 1, seeds 0..N-1) that parse and
   validate against the schema.
 - ``spec_speedup``: output tokens/s at batch 1 with n-gram speculation (k=4) over without, greedy, on a
-  prompt that holds a document followed by the start of an edited copy of it.
+  prompt that holds a document followed by the start of an edited copy of it; with ``--model DIR`` (a
+  trained model) on the copy/edit chats of copy_edit.py instead, with ``spec_acceptance_rate``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import random
 import statistics
 import time
+from pathlib import Path
 
 from engine_core.request import Request
 from engine_core.sampling_params import SamplingParams
@@ -146,18 +148,25 @@ def _speculative(ckpt, quick: bool, vocab: int) -> dict:
     return result
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False, model: str | None = None) -> dict:
     import torch
 
     from duet.model_dir import read_model_dir
 
-    ckpt = bench_checkpoint()
+    ckpt = Path(model) if model else bench_checkpoint()
     vocab = read_model_dir(ckpt).config.vocab_size
     result = {"mode": "prefix", "quick": quick, "device": bench_device(), "torch_threads": torch.get_num_threads()}
     start = time.perf_counter()
     result.update(_shared_prefix(ckpt, quick, vocab))
     result.update(_structured(ckpt, quick))
-    result.update(_speculative(ckpt, quick, vocab))
+    if model:  # a trained model: speculation on a copy/edit load of real text
+        from engine_prefix.worker import build_engine
+        from loadtests.engine_bench.copy_edit import speculative_on_text
+
+        result["model"] = ckpt.name
+        result.update(speculative_on_text(ckpt, quick, run_timed, build_engine))
+    else:
+        result.update(_speculative(ckpt, quick, vocab))
     result["wall_s"] = round(time.perf_counter() - start, 1)
     return result
 

@@ -9,6 +9,7 @@ import sys
 def test_duet_modules_do_not_import_torch() -> None:
     code = (
         "import sys, duet.model_dir, duet.model_make, duet.tokenizer, duet.detokenizer, duet.hashing,"
+        " duet.balancer, duet.scale_out, duet.pool_scaler, duet.healthcheck,"
         " duet.registry;"
         "print(sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules))"
     )

@@ -48,7 +48,8 @@ def test_paged_worker_with_redis_is_discovered_serves_and_deregisters_on_drain(t
         (view,) = gw.gateway.views()
         assert (view.worker_id, view.engine_kind, view.version) == ("paged-r", "paged", "v7")
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
-        raw = client.completions.with_raw_response.create(model=model_dir().name, prompt="hello", max_tokens=3)
+        raw = client.completions.with_raw_response.create(model=model_dir().name, prompt="hello", max_tokens=3,
+                                                        temperature=0, extra_body={"ignore_eos": True})
         assert raw.headers["x-duet-worker"] == "paged-r" and raw.headers["x-duet-engine"] == "paged"
         assert raw.parse().usage.completion_tokens == 3
         assert r.exists(worker_key("paged-r"))

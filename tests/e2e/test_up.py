@@ -53,6 +53,9 @@ class Up:
     def __init__(self, *flags: str, env: dict | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # the tiny model unless a test says otherwise (the default real model is tested in tests/realmodel)
+        if "--model" not in flags:
+            flags = ("--model", str(model_dir()), *flags)
         self.proc = subprocess.Popen([sys.executable, "-m", "duet.cli", "up", "--port", str(self.port), *flags],
                                      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**{k: v for k, v in os.environ.items() if k != "DUET_ADMIN_KEY"},

@@ -185,3 +185,36 @@ async def test_dashboard_page_and_vendored_chart_library_are_served(client):
     assert lib.status_code == 200 and "Chart.js v4" in lib.text[:200]
     assert (await client.get("/dashboard/vendor/chart.js.LICENSE.md")).status_code == 200
     assert (await client.get("/dashboard/../admin.py")).status_code == 404
+
+
+@pytest.mark.parametrize("weights", [
+    ("Infinity", "10"), ("1e400", "10"), ("NaN", "10"), ('"NaN"', "10"), ('"inf"', "10"), ("90", "-Infinity"),
+])
+async def test_non_finite_weights_are_refused_and_change_nothing(client, backend, weights):
+    """Issue 14: an Infinity/1e400/NaN weight answered 500 but was stored, and from then on GET routing and
+    GET audit answered 500. Now the write is a 400 and the state is exactly what it was."""
+    assert (await client.put("/admin/models/m/routing", json=GOOD, headers=AUTH)).status_code == 200
+    raw = json.dumps(GOOD).replace('"weight": 90', f'"weight": {weights[0]}').replace('"weight": 10',
+                                                                                       f'"weight": {weights[1]}')
+    r = await client.put("/admin/models/m/routing", content=raw.encode(), headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert "finite" in r.json()["error"]["message"]
+    got = await client.get("/admin/models/m/routing", headers=AUTH)
+    assert got.status_code == 200 and [v["weight"] for v in got.json()["variants"]] == [90.0, 10.0]
+    audit = await client.get("/admin/audit", headers=AUTH)
+    assert audit.status_code == 200 and len(audit.json()["entries"]) == 1
+
+
+@pytest.mark.parametrize("change", [
+    {"window_s": "nan"}, {"max_ttft_p99_ratio": "inf"}, {"confirm_s": "NaN"},
+    {"ramp": [{"weight": "nan", "hold_s": 10}]}, {"ramp": [{"weight": 10, "hold_s": "inf"}]},
+])
+async def test_non_finite_canary_policy_is_refused_and_changes_nothing(client, backend, change):
+    await client.put("/admin/models/m/routing", json=GOOD, headers=AUTH)
+    policy = {"canary": "canary", "baseline": "stable", "window_s": 30, "min_requests": 5}
+    assert (await client.put("/admin/models/m/canary-policy", json=policy, headers=AUTH)).status_code == 200
+    r = await client.put("/admin/models/m/canary-policy", json={**policy, **change}, headers=AUTH)
+    assert r.status_code == 400 and "finite" in r.json()["error"]["message"]
+    got = await client.get("/admin/models/m/canary-policy", headers=AUTH)
+    assert got.status_code == 200 and got.json()["policy"]["window_s"] == 30
+    assert (await stream_event(backend))["rollback"]["policies"]["m"]["window_s"] == 30

@@ -1,0 +1,57 @@
+"""Real engine workers on SmolLM2 (one `duet engine paged`, one `duet engine prefix`, real gRPC) with
+one in-process gateway in front of each, so a test can pick the engine it talks to."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from duet_stack import ROOT, GatewayThread, free_port
+
+
+class RealStack:
+    def __init__(self, model_dir: Path, log_dir: Path) -> None:
+        self.model_dir = model_dir
+        self.model = model_dir.name
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.gateways: dict[str, GatewayThread] = {}
+
+    def start(self) -> RealStack:
+        ports = {}
+        for kind in ("paged", "prefix"):
+            ports[kind] = free_port()
+            with open(self.log_dir / f"{kind}.log", "wb") as log:
+                self.procs[kind] = subprocess.Popen(
+                    [sys.executable, "-m", "duet.cli", "engine", kind, "--model", str(self.model_dir),
+                     "--port", str(ports[kind]), "--device", "cpu", "--kv-cache-tokens", "16384",
+                     "--worker-id", f"{kind}-real"],
+                    cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        for kind, port in ports.items():
+            config = {"host": "127.0.0.1", "port": free_port(), "models": [{"path": str(self.model_dir)}],
+                      "workers": [{"address": f"127.0.0.1:{port}"}], "health": {"poll_interval_s": 0.2}}
+            try:
+                self.gateways[kind] = GatewayThread(config).start(timeout_s=240)
+            except RuntimeError as exc:
+                raise RuntimeError(f"{kind} worker did not come up:\n{self.log(kind)}") from exc
+        return self
+
+    def log(self, kind: str) -> str:
+        return (self.log_dir / f"{kind}.log").read_text(errors="replace")[-3000:]
+
+    def url(self, kind: str) -> str:
+        return self.gateways[kind].url
+
+    def stop(self) -> None:
+        for gw in self.gateways.values():
+            gw.stop()
+        for p in self.procs.values():
+            p.terminate()
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
