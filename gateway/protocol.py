@@ -218,14 +218,15 @@ def parse_chat(body: object) -> ApiRequest:
         raise InvalidRequest("'messages' must be a non-empty list", "messages")
     parsed = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m.get("role") not in CHAT_ROLES:
             raise InvalidRequest(f"messages[{i}].role must be one of {sorted(CHAT_ROLES)}", "messages")
         parsed.append(_content_text(m, i))
     tools = parse_tools(body, parsed)
     sampling = _sampling(body, chat=True)
-    if tools is not None and tools.constraint() is not None and (sampling.json_object or sampling.json_schema):
-        raise InvalidRequest("tool_choice 'required' or a named function cannot be combined with response_format",
-                             "tool_choice")
+    if tools is not None and tools.constraint() is not None and (
+            sampling.json_object or sampling.json_schema or sampling.regex is not None):
+        raise InvalidRequest("tool_choice 'required' or a named function cannot be combined with response_format "
+                             "or regex/guided_choice", "tool_choice")
     return ApiRequest(
         kind="chat", model=model, sampling=sampling, messages=tuple(parsed),
         tools=tools, stream=stream, include_usage=include_usage, user=user,

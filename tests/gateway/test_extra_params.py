@@ -60,3 +60,15 @@ def test_speculative_on_needs_the_capability_and_off_needs_nothing():
     assert chat(speculative=True).required_capabilities == {"speculative"}
     off = chat(speculative=False)
     assert off.sampling.speculative is False and off.required_capabilities == frozenset()
+
+
+def test_a_forced_tool_call_and_a_regex_cannot_both_constrain_the_output():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    with pytest.raises(InvalidRequest) as err:
+        chat(tools=tools, tool_choice="required", guided_choice=["a", "b"])
+    assert err.value.param == "tool_choice" and "regex" in str(err.value)
+
+
+def test_a_role_that_is_not_a_string_is_a_400_not_a_crash():
+    with pytest.raises(InvalidRequest, match="role"):
+        parse_chat({"model": "m", "messages": [{"role": ["user"], "content": "hi"}]})
