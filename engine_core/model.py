@@ -11,6 +11,8 @@ gate/up in `gate_up_proj` [2 I, H], so each layer runs two input matmuls instead
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor, nn
 
@@ -30,12 +32,26 @@ class RMSNorm(nn.Module):
         return kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
-def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: ForwardBatch, scale: float) -> Tensor:
+class StepInputs(NamedTuple):
+    """What every layer of one forward needs besides its hidden states and its caches."""
+
+    positions: Tensor  # [T] int64
+    batch: ForwardBatch
+    rope_cache: Tensor
+    attn_plan: kernels.AttentionPlan | None  # the torch backend's attention indices, planned once per step
+
+
+def paged_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInputs,
+                    scale: float) -> Tensor:
     """Attention of every token in the batch over its sequence's pages (its own K/V already stored).
 
-    The batch puts single-token (decode) chunks first: those rows use the paged decode kernel, the rest
-    (prefill chunks) the extend kernel. q: [T, Hq, D] -> out [T, Hq, D].
+    The batch puts single-token (decode) chunks first: on the Triton backend those rows use the paged decode
+    kernel, the rest (prefill chunks) the extend kernel; on the torch backend one planned path does both.
+    q: [T, Hq, D], k/v: [T, Hk, D] (the new tokens') -> out [T, Hq, D].
     """
+    if step.attn_plan is not None:
+        return kernels.paged_attention_planned(q, k, v, k_cache, v_cache, step.attn_plan, scale)
+    batch = step.batch
     nd = batch.num_decode_tokens
     if nd == q.shape[0]:
         return kernels.paged_decode_attention(q, k_cache, v_cache, batch.decode_block_tables,
@@ -68,8 +84,7 @@ class Attention(nn.Module):
             self.q_norm = nn.Parameter(torch.ones(self.head_dim))
             self.k_norm = nn.Parameter(torch.ones(self.head_dim))
 
-    def forward(self, hidden: Tensor, positions: Tensor, batch: ForwardBatch, k_cache: Tensor, v_cache: Tensor,
-                rope_cache: Tensor) -> Tensor:
+    def forward(self, hidden: Tensor, step: StepInputs, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         t = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(t, self.num_heads, self.head_dim)
@@ -78,9 +93,9 @@ class Attention(nn.Module):
         if self.qk_norm:  # Qwen3: per-head RMSNorm before rope
             q = kernels.rms_norm(q, self.q_norm, self.eps)
             k = kernels.rms_norm(k, self.k_norm, self.eps)
-        q, k = kernels.apply_rope(q, k, positions, rope_cache)
-        kernels.store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
-        out = paged_attention(q, k_cache, v_cache, batch, self.scale)
+        q, k = kernels.apply_rope(q, k, step.positions, step.rope_cache)
+        kernels.store_kv(k, v, k_cache, v_cache, step.batch.slot_mapping)
+        out = paged_attention(q, k, v, k_cache, v_cache, step, self.scale)
         return self.o_proj(out.reshape(t, self.q_size))
 
 
@@ -102,9 +117,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, hidden, residual, positions, batch, k_cache, v_cache, rope_cache):
+    def forward(self, hidden, residual, step: StepInputs, k_cache, v_cache):
         hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(hidden, positions, batch, k_cache, v_cache, rope_cache)
+        hidden = self.self_attn(hidden, step, k_cache, v_cache)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -138,10 +153,16 @@ class DecoderModel(nn.Module):
                 v_caches: list[Tensor]) -> Tensor:
         if self.rope_cache is None or self.rope_cache.device != input_ids.device:
             self.build_rope_cache(input_ids.device)
+        plan = None
+        if kernels.kernel_backend(input_ids) == "torch":  # the same indices in every layer: derive them once
+            plan = kernels.plan_paged_attention(
+                batch.num_decode_tokens, batch.decode_block_tables, batch.decode_context_lens,
+                batch.extend_block_tables, batch.cu_seqlens_q, batch.prefix_lens, k_caches[0].shape[1])
+        step = StepInputs(positions, batch, self.rope_cache, plan)
         hidden = self.embed_tokens(input_ids)
         residual = None
         for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches):
-            hidden, residual = layer(hidden, residual, positions, batch, k_cache, v_cache, self.rope_cache)
+            hidden, residual = layer(hidden, residual, step, k_cache, v_cache)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

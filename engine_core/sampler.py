@@ -69,47 +69,49 @@ class Sampler:
     @torch.inference_mode()
     def sample(self, logits: Tensor, rows: Sequence[SampleRow]) -> SamplerOutput:
         assert logits.shape[0] == len(rows), "one sampler row per logits row"
-        for row in rows:
-            assert row.generator is None or row.generator.device.type == logits.device.type, (
-                f"a generator on {row.generator.device} for logits on {logits.device}: "
-                "make it with Sampler.make_generator")
-        wants_logprobs = any(r.params.logprobs is not None for r in rows)
-        raw_logprobs = torch.log_softmax(logits.float(), dim=-1) if wants_logprobs else None
+        # the common batch (greedy or plain temperature, no logprobs, penalties or min_tokens) costs a few
+        # whole-batch tensor ops; the per-row work below runs only for the rows that ask for it
+        want_logprobs = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        raw_logprobs = torch.log_softmax(logits.float(), dim=-1) if want_logprobs else None
         token_ids = self._choose(self.penalized_logits(logits, rows), rows)
-        logprobs: list[TokenLogprob | None] = []
-        for i, (row, token) in enumerate(zip(rows, token_ids)):
-            if row.params.logprobs is None:
-                logprobs.append(None)
-                continue
+        logprobs: list[TokenLogprob | None] = [None] * len(rows)
+        for i in want_logprobs:
+            k, token = rows[i].params.logprobs, token_ids[i]
             top = ()
-            if row.params.logprobs > 0:
-                values, ids = raw_logprobs[i].topk(min(row.params.logprobs, self.vocab_size))
+            if k > 0:
+                values, ids = raw_logprobs[i].topk(min(k, self.vocab_size))
                 top = tuple(zip(ids.tolist(), values.tolist()))
-            logprobs.append(TokenLogprob(token, raw_logprobs[i, token].item(), top))
+            logprobs[i] = TokenLogprob(token, raw_logprobs[i, token].item(), top)
         return SamplerOutput(token_ids, logprobs)
 
     def penalized_logits(self, logits: Tensor, rows: Sequence[SampleRow]) -> Tensor:
-        """A fp32 copy of `logits` after the min_tokens mask and the penalties: what greedy rows take the argmax
-        of and what temperature/top-k/top-p/min-p then shape for the others."""
+        """`logits` in fp32 after the min_tokens mask and the penalties: what greedy rows take the argmax of and
+        what temperature/top-k/top-p/min-p then shape for the others. The caller's tensor is never changed
+        (a copy is made when there is something to change)."""
+        banned = self._banned_tokens(rows)
+        penalized = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0
+                     or r.params.frequency_penalty != 0.0 or r.params.presence_penalty != 0.0]
+        if not banned and not penalized:
+            return logits.float()
         logits = logits.float().clone()  # callers may reuse their tensor
-        self._mask_stop_tokens(logits, rows)
-        self._apply_penalties(logits, rows)
+        if banned:
+            row_ids, token_ids = zip(*banned)
+            logits[list(row_ids), list(token_ids)] = float("-inf")
+        if penalized:
+            self._apply_penalties(logits, rows, penalized)
         return logits
 
-    def _mask_stop_tokens(self, logits: Tensor, rows: Sequence[SampleRow]) -> None:
-        """min_tokens: EOS (unless ignore_eos) and stop ids cannot be sampled before min_tokens outputs."""
+    def _banned_tokens(self, rows: Sequence[SampleRow]) -> list[tuple[int, int]]:
+        """min_tokens: (row, token) pairs that cannot be sampled yet, EOS (unless ignore_eos) and stop ids."""
+        pairs = []
         for i, row in enumerate(rows):
             p = row.params
             if len(row.output_token_ids) < p.min_tokens:
                 banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_token_ids))
-                if banned:
-                    logits[i, banned] = float("-inf")
+                pairs.extend((i, t) for t in banned)
+        return pairs
 
-    def _apply_penalties(self, logits: Tensor, rows: Sequence[SampleRow]) -> None:
-        index = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0
-                 or r.params.frequency_penalty != 0.0 or r.params.presence_penalty != 0.0]
-        if not index:
-            return
+    def _apply_penalties(self, logits: Tensor, rows: Sequence[SampleRow], index: list[int]) -> None:
         sub = logits[index]
         counts = _token_counts([rows[i].output_token_ids for i in index], self.vocab_size, logits.device)
         rep = torch.tensor([rows[i].params.repetition_penalty for i in index], device=logits.device)[:, None]
@@ -125,19 +127,31 @@ class Sampler:
         logits[index] = sub
 
     def _choose(self, logits: Tensor, rows: Sequence[SampleRow]) -> list[int]:
-        chosen = logits.argmax(dim=-1)
         index = [i for i, r in enumerate(rows) if not r.params.greedy]
-        if index:
-            probs = _filtered_probs(logits[index], [rows[i].params for i in index])
+        if not index:
+            return logits.argmax(dim=-1).tolist()
+        everyone = len(index) == len(rows)
+        probs = _filtered_probs(logits if everyone else logits[index], [rows[i].params for i in index])
+        seeded = [k for k, i in enumerate(index) if rows[i].generator is not None]
+        if not seeded:  # one draw for the whole batch from the sampler's generator
+            noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        else:
             noise = torch.empty_like(probs)
             shared = [k for k, i in enumerate(index) if rows[i].generator is None]
             if shared:
                 noise[shared] = torch.empty(len(shared), probs.shape[1], device=probs.device).exponential_(
                     generator=self.generator)
-            for k, i in enumerate(index):
-                if rows[i].generator is not None:
-                    noise[k].exponential_(generator=rows[i].generator)
-            chosen[index] = (probs / noise).argmax(dim=-1)
+            for k in seeded:
+                generator = rows[index[k]].generator
+                assert generator.device.type == probs.device.type, (
+                    f"a generator on {generator.device} for logits on {probs.device}: make it with "
+                    "Sampler.make_generator")
+                noise[k].exponential_(generator=generator)
+        sampled = (probs / noise).argmax(dim=-1)
+        if everyone:
+            return sampled.tolist()
+        chosen = logits.argmax(dim=-1)
+        chosen[index] = sampled
         return chosen.tolist()
 
 

@@ -7,6 +7,8 @@ Routes (`admin_routes(gateway)` returns them for the app's route list):
     GET|PUT|DELETE /admin/models/{model}/canary-policy   automatic rollback bounds and ramp (gateway/rollback.py)
     GET  /admin/workers                          health, version, load, KV usage, prefix hit rate, draining
     POST /admin/workers/{worker_id}/drain        stop routing to the worker; running requests finish
+    GET  /admin/pools                            the pool planner: {"target": {"paged": N, "prefix": M},
+                                                 "current": {...}, "work": {...}, ...} (gateway/pool_planner.py)
     GET  /admin/decisions?limit=N                the last N routing decisions, newest first
     GET  /admin/audit?limit=N                    config changes, newest first (time, actor = key id, before, after)
     GET  /admin/stats/stream                     SSE, one `data:` event a second with what the dashboard draws
@@ -72,6 +74,9 @@ class AdminBackend(Protocol):
 
     def drain_worker(self, worker_id: str) -> bool | Awaitable[bool]:
         """Stop routing to the worker (running requests finish). False: no such worker."""
+
+    def pool_report(self) -> dict:
+        """The pool planner's report (gateway/pool_tracker.PoolTracker.report)."""
 
 
 def key_id(key: str) -> str:
@@ -166,6 +171,7 @@ async def stream_event(gateway: AdminBackend) -> dict:
         "t": time.time(),
         "stats": gateway.stats.snapshot(STREAM_WINDOW_S),
         "workers": gateway.worker_rows(),
+        "pools": gateway.pool_report() if hasattr(gateway, "pool_report") else None,
         "routing": routing,
         "rollback": {
             "events": list(rb.events),
@@ -230,6 +236,9 @@ def admin_routes(gateway: AdminBackend) -> list[Route]:
             raise WorkerNotFound(f"no worker {worker_id!r}")
         return JSONResponse({"worker_id": worker_id, "draining": True})
 
+    async def pools(request: Request, actor: str) -> Response:
+        return JSONResponse(gateway.pool_report())
+
     async def decisions(request: Request, actor: str) -> Response:
         return JSONResponse({"decisions": gateway.decisions.recent(_limit(request))})
 
@@ -257,6 +266,7 @@ def admin_routes(gateway: AdminBackend) -> list[Route]:
         Route("/admin/models/{model:path}/canary-policy", h(delete_policy), methods=["DELETE"]),
         Route("/admin/workers", h(list_workers), methods=["GET"]),
         Route("/admin/workers/{worker_id}/drain", h(drain), methods=["POST"]),
+        Route("/admin/pools", h(pools), methods=["GET"]),
         Route("/admin/decisions", h(decisions), methods=["GET"]),
         Route("/admin/audit", h(audit), methods=["GET"]),
         Route("/admin/stats/stream", h(stats_stream), methods=["GET"]),

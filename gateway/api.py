@@ -132,6 +132,9 @@ class _Run:
             gw.metrics.prompt_tokens.labels(m).inc(self.usage.get("prompt_tokens", 0))
             gw.metrics.cached_tokens.labels(m, dec.engine_kind).inc(self.usage.get("cached_tokens", 0))
             gw.metrics.generation_tokens.labels(m).inc(self.usage.get("completion_tokens", 0))
+            prompt = self.usage.get("prompt_tokens", 0) or len(self.prep.prompt_ids)
+            gw.pools.finished(time.monotonic(), dec, gw.block_size(m), prompt, self.usage.get("cached_tokens", 0),
+                              self.usage.get("completion_tokens", 0))
         gw.stats.record(
             model=self.labels[0], ok=ok or status == "499", engine_kind=dec.engine_kind, variant=dec.variant,
             worker_id=dec.worker_id, reason=dec.reason,

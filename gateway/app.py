@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
+from dataclasses import replace
 
 from opentelemetry import trace
 from starlette.applications import Starlette
@@ -37,6 +39,7 @@ from gateway.middleware import (
 )
 from gateway.models import ServedModel, load_models
 from gateway.openapi import openapi_json
+from gateway.pool_tracker import PoolTracker
 from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.rollback import RollbackController
 from gateway.stats import RequestStats
@@ -73,6 +76,7 @@ class Gateway:
         self.watchdog = StreamWatchdog(t, on_outcome=self._call_outcome)
         self.pending = 0
         self.drained: set[str] = set()
+        self.pools = PoolTracker(self.metrics, config.pool_planner)
         self._tasks: list[asyncio.Task] = []
 
     @property
@@ -102,6 +106,7 @@ class Gateway:
         self._tasks.append(asyncio.create_task(self._rollback_loop()))
         self._tasks.append(asyncio.create_task(self.watchdog.run()))
         self._tasks.append(asyncio.create_task(self.limiter.run()))
+        self._tasks.append(asyncio.create_task(self._pool_loop()))
         try:
             yield
         finally:
@@ -115,6 +120,14 @@ class Gateway:
         while True:
             await asyncio.sleep(1.0)
             await self.rollback.tick()
+
+    async def _pool_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.pools.tick(time.monotonic(), self.views())
+
+    def pool_report(self) -> dict:
+        return self.pools.report(time.monotonic())
 
     # -- the request path -----------------------------------------------------------------------
     def admit(self) -> None:
@@ -180,14 +193,11 @@ class Gateway:
         return True
 
     def views(self):
-        views = self.pool.views()
+        queued = self.pools.queued
         open_breakers = self.breakers.open_workers()
-        if not self.drained and not open_breakers:
-            return views
-        from dataclasses import replace
-
-        views = [replace(v, healthy=False) if v.worker_id in open_breakers else v for v in views]
-        return [replace(v, draining=True) if v.worker_id in self.drained else v for v in views]
+        return [replace(v, healthy=v.healthy and v.worker_id not in open_breakers,
+                        draining=v.draining or v.worker_id in self.drained,
+                        queued_prefill_tokens=queued(v.worker_id)) for v in self.pool.views()]
 
 
 def build_app(config: GatewayConfig, **gateway_kwargs) -> Starlette:

@@ -19,6 +19,7 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
     hashing: {max_blocks: 256}
     affinity_ttl_s: 600
     routing: {reuse_threshold: 0.5, ...}    # defaults of gateway.routing.RoutingConfig
+    pool_planner: {cooldown_s: 30, ...}     # defaults of gateway.pool_planner.PlannerConfig
     tracing: {enabled: false}
     timeouts: {first_token_s: 120, stall_s: 30, ...}   # gateway.timeouts.Timeouts (null: no limit)
 
@@ -35,6 +36,7 @@ from pathlib import Path
 import yaml
 
 from gateway.limits import KeyLimits, parse_key_limits
+from gateway.pool_planner import PlannerConfig
 from gateway.routing import Pool, RoutingConfig, RoutingConfigError, Variant
 from gateway.timeouts import Timeouts
 
@@ -68,6 +70,7 @@ class GatewayConfig:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     tracing: bool = False
     timeouts: Timeouts = field(default_factory=Timeouts)
+    pool_planner: PlannerConfig = field(default_factory=PlannerConfig)
 
 
 def _section(raw: dict, name: str) -> dict:
@@ -148,6 +151,8 @@ def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
             routing=routing_from_dict(_section(raw, "routing")),
             tracing=bool(_section(raw, "tracing").get("enabled", False)),
             timeouts=Timeouts(**_known(Timeouts, _section(raw, "timeouts"), "timeouts")).validate(),
+            pool_planner=PlannerConfig(**_known(PlannerConfig, _section(raw, "pool_planner"),
+                                                "pool_planner")).validate(),
         )
     except (TypeError, ValueError) as e:
         if isinstance(e, ConfigError):

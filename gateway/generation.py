@@ -149,13 +149,15 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
     """Route and open the stream, retrying on other workers until one answers (see module doc)."""
     tracer = gw.tracer
     model_id = prep.model.model_id
-    hashes = tuple(block_hashes(prep.prompt_ids, gw.block_size(model_id), model_id, prep.cache_salt,
+    block_size = gw.block_size(model_id)
+    hashes = tuple(block_hashes(prep.prompt_ids, block_size, model_id, prep.cache_salt,
                                 max_blocks=gw.config.max_hash_blocks))
     api = prep.api
     req = routing.RouteRequest(
         model=model_id, block_hashes=hashes, num_prompt_tokens=len(prep.prompt_ids),
         session_key=prep.session_key, user_key=api.user, required_capabilities=api.required_capabilities,
         variant_override=prep.variant_override, turn_count=api.turn_count, sequence=next(_SEQUENCE),
+        block_tokens=block_size,
     )
     config = await gw.state.get_routing(model_id) or gw.config.routing
     affinity_key = prep.session_key or None
@@ -192,6 +194,9 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
                 worker.client.generate(message, metadata=inject_metadata(trace.set_span_in_context(span))),
                 decision.worker_id)
             it = stream.__aiter__()
+            # until its first message the request is queued prefill on that worker (routing's load signal)
+            gw.pools.prefill_started(prep.request_id, decision.worker_id, len(prep.prompt_ids) - min(
+                decision.cached_blocks * block_size, len(prep.prompt_ids) - 1))
             try:
                 first = await it.__anext__()
             except (EngineCallError, StopAsyncIteration) as e:
@@ -217,6 +222,8 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
                 stream.cancel()
                 span.end()
                 raise
+            finally:
+                gw.pools.prefill_done(prep.request_id)
             gw.record_decision(prep, req, decision)
             if affinity_key:
                 await gw.state.set_affinity(affinity_key, decision.worker_id, gw.config.affinity_ttl_s)

@@ -17,6 +17,7 @@ _ITL_BUCKETS = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
                 0.5, 0.75, 1.0, 2.5)
 _E2E_BUCKETS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                 120.0, 240.0)
+_ERROR_BUCKETS = (-8192, -4096, -2048, -1024, -512, -256, -64, -16, -1, 0, 16, 64, 256, 1024, 4096)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -54,6 +55,21 @@ class GatewayMetrics:
         self.worker_kv_usage = Gauge("duet_worker_kv_cache_usage_perc", "KV usage per worker (GetLoad)",
                                      ("worker",), registry=r)
         self.kv_events = Counter("duet_kv_events", "KV events applied to the block index", ("kind",), registry=r)
+        self.pool_target = Gauge("duet_pool_target_workers", "Workers of each engine kind the pool planner asks for",
+                                 ("kind",), registry=r)
+        self.pool_current = Gauge("duet_pool_current_workers", "Serving (healthy, not draining) workers per kind",
+                                  ("kind",), registry=r)
+        self.pool_work = Gauge("duet_pool_work_tokens_per_second",
+                               "Work routed to each kind (uncached prefill + weighted decode + backlog), tokens/s",
+                               ("kind",), registry=r)
+        self.route_cache_error = Histogram(
+            "duet_route_cached_tokens_error", "Engine's real cached_tokens minus the router's estimate for the "
+            "chosen worker (tokens; negative: the router expected more)", ("engine",),
+            buckets=_ERROR_BUCKETS, registry=r)
+        self.route_stale = Counter("duet_route_stale_decisions",
+                                   "Decisions whose cache estimate exceeded the real cached tokens by a block or "
+                                   "more (the worker had evicted blocks the index still listed)",
+                                   ("engine",), registry=r)
         self.pending = Gauge("duet_gateway_pending_requests", "Requests inside the gateway", registry=r)
         self.state_healthy = Gauge("duet_state_store_up", "1 if the state store (Redis) is reachable", registry=r)
         self.state_errors = Gauge("duet_state_store_errors", "Failed state store (Redis) calls since start",

@@ -48,18 +48,44 @@ _SAMPLING = {
     ]},
 }
 
+_TOOL_CALL = {
+    "type": "object", "required": ["id", "type", "function"],
+    "properties": {"id": {"type": "string"}, "type": {"const": "function"},
+                   "function": {"type": "object", "required": ["name", "arguments"],
+                                "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}},
+}
+
 _MESSAGE = {
-    "type": "object", "required": ["role", "content"],
+    "type": "object", "required": ["role"],
     "properties": {
         "role": {"enum": sorted(CHAT_ROLES)},
         "content": {"oneOf": [
             {"type": "string"},
             {"type": "array", "items": {"type": "object", "required": ["type", "text"],
                                         "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}},
+            {"type": "null"},  # an assistant turn that only made tool calls
         ]},
         "name": {"type": "string"},
+        "tool_calls": {"type": "array", "items": _TOOL_CALL},
+        "tool_call_id": {"type": "string"},
     },
 }
+
+_TOOL = {
+    "type": "object", "required": ["type", "function"],
+    "properties": {"type": {"const": "function"},
+                   "function": {"type": "object", "required": ["name"],
+                                "properties": {"name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+                                               "description": {"type": "string"},
+                                               "parameters": {"type": "object"}}}},
+}
+
+_TOOL_CHOICE = {"oneOf": [
+    {"enum": ["none", "auto", "required"]},
+    {"type": "object", "required": ["type", "function"],
+     "properties": {"type": {"const": "function"},
+                    "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}},
+]}
 
 _ERROR = {
     "type": "object", "required": ["error"],
@@ -121,7 +147,8 @@ DOCUMENT = {
                     "max_completion_tokens": _num(1, _INT31, integer=True),
                     "logprobs": {"type": "boolean"},
                     "top_logprobs": _num(0, 20, integer=True),
-                    "tools": {"type": "array", "items": {"type": "object"}},
+                    "tools": {"type": "array", "items": _TOOL},
+                    "tool_choice": _TOOL_CHOICE,
                     **_SAMPLING,
                 },
             },

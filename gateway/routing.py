@@ -10,11 +10,14 @@ The seven steps, in order (docs/routing.md explains each and every default):
                  search need engine_paged; no capable worker -> NoCapableWorker (503);
 3. variant     - canary arm, sticky by the hash of the session or user key, or the
                  operator's override (unknown name -> UnknownVariant, 400);
-4. affinity    - the session's previous worker, kept unless unhealthy or overloaded;
+4. affinity    - the session's previous worker, kept unless unhealthy, overloaded, or another
+                 worker's prefill wait is `shed_tokens` shorter (then this session alone moves);
 5. engine      - estimated reuse (leading blocks seen recently / head blocks) >= threshold,
-                 or a multi-turn chat -> prefix, else paged; the other kind if one is missing;
-6. replica     - most blocks cached on the worker minus a load penalty, unless the pool is
-                 imbalanced, then the least loaded;
+                 or a session / multi-turn chat -> prefix, else paged; the other kind if one is
+                 missing, or if its cheapest worker costs `spill_tokens` less (a spill);
+6. replica     - the cheapest worker (cost: queued prefill tokens + this prompt's uncached tokens
+                 + `request_tokens` per request in flight); an anonymous prompt keeps to the worker
+                 caching most of it unless that one's prefill wait is `shed_tokens` longer;
 7. decision    - the worker plus the reason, one of REASONS (a metric label).
 
 `RoutingConfig.policy` keeps steps 1-3 and swaps the rest, for baselines (`duet bench compare`):
@@ -41,7 +44,7 @@ PREFIX_CAPABILITIES = frozenset({"structured_output", "speculative"})
 PAGED_CAPABILITIES = frozenset({"n", "beam_search"})
 
 REASONS = (
-    "capability", "affinity", "reuse_high", "reuse_low", "multi_turn",
+    "capability", "affinity", "shed", "spill", "reuse_high", "reuse_low", "multi_turn",
     "cache_match", "least_load", "imbalance", "override", "round_robin",
 )
 POLICIES = ("duet", "cache_aware", "round_robin")
@@ -73,6 +76,7 @@ class WorkerView:
     num_running: int
     num_waiting: int
     kv_usage: float
+    queued_prefill_tokens: int = 0  # uncached prompt tokens routed here still before their first token
 
     @property
     def load(self) -> int:
@@ -113,7 +117,9 @@ class RoutingConfig:
     imbalance_ratio: float = 1.5  # guard fires when max load > ratio * min load ...
     imbalance_abs: int = 8  # ... and max load - min load > this many requests
     waiting_weight: float = 1.0  # a queued request counts as this many in flight (load = running + w * waiting)
-    spill_abs: int = 4  # a low-reuse prompt goes to engine_prefix when paged's idlest has this many more in flight
+    request_tokens: int = 256  # duet's cost: one request in flight weighs as much as this many prefill tokens
+    shed_tokens: int = 98304  # a session leaves its worker when another's prefill wait is shorter by this many tokens
+    spill_tokens: int = 4096  # a new prompt goes to the other engine kind when its cost is lower by this many
     policy: str = "duet"  # "duet" | "cache_aware" | "round_robin" (baselines; module docstring)
 
     def validate(self) -> RoutingConfig:
@@ -130,9 +136,10 @@ class RoutingConfig:
             raise RoutingConfigError(f"sticky_key must be 'session' or 'user', got {self.sticky_key!r}")
         if not 0.0 <= self.reuse_threshold <= 1.0:
             raise RoutingConfigError(f"reuse_threshold must be in [0, 1], got {self.reuse_threshold}")
-        if self.overload_running < 1 or self.imbalance_abs < 0 or self.imbalance_ratio < 1.0 or self.spill_abs < 0:
-            raise RoutingConfigError(
-                "overload_running >= 1, imbalance_abs >= 0, spill_abs >= 0, imbalance_ratio >= 1 required")
+        if self.overload_running < 1 or self.imbalance_abs < 0 or self.imbalance_ratio < 1.0:
+            raise RoutingConfigError("overload_running >= 1, imbalance_abs >= 0, imbalance_ratio >= 1 required")
+        if min(self.request_tokens, self.shed_tokens, self.spill_tokens) < 0:
+            raise RoutingConfigError("request_tokens, shed_tokens and spill_tokens must be >= 0")
         if self.load_penalty < 0 or self.waiting_weight < 0:
             raise RoutingConfigError("load_penalty and waiting_weight must be >= 0")
         names = [v.name for v in self.variants]
@@ -162,6 +169,7 @@ class RouteRequest:
     variant_override: str | None = None
     turn_count: int = 1  # user messages in the chat; > 1 means multi-turn
     sequence: int = 0  # the caller's count of routed requests (the round_robin policy)
+    block_tokens: int = 16  # tokens per hashed block (cached blocks -> cached tokens in duet's cost)
 
 
 @dataclass(frozen=True)
@@ -176,6 +184,7 @@ class RouteDecision:
     estimated_reuse: float
     cached_blocks: int
     steps: tuple[str, ...] = field(default=())
+    wanted_kind: str = ""  # the kind step 5 chose, before a spill or a missing kind changed it ("": none)
 
 
 DEFAULT_VARIANT = "default"
@@ -216,12 +225,20 @@ def route(
         steps.append(replica_reason)
         return _decide(worker, variant, reuse, index, req, steps)
 
-    # 4. session affinity
+    # 4. session affinity, shed per session: the session's worker is kept unless it is overloaded or
+    # another worker would serve this turn `shed_tokens` sooner even after re-prefilling the history
+    cached = {w.worker_id: index.match(w.worker_id, req.block_hashes) for w in in_variant}
+    waits = {w.worker_id: _prefill_wait(w, req, cached[w.worker_id]) for w in in_variant}
+    costs = {w.worker_id: waits[w.worker_id] + config.request_tokens * _load(w, config) for w in in_variant}
     if affinity_worker is not None:
         kept = next((w for w in in_variant if w.worker_id == affinity_worker), None)
-        if kept is not None and not _overloaded(kept, config):
-            steps.append("affinity")
-            return _decide(kept, variant, reuse, index, req, steps)
+        if kept is not None:
+            others = [c for wid, c in waits.items() if wid != kept.worker_id]
+            if not _overloaded(kept, config) and (
+                    not others or waits[kept.worker_id] - min(others) <= config.shed_tokens):
+                steps.append("affinity")
+                return _decide(kept, variant, reuse, index, req, steps)
+            steps.append("shed")
 
     # 5. engine kind by estimated reuse
     kinds = {w.engine_kind for w in in_variant}
@@ -233,23 +250,40 @@ def route(
         wanted, engine_reason = PREFIX, "reuse_high"
     else:
         wanted, engine_reason = PAGED, "reuse_low"
+    first_choice = wanted
     if wanted not in kinds:
         wanted = next(iter(kinds))  # the variant has one kind only: it serves everything
     elif len(kinds) > 1:
         steps.append(engine_reason)  # the reuse estimate really chose between two kinds
-        if wanted == PAGED and _paged_far_busier(in_variant, config):
-            # a one-shot prompt costs the prefix engine no more than the paged one; queueing it behind
-            # a busy paged pool while the prefix pool idles is what hurts its TTFT tail
-            wanted = PREFIX
-            steps.append("imbalance")
+        other = PAGED if wanted == PREFIX else PREFIX
+        best = {k: min(costs[w.worker_id] for w in in_variant if w.engine_kind == k) for k in (wanted, other)}
+        if best[other] + config.spill_tokens < best[wanted]:
+            # the wanted pool is far busier: both engines cache prefixes and serve any prompt, and
+            # queueing behind a saturated pool is what hurts the TTFT tail (sessions spill too: affinity
+            # then keeps their later turns on the worker that now holds the history)
+            wanted = other
+            steps.append("spill")
     pool = [w for w in in_variant if w.engine_kind == wanted]
 
-    # 6. replica: cached blocks against load, with an imbalance guard
-    worker, replica_reason = _pick_replica(pool, req.block_hashes, config, index)
-    steps.append(replica_reason)
+    # 6. replica: the cheapest worker (cost: prefill wait + in-flight requests; ties, as in an idle fleet,
+    # rotate with the request counter so they do not all land on one worker). A prompt without a session
+    # key keeps to the worker holding most of it while that one's prefill wait is within `shed_tokens` of
+    # the cheapest's: the affinity rule, for anonymous clients. A new session takes the cheapest (sharing a
+    # document with another session is no reason to queue behind it).
+    turn = {w.worker_id: i for i, w in enumerate(sorted(pool, key=lambda w: w.worker_id))}
+    cheapest = min(pool, key=lambda w: (costs[w.worker_id], _load(w, config),
+                                        (turn[w.worker_id] - req.sequence) % len(pool)))
+    home = max(pool, key=lambda w: (cached[w.worker_id], -costs[w.worker_id]))
+    if req.session_key is None and cached[home.worker_id] > min(cached[w.worker_id] for w in pool) and (
+            waits[home.worker_id] - waits[cheapest.worker_id] <= config.shed_tokens):
+        worker = home
+    else:
+        worker = cheapest
+    steps.append("cache_match" if cached[worker.worker_id] > min(cached[w.worker_id] for w in pool)
+                 else "least_load")
 
     # 7. decision
-    return _decide(worker, variant, reuse, index, req, steps)
+    return _decide(worker, variant, reuse, index, req, steps, first_choice)
 
 
 def _capable(
@@ -324,12 +358,13 @@ def _load(w: WorkerView, config: RoutingConfig) -> float:
     return w.num_running + config.waiting_weight * w.num_waiting
 
 
-def _paged_far_busier(workers: list[WorkerView], config: RoutingConfig) -> bool:
-    """Whether the idlest paged worker carries `spill_abs` more requests than the idlest prefix
-    worker, and `imbalance_ratio` times as many (the engine-level imbalance guard)."""
-    paged = min(_load(w, config) for w in workers if w.engine_kind == PAGED)
-    prefix = min(_load(w, config) for w in workers if w.engine_kind == PREFIX)
-    return paged - prefix >= config.spill_abs and paged > config.imbalance_ratio * prefix
+def _prefill_wait(w: WorkerView, req: RouteRequest, cached_blocks: int) -> int:
+    """Prefill tokens `req` would wait for on `w`: the prefill queued there plus this prompt's tokens
+    the worker does not hold. Its first token comes about this many tokens of prefill time from now.
+
+    Duet's cost adds `request_tokens` per request in flight (a running request shares the decode batch
+    and holds KV); choosing by cost balances the fleet, shedding by wait protects the TTFT tail."""
+    return w.queued_prefill_tokens + max(0, req.num_prompt_tokens - cached_blocks * req.block_tokens)
 
 
 def _overloaded(w: WorkerView, config: RoutingConfig) -> bool:
@@ -361,14 +396,14 @@ def _pick_replica(
 # the most decisive step names the decision: an operator action first, then hard constraints,
 # then what overrode the cache-first choice, then the engine choice, then the replica choice
 _PRECEDENCE = (
-    "override", "capability", "affinity", "imbalance", "round_robin", "multi_turn", "reuse_high", "reuse_low",
+    "override", "capability", "affinity", "shed", "spill", "imbalance", "round_robin", "multi_turn", "reuse_high", "reuse_low",
     "cache_match", "least_load",
 )
 
 
 def _decide(
     w: WorkerView, variant: str, reuse: float, index: WorkerBlockIndex,
-    req: RouteRequest, steps: list[str],
+    req: RouteRequest, steps: list[str], wanted_kind: str = "",
 ) -> RouteDecision:
     reason = next(r for r in _PRECEDENCE if r in steps)
     return RouteDecision(
@@ -379,4 +414,5 @@ def _decide(
         estimated_reuse=reuse,
         cached_blocks=index.match(w.worker_id, req.block_hashes),
         steps=tuple(steps),
+        wanted_kind=wanted_kind,
     )

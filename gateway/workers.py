@@ -148,10 +148,19 @@ class WorkerPool:
     async def _check(self, w: Worker) -> None:
         ok = await w.client.check_health()
         try:
-            if ok and w.info is None:
-                w.info = await w.client.get_info()
-                self._by_id[w.worker_id] = w
-                w.watch_task = asyncio.create_task(self._watch_kv(w))
+            if ok and (w.info is None or not w.healthy):
+                # first contact, or back after a failure: it may have restarted as another worker
+                # (`duet up --workers` switches a worker's engine kind on the same address)
+                info = await w.client.get_info()
+                if w.info is None or (info.worker_id, info.engine_kind) != (w.info.worker_id, w.info.engine_kind):
+                    if w.info is not None:
+                        self._by_id.pop(w.worker_id, None)
+                        self._index.remove_worker(w.worker_id)
+                    if w.watch_task is not None:
+                        w.watch_task.cancel()
+                    w.info = info
+                    self._by_id[w.worker_id] = w
+                    w.watch_task = asyncio.create_task(self._watch_kv(w))
             if ok:
                 w.load = await w.client.get_load()
         except EngineCallError:

@@ -16,7 +16,7 @@ def _add_simulate_routing(sub: argparse._SubParsersAction) -> None:
         "SGLang-style cache-aware policy and Duet's own routing (gateway.routing.route), over "
         "simulated workers with LRU block caches; reports block hit rates and load balance.",
     )
-    p.add_argument("--trace", required=True, help="Mooncake JSONL trace (timestamp, input_length, output_length, hash_ids)")
+    p.add_argument("--trace", required=True, help="Mooncake JSONL, Azure CSV or OpenAI request log (loadtests/traces.py)")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--cache-blocks", type=int, default=2048, help="per-worker cache capacity in trace blocks (512 tokens)")
     p.add_argument("--time-scale", type=float, default=1.0,
@@ -54,25 +54,28 @@ def _run_simulate_routing(args: argparse.Namespace) -> int:
 def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compare",
-        help="the headline experiment: all-paged vs all-prefix vs duet on one mixed workload",
-        description="Starts three stacks of the same size on the same checkpoint, one after the other: "
-        "every worker engine_paged behind round robin, every worker engine_prefix behind cache-aware routing, "
-        "and half of each behind Duet's routing; sends each the same mixed workload (multi-turn chats, agent "
-        "loops, unrelated long documents; Poisson arrivals) and reports goodput and TTFT per traffic class.",
+        help="the headline experiment: all-paged vs all-prefix vs duet (fixed and planned) on one mixed workload",
+        description="Starts four stacks of the same size on the same checkpoint, one after the other: all "
+        "engine_paged and all engine_prefix behind cache-aware routing, half of each behind Duet's routing, and "
+        "Duet with the pool planner switching kinds; sends each the same mixed workload (multi-turn chats, agent "
+        "loops, unrelated long documents; Poisson arrivals) at three rates with repeats, and reports goodput and "
+        "TTFT per traffic class (loadtests/compare.py). With no options: the headline run.",
     )
     p.add_argument("--model", default=None, help="model directory (default: the bench checkpoint, made once)")
-    p.add_argument("--workers", type=int, default=2, help="workers per configuration (duet: half of each kind)")
-    p.add_argument("--quick", action="store_true", help="a smaller workload (about 2 minutes on 2 cores)")
-    p.add_argument("--num-requests", type=int, default=None)
-    p.add_argument("--rate", type=float, default=None, help="conversations + documents started per second")
+    p.add_argument("--workers", type=int, default=None, help="workers per stack (default 4; duet: half of each kind)")
+    p.add_argument("--quick", action="store_true", help="a small check of the machinery (2 workers, light rate)")
+    p.add_argument("--num-requests", type=int, default=None, help="per run (default: rate x 120 s)")
+    p.add_argument("--rates", default=None, help="comma-separated: light, medium, heavy or numbers (req/s)")
+    p.add_argument("--repeats", type=int, default=None, help="runs per rate (default: 3 at medium, 1 at the others)")
+    p.add_argument("--mix", default=None, help="class shares, e.g. multi_turn=2,agent=1,long_doc=1 (default 1:1:1)")
     p.add_argument("--max-prompt-tokens", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT bound of goodput (default 4000)")
     p.add_argument("--slo-itl-ms", type=float, default=None,
                    help="bound on a request's mean inter-token latency (default 250)")
-    p.add_argument("--kv-cache-tokens", type=int, default=None, help="per worker, every configuration alike")
-    p.add_argument("--configs", default=None, help="comma-separated subset of paged_round_robin,prefix_cache_aware,duet")
+    p.add_argument("--kv-cache-tokens", type=int, default=None, help="per worker, every stack alike (default 8192)")
+    p.add_argument("--configs", default=None, help="comma-separated subset of all_paged,all_prefix,duet_fixed,duet_planner")
     p.add_argument("--log-dir", default=None, help="keep the stacks' logs here (default: temp dirs)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=_run_compare)
@@ -84,10 +87,14 @@ def _run_compare(args: argparse.Namespace) -> int:
     from loadtests import compare
 
     s = compare.QUICK if args.quick else compare.Settings()
-    given = {k: getattr(args, k) for k in ("model", "workers", "num_requests", "rate", "max_prompt_tokens",
+    given = {k: getattr(args, k) for k in ("model", "workers", "num_requests", "repeats", "max_prompt_tokens",
                                             "max_tokens", "seed")}
     given.update(ttft_slo_ms=args.slo_ttft_ms, itl_slo_ms=args.slo_itl_ms)
     s = replace(s, **{k: v for k, v in given.items() if v is not None})
+    if args.rates:
+        s = replace(s, rates=tuple(r.strip() for r in args.rates.split(",") if r.strip()))
+    if args.mix:
+        s = replace(s, shares=compare.parse_mix(args.mix))
     if args.kv_cache_tokens is not None:
         s = replace(s, limits=replace(s.limits, kv_cache_tokens=args.kv_cache_tokens))
     if args.configs:
@@ -141,15 +148,65 @@ def _run_chaos(args: argparse.Namespace) -> int:
     return 0 if clean else 1
 
 
+def _add_advise(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "advise", help="paged, prefix or both? replay your own trace against each deployment",
+        description="Replays a trace (Mooncake JSONL, Azure CSV or an OpenAI request log of JSON lines) against "
+        "all-paged, all-prefix and Duet (every split of the workers), in the routing simulator with --simulate "
+        "or for real on this machine, and recommends one, as markdown and a PNG chart (loadtests/advise.py).",
+    )
+    p.add_argument("--trace", required=True, help="Mooncake JSONL, Azure CSV or OpenAI request log")
+    p.add_argument("--simulate", action="store_true", help="the routing simulator (fast, any trace size)")
+    p.add_argument("--workers", type=int, default=None, help="workers per deployment (default 8 simulated, 4 local)")
+    p.add_argument("--cache-blocks", type=int, default=2048, help="simulated per-worker cache, 512-token blocks")
+    p.add_argument("--time-scale", type=float, default=1.0, help="multiplies arrival times (0.5: twice the load)")
+    p.add_argument("--slo-ttft-s", type=float, default=2.0, help="TTFT bound of goodput, seconds")
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N records (local default 200)")
+    p.add_argument("--model", default=None, help="local replay: model directory (default: the bench checkpoint)")
+    p.add_argument("--out", default=None, help="write advice.md, advice.json and advice.png here")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the markdown")
+    p.set_defaults(func=_run_advise)
+
+
+def _run_advise(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from loadtests import advise
+
+    workers = args.workers or (8 if args.simulate else 4)
+    s = advise.AdviseSettings(workers=workers, cache_blocks=args.cache_blocks, time_scale=args.time_scale,
+                              slo_ttft_s=args.slo_ttft_s, limit=args.limit)
+    if args.simulate:
+        result = advise.advise_simulated(args.trace, s)
+    else:
+        result = advise.advise_local(args.trace, s, args.model,
+                                     progress=lambda line: print(line, file=sys.stderr, flush=True))
+    text = advise.format_markdown(result)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "advice.md").write_text(text)
+        (out / "advice.json").write_text(json.dumps(result, indent=2))
+        advise.write_chart(result, out / "advice.png")
+    print(json.dumps(result, indent=2) if args.json else text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duet bench", description="Duet load tests and simulations")
     sub = parser.add_subparsers(dest="bench_command", required=True)
     _add_simulate_routing(sub)
     _add_compare(sub)
     _add_chaos(sub)
+
+
+    _add_advise(sub)
     from loadtests.bench_run import add_parser as add_run  # argparse only; the run imports lazily
 
     add_run(sub)
+    from loadtests.peer import add_parser as add_peer  # argparse only; the run imports lazily
+
+    add_peer(sub)
     return parser
 
 

@@ -1,41 +1,66 @@
 """`duet bench compare`: the headline experiment — which engine, for which traffic?
 
 The same mixed workload (multi-turn chat sessions, agent loops and unrelated long documents, in
-equal shares of the requests, arriving together: Poisson arrivals of conversations and documents,
-open loop, seeded) runs against three stacks of the same size on the same checkpoint:
+equal shares of the requests by default, `--mix` for others; Poisson arrivals of conversations and
+documents, open loop, seeded) runs against four stacks of the same size on the same checkpoint:
 
-    paged_round_robin   every worker engine_paged, the gateway's round_robin policy
-    prefix_cache_aware  every worker engine_prefix, the gateway's cache_aware policy
-    duet                half engine_paged, half engine_prefix, the gateway's own routing
+    all_paged     every worker engine_paged (prefix caching on where the engine has it:
+                  loadtests.stack.paged_prefix_caching_flags), the gateway's cache_aware policy -
+                  the vLLM deployment users run today
+    all_prefix    every worker engine_prefix, the gateway's cache_aware policy
+    duet_fixed    half engine_paged, half engine_prefix, the gateway's own routing
+    duet_planner  starts as duet_fixed; the gateway's pool planner sets the split and a pool manager
+                  (duet/pool_manager.py, in a thread of this process) switches workers' kinds
 
-All three go through the real gateway (`RoutingConfig.policy` picks the policy) and real engine
-workers with identical limits (`loadtests.stack.EngineLimits`), one after the other. For each
-configuration: goodput (requests meeting both the TTFT and the TPOT SLO, per second), TTFT
-p50/p99 per traffic class, the engine and route-reason split from the `x-duet-*` headers, and each
-worker's load (requests running + waiting, sampled from the gateway twice a second) and prefix
-cache hit rate. `run(settings)` returns one JSON-ready dict (see `_config_result` and `_headline`).
+All go through the real gateway (`RoutingConfig.policy` picks the policy) and real engine workers with
+identical limits (`loadtests.stack.EngineLimits`), one after the other, at each of three rates, with
+repeats. The KV budget per worker (8,192 tokens by default) is small on purpose: it holds about eight
+of the workload's long documents (1,024 tokens), fewer than a worker receives between two turns of a
+session at the medium rate, so in a pool that mixes documents and sessions the documents evict the
+sessions' prefixes — the situation that isolating them is for. (The earlier 32,768 held everything,
+so isolation bought nothing.)
+
+Rates (conversations + documents started per second, 4 workers): light 1.5 (every stack keeps up:
+the 2-worker quiet runs met the SLOs at 1.5), medium 4.5 (where the 2-worker stacks saturated, here
+spread over twice the workers: loaded, not saturated), heavy 9.0 (twice medium: the homogeneous
+stacks saturate). These follow from the 2-worker measurements in docs/benchmarks.md and are to be
+confirmed on the quiet machine. The request count per run is the rate times `run_seconds` (120 s), so
+one rate for the four stacks takes about 4 x (startup + 2-3 minutes); `duet bench compare --json`
+with no options runs the headline: every rate, three repeats at medium and one at light and heavy.
+
+Per stack and rate: goodput (requests meeting both the TTFT and the TPOT SLO, per second), TTFT per
+class, engine and route-reason split, worker loads; `goodput_ratio_vs_best_homogeneous` and
+`long_doc_ttft_p99_ratio_vs_paged` with their median, min and max over the repeats.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import statistics
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from loadtests.client import RequestRecord, arun_benchmark
 from loadtests.report import Slo, summarize
-from loadtests.stack import EngineLimits, ServingStack
+from loadtests.stack import EngineLimits, ServingStack, paged_prefix_caching_flags
 from loadtests.workloads import BenchRequest, TokenSource, mix
 
 CONFIGS = {
-    # name: (engine kinds of the workers, given the worker count; routing policy)
-    "paged_round_robin": (lambda n: ["paged"] * n, "round_robin"),
-    "prefix_cache_aware": (lambda n: ["prefix"] * n, "cache_aware"),
-    "duet": (lambda n: ["paged"] * (n // 2) + ["prefix"] * (n - n // 2), "duet"),
+    # name: (engine kinds of the workers, given the worker count; routing policy; pool planner on)
+    "all_paged": (lambda n: ["paged"] * n, "cache_aware", False),
+    "all_prefix": (lambda n: ["prefix"] * n, "cache_aware", False),
+    "duet_fixed": (lambda n: ["paged"] * (n // 2) + ["prefix"] * (n - n // 2), "duet", False),
+    "duet_planner": (lambda n: ["paged"] * (n // 2) + ["prefix"] * (n - n // 2), "duet", True),
 }
+HOMOGENEOUS = ("all_paged", "all_prefix")
 SHARES = {"multi_turn": 1.0, "agent": 1.0, "long_doc": 1.0}
+RATES = {"light": 1.5, "medium": 4.5, "heavy": 9.0}
+HEADLINE_REPEATS = {"light": 1, "medium": 3, "heavy": 1}
+# the planner reacts within a run: rates over 20 s, at most one change every 15 s
+PLANNER = {"window_s": 20.0, "cooldown_s": 15.0}
 
 
 class CompareError(ValueError):
@@ -44,23 +69,35 @@ class CompareError(ValueError):
 
 @dataclass(frozen=True)
 class Settings:
-    """One experiment. The defaults are the full run (about 5 minutes on 2 shared CPU cores); QUICK
-    is the --quick one (about 2). The SLOs are fixed, the same for every configuration: about 3-5x
-    the TTFT and TPOT medians of the bench checkpoint at light load on one CPU thread per worker
+    """One experiment. The defaults are the headline run (module docstring); QUICK is a small one
+    for checking the machinery. The SLOs are fixed, the same for every stack: about 3-5x the TTFT and
+    TPOT medians of the bench checkpoint at light load on one CPU thread per worker
     (docs/benchmarks.md), so that an unqueued request meets them and a queued one does not."""
 
     model: str | None = None  # None: the bench checkpoint, made once in the cache dir
-    workers: int = 2
-    num_requests: int = 180
-    rate: float = 1.5  # conversations + documents started per second (Poisson)
+    workers: int = 4
+    num_requests: int | None = None  # None: rate x run_seconds
+    run_seconds: float = 120.0
+    rates: tuple[str, ...] = tuple(RATES)  # names of RATES, or numbers as strings
+    repeats: int | None = None  # None: HEADLINE_REPEATS; N: N at every rate
     max_prompt_tokens: int = 1024
     max_tokens: int = 32
     seed: int = 0
     ttft_slo_ms: float = 4000.0
     itl_slo_ms: float = 250.0  # bound on each request's mean inter-token latency (TPOT)
-    limits: EngineLimits = field(default_factory=EngineLimits)
+    limits: EngineLimits = field(default_factory=lambda: EngineLimits(kv_cache_tokens=8192))
     configs: tuple[str, ...] = tuple(CONFIGS)
+    shares: tuple[tuple[str, float], ...] = tuple(SHARES.items())
     ready_timeout_s: float = 300.0
+
+    def rate_value(self, name: str) -> float:
+        try:
+            return RATES[name] if name in RATES else float(name)
+        except ValueError:
+            raise CompareError(f"--rates: {name!r} is neither light/medium/heavy nor a number") from None
+
+    def repeats_at(self, name: str) -> int:
+        return self.repeats if self.repeats is not None else HEADLINE_REPEATS.get(name, 1)
 
     def validate(self) -> Settings:
         if self.workers < 2:
@@ -68,14 +105,31 @@ class Settings:
         unknown = [c for c in self.configs if c not in CONFIGS]
         if unknown or not self.configs:
             raise CompareError(f"--configs: unknown {unknown}; choose from {', '.join(CONFIGS)}")
-        if not self.rate > 0:
-            raise CompareError(f"--rate must be positive, got {self.rate}")
+        if not self.rates or not all(self.rate_value(r) > 0 for r in self.rates):
+            raise CompareError("--rates must be positive")
+        if self.repeats is not None and self.repeats < 1:
+            raise CompareError(f"--repeats must be >= 1, got {self.repeats}")
         if self.ttft_slo_ms <= 0 or self.itl_slo_ms <= 0:
             raise CompareError("--slo-ttft-ms and --slo-itl-ms must be positive")
+        bad = [k for k, v in self.shares if k not in SHARES or v < 0]
+        if bad or not any(v > 0 for _, v in self.shares):
+            raise CompareError(f"--mix: classes are {', '.join(SHARES)} with shares >= 0 (one positive); got {bad}")
         return self
 
 
-QUICK = Settings(num_requests=48)
+def parse_mix(text: str) -> tuple[tuple[str, float], ...]:
+    """'multi_turn=2,agent=1,long_doc=1' -> the shares."""
+    out = []
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        try:
+            out.append((name.strip(), float(value)))
+        except ValueError:
+            raise CompareError(f"--mix: {part!r} is not class=share") from None
+    return tuple(out)
+
+
+QUICK = Settings(workers=2, num_requests=24, rates=("light",), repeats=1, max_prompt_tokens=512, max_tokens=16)
 
 
 def bench_checkpoint() -> Path:
@@ -85,9 +139,10 @@ def bench_checkpoint() -> Path:
     return cached_model_dir("bench", "llama")
 
 
-def workload(model: Path, s: Settings) -> list[BenchRequest]:
+def workload(model: Path, s: Settings, rate: float) -> list[BenchRequest]:
     src = TokenSource.from_model_dir(model)
-    return mix(src, s.num_requests, s.max_prompt_tokens, s.max_tokens, s.seed, SHARES)
+    n = s.num_requests or max(12, round(rate * s.run_seconds))
+    return mix(src, n, s.max_prompt_tokens, s.max_tokens, s.seed, dict(s.shares))
 
 
 async def _sample_load(stack: ServingStack, samples: dict[str, list[tuple[int, int]]], stop: asyncio.Event) -> None:
@@ -101,12 +156,12 @@ async def _sample_load(stack: ServingStack, samples: dict[str, list[tuple[int, i
             pass
 
 
-async def _measure(stack: ServingStack, model_id: str, requests, encode, s: Settings):
+async def _measure(stack: ServingStack, model_id: str, requests, encode, s: Settings, rate: float):
     samples: dict[str, list[tuple[int, int]]] = {}
     stop = asyncio.Event()
     sampler = asyncio.create_task(_sample_load(stack, samples, stop))
     try:
-        records = await arun_benchmark(stack.url, model_id, requests, rate=s.rate, encode=encode,
+        records = await arun_benchmark(stack.url, model_id, requests, rate=rate, encode=encode,
                                        progress=False, seed=s.seed)
     finally:
         stop.set()
@@ -114,16 +169,34 @@ async def _measure(stack: ServingStack, model_id: str, requests, encode, s: Sett
     return records, samples
 
 
-def run_config(name: str, model: Path, requests: list[BenchRequest], s: Settings, encode,
+def run_config(name: str, model: Path, requests: list[BenchRequest], s: Settings, encode, rate: float,
                log_dir: Path | None = None) -> dict:
-    kinds_of, policy = CONFIGS[name]
+    kinds_of, policy, planner = CONFIGS[name]
     kinds = kinds_of(s.workers)
     t0 = time.monotonic()
-    with ServingStack(model, kinds, {"policy": policy}, s.limits, s.ready_timeout_s, log_dir) as stack:
+    with ServingStack(model, kinds, {"policy": policy}, s.limits, s.ready_timeout_s, log_dir,
+                      pool_planner=PLANNER if planner else None) as stack:
         started_s = time.monotonic() - t0
-        records, samples = asyncio.run(_measure(stack, model.name, requests, encode, s))
+        done = threading.Event()
+        manager = stack.pool_manager(done.is_set) if planner else None
+        # the manager waits on the gateway's admin API, so a thread of its own; it starts processes
+        # only through duet.up.Stack, and nothing else here forks while it runs
+        thread = threading.Thread(target=manager.run, daemon=True) if manager else None
+        if thread:
+            thread.start()
+        try:
+            records, samples = asyncio.run(_measure(stack, model.name, requests, encode, s, rate))
+        finally:
+            done.set()
+            if thread:
+                thread.join(timeout=s.ready_timeout_s)
         final = {row["worker_id"]: row for row in stack.workers()}
-    return _config_result(name, kinds, policy, records, samples, final, s, started_s)
+        kinds_after = [row["engine_kind"] for row in final.values()]
+    result = _config_result(name, kinds, policy, records, samples, final, s, started_s)
+    if manager:
+        result["switches"] = [{"t": t, "from": old, "to": new, "kind": k} for t, old, new, k in manager.switches]
+        result["workers_after"] = {k: kinds_after.count(k) for k in ("paged", "prefix")}
+    return result
 
 
 def _config_result(name: str, kinds: list[str], policy: str, records: list[RequestRecord],
@@ -171,24 +244,54 @@ def _ratio(a, b) -> float | None:
     return a / b if a is not None and b else None
 
 
-def _headline(results: dict) -> dict:
-    """The two figures of the target: duet's goodput over the better homogeneous stack's, and duet's
-    long-document TTFT p99 over the all-paged stack's (None when a configuration was not run)."""
-    duet = results.get("duet")
-    homogeneous = [results[c]["goodput_rps"] for c in ("paged_round_robin", "prefix_cache_aware") if c in results]
-    paged = results.get("paged_round_robin")
+def _doc_p99(r: dict | None) -> float | None:
+    return r["classes"].get("long_doc", {}).get("ttft_p99_ms") if r else None
 
-    def doc_p99(r):
-        return r["classes"].get("long_doc", {}).get("ttft_p99_ms") if r else None
 
-    ratio = _ratio(duet["goodput_rps"], max(homogeneous)) if duet and homogeneous else None
-    doc = _ratio(doc_p99(duet), doc_p99(paged)) if duet and paged else None
-    return {"goodput_ratio_vs_best_homogeneous": ratio, "long_doc_ttft_p99_ratio_vs_paged": doc,
-            "target_met": None if ratio is None or doc is None else (ratio >= 1.2 and doc <= 1.0)}
+def _spread(values: list) -> dict:
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def _rate_summary(runs: dict[str, list[dict]]) -> dict:
+    """Per stack: goodput and long-document TTFT p99 and the two headline ratios, each as median / min
+    / max over the repeats (repeat i of a stack is compared with repeat i of the baselines)."""
+    reps = min(len(v) for v in runs.values())
+    out = {}
+    for name, rs in runs.items():
+        ratios, docs = [], []
+        for i in range(reps):
+            homogeneous = [runs[h][i]["goodput_rps"] for h in HOMOGENEOUS if h in runs]
+            ratios.append(_ratio(rs[i]["goodput_rps"], max(homogeneous)) if homogeneous else None)
+            docs.append(_ratio(_doc_p99(rs[i]), _doc_p99(runs["all_paged"][i])) if "all_paged" in runs else None)
+        out[name] = {"goodput_rps": _spread([r["goodput_rps"] for r in rs]),
+                     "long_doc_ttft_p99_ms": _spread([_doc_p99(r) for r in rs]),
+                     "goodput_ratio_vs_best_homogeneous": _spread(ratios),
+                     "long_doc_ttft_p99_ratio_vs_paged": _spread(docs)}
+    return out
+
+
+def _headline(rates: dict) -> dict:
+    """The target figures: duet_planner's (else duet_fixed's) median ratios at each rate, and whether
+    they meet the issue's bounds (goodput >= 1.2 at medium and heavy, >= 1.0 at light; long-document
+    TTFT p99 <= 1.0 everywhere)."""
+    goodput, doc = {}, {}
+    for rate, r in rates.items():
+        stack = next((c for c in ("duet_planner", "duet_fixed") if c in r["summary"]), None)
+        if stack is None:
+            continue
+        goodput[rate] = r["summary"][stack]["goodput_ratio_vs_best_homogeneous"]["median"]
+        doc[rate] = r["summary"][stack]["long_doc_ttft_p99_ratio_vs_paged"]["median"]
+    met = None
+    if goodput and all(v is not None for v in (*goodput.values(), *doc.values())):
+        met = all(v >= (1.0 if k == "light" else 1.2) for k, v in goodput.items()) and all(v <= 1.0 for v in doc.values())
+    return {"goodput_ratio_vs_best_homogeneous": goodput, "long_doc_ttft_p99_ratio_vs_paged": doc, "target_met": met}
 
 
 def run(s: Settings, log_dir: Path | None = None, progress=None) -> dict:
-    """The whole experiment; `progress(str)` hears one line per configuration."""
+    """The whole experiment; `progress(str)` hears one line per run."""
     s.validate()
     model = Path(s.model).expanduser().resolve() if s.model else bench_checkpoint()
     if not (model / "config.json").is_file():
@@ -196,26 +299,32 @@ def run(s: Settings, log_dir: Path | None = None, progress=None) -> dict:
     from duet.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(model)
-    requests = workload(model, s)
     t0 = time.monotonic()
-    results = {}
-    for name in s.configs:
-        sub = None if log_dir is None else Path(log_dir) / name
-        if sub is not None:
-            sub.mkdir(parents=True, exist_ok=True)
-        results[name] = run_config(name, model, requests, s, tokenizer.encode, sub)
-        if progress is not None:
-            r = results[name]
-            progress(f"{name}: goodput {r['goodput_rps']:.3f} req/s, {r['num_good']}/{r['num_requests']} good, "
-                     f"{r['num_errors']} errors, {r['duration_s']:.0f} s")
+    rates = {}
+    for rate_name in s.rates:
+        rate = s.rate_value(rate_name)
+        requests = workload(model, s, rate)
+        runs: dict[str, list[dict]] = {c: [] for c in s.configs}
+        for rep in range(s.repeats_at(rate_name)):
+            for name in s.configs:  # repeats interleave the stacks: drift in the machine hits all alike
+                sub = None if log_dir is None else Path(log_dir) / f"{rate_name}-{rep}-{name}"
+                if sub is not None:
+                    sub.mkdir(parents=True, exist_ok=True)
+                r = run_config(name, model, requests, s, tokenizer.encode, rate, sub)
+                runs[name].append(r)
+                if progress is not None:
+                    progress(f"{rate_name} ({rate} /s) #{rep + 1} {name}: goodput {r['goodput_rps']:.3f} req/s, "
+                             f"{r['num_good']}/{r['num_requests']} good, {r['num_errors']} errors, "
+                             f"{r['duration_s']:.0f} s")
+        rates[rate_name] = {"rate": rate, "num_requests": len(requests), "runs": runs, "summary": _rate_summary(runs)}
     settings = asdict(replace(s, model=str(model)))
-    settings["configs"] = list(s.configs)
+    settings["configs"], settings["rates"] = list(s.configs), list(s.rates)
     return {
         "model": model.name, "device": "cpu", "cpu_count": os.cpu_count(),
-        "workload": {"classes": SHARES, "num_requests": len(requests),
-                     "conversations_and_documents": sum(1 for r in requests if r.depends_on is None)},
+        "paged_prefix_caching": bool(paged_prefix_caching_flags()) and s.limits.paged_prefix_caching,
+        "workload": {"classes": dict(s.shares)}, "kv_cache_tokens_per_worker": s.limits.kv_cache_tokens,
         "slo": {"ttft_ms": s.ttft_slo_ms, "itl_ms": s.itl_slo_ms}, "settings": settings,
-        "configs": results, **_headline(results), "wall_s": round(time.monotonic() - t0, 1),
+        "rates": rates, **_headline(rates), "wall_s": round(time.monotonic() - t0, 1),
     }
 
 
@@ -223,31 +332,37 @@ def _f(x, digits=0) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def _m(spread: dict, digits: int) -> str:
+    if spread["median"] is None:
+        return "-"
+    if spread["n"] > 1:
+        return f"{spread['median']:.{digits}f} [{spread['min']:.{digits}f}-{spread['max']:.{digits}f}]"
+    return f"{spread['median']:.{digits}f}"
+
+
 def format_table(result: dict) -> str:
     slo = result["slo"]
-    title = (f"duet bench compare: {result['workload']['num_requests']} requests on {result['model']} (cpu), "
-             f"SLO: TTFT <= {slo['ttft_ms']:.0f} ms and TPOT <= {slo['itl_ms']:.0f} ms")
-    lines = [title, ""]
-    classes = sorted({c for r in result["configs"].values() for c in r["classes"]})
-    head = ["config", "goodput req/s", "good/all", "req/s"] + [f"{c} TTFT p50/p99 ms" for c in classes]
+    lines = [(f"duet bench compare on {result['model']} (cpu), KV {result['kv_cache_tokens_per_worker']} tokens/worker, "
+              f"paged prefix caching {'on' if result['paged_prefix_caching'] else 'off (engine lacks it)'}, "
+              f"SLO: TTFT <= {slo['ttft_ms']:.0f} ms and TPOT <= {slo['itl_ms']:.0f} ms; median [min-max] over repeats"),
+             ""]
+    head = ["rate", "stack", "goodput req/s", "long_doc TTFT p99 ms", "goodput / best homogeneous",
+            "long_doc p99 / all_paged"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, r in result["configs"].items():
-        cells = [name, _f(r["goodput_rps"], 3), f"{r['num_good']}/{r['num_requests']}", _f(r["request_throughput_rps"], 3)]
-        for c in classes:
-            g = r["classes"].get(c)
-            cells.append("-" if g is None else f"{_f(g['ttft_p50_ms'])} / {_f(g['ttft_p99_ms'])}")
-        lines.append("| " + " | ".join(cells) + " |")
+    for rate_name, r in result["rates"].items():
+        for name, m in r["summary"].items():
+            lines.append(f"| {rate_name} ({r['rate']}/s, {r['num_requests']} req) | {name} | {_m(m['goodput_rps'], 3)} | "
+                         f"{_m(m['long_doc_ttft_p99_ms'], 0)} | {_m(m['goodput_ratio_vs_best_homogeneous'], 3)} | "
+                         f"{_m(m['long_doc_ttft_p99_ratio_vs_paged'], 3)} |")
     lines.append("")
-    for name, r in result["configs"].items():
-        loads = ", ".join(f"{w} ({v['engine']}): {v['requests']} req, mean load {_f(v['mean_load'], 1)}, "
-                          f"max waiting {v['max_waiting']}, prefix hit {_f(v['prefix_hit_rate'], 2)}"
-                          for w, v in r["worker_load"].items())
-        reasons = "; ".join(f"{c}: " + ", ".join(f"{k} {n}" for k, n in sorted(v.items()))
-                            for c, v in sorted(r["route_reasons"].items()))
-        lines.append(f"{name}: {loads}\n  route reasons: {reasons}")
-        if r["errors"]:
-            lines.append(f"  errors: {r['errors']}")
-    lines.append("")
-    lines.append(f"goodput_ratio_vs_best_homogeneous: {_f(result['goodput_ratio_vs_best_homogeneous'], 3)} (target >= 1.2)")
-    lines.append(f"long_doc_ttft_p99_ratio_vs_paged: {_f(result['long_doc_ttft_p99_ratio_vs_paged'], 3)} (target <= 1.0)")
+    for rate_name, r in result["rates"].items():
+        for name, runs in r["runs"].items():
+            for i, run in enumerate(runs):
+                errs = f", errors: {run['errors']}" if run["errors"] else ""
+                sw = f", {len(run['switches'])} switches -> {run['workers_after']}" if "switches" in run else ""
+                lines.append(f"{rate_name} #{i + 1} {name}: {run['num_good']}/{run['num_requests']} good, "
+                             f"engines {run['engines']}{sw}{errs}")
+    lines += ["", (f"goodput_ratio_vs_best_homogeneous (median): {result['goodput_ratio_vs_best_homogeneous']} "
+                   "(target >= 1.2 medium/heavy, >= 1.0 light)"),
+              f"long_doc_ttft_p99_ratio_vs_paged (median): {result['long_doc_ttft_p99_ratio_vs_paged']} (target <= 1.0)"]
     return "\n".join(lines)

@@ -80,6 +80,8 @@ class SimWorker:
     prefill_free_at: float = 0.0
     in_flight: list[tuple[float, int]] = field(default_factory=list)  # heap of (done, blocks)
     prefill_starts: deque[float] = field(default_factory=deque)  # FIFO: monotone
+    prefills: deque[tuple[float, int]] = field(default_factory=deque)  # (first token at, uncached tokens), FIFO
+    queued_prefill_tokens: int = 0  # uncached tokens of requests before their first token (what a gateway counts)
     kv_blocks: int = 0
     busy_s: float = 0.0  # integral of the in-flight count over time
 
@@ -88,6 +90,8 @@ class SimWorker:
             self.kv_blocks -= heapq.heappop(self.in_flight)[1]
         while self.prefill_starts and self.prefill_starts[0] <= now:
             self.prefill_starts.popleft()
+        while self.prefills and self.prefills[0][0] <= now:
+            self.queued_prefill_tokens -= self.prefills.popleft()[1]
 
     @property
     def load(self) -> int:
@@ -104,8 +108,11 @@ class DuetPolicy:
     name = "duet"
 
     def __init__(self, num_workers: int, cache_blocks: int | None, config: RoutingConfig | None = None,
-                 seen_capacity: int = 200_000, sessions: bool = True) -> None:
+                 seen_capacity: int = 200_000, sessions: bool = True, kinds: list[str] | None = None) -> None:
         self.sessions = sessions  # False: anonymous clients, no session key (no affinity)
+        # the engine kind of each worker (default: all engine_prefix); the simulated engines differ only
+        # in the kind routing sees, so a mixed fleet shows what routing by kind does to caches and queues
+        self.kinds = kinds or ["prefix"] * num_workers
         self.config = (config or RoutingConfig()).validate()
         self.seen = SeenBlocks(seen_capacity)
         self.index = WorkerBlockIndex(cache_blocks or 1 << 30)
@@ -114,6 +121,7 @@ class DuetPolicy:
         self.reasons: Counter[str] = Counter()
         self.engines: Counter[str] = Counter()
         self.cache_blocks = cache_blocks
+        self.sequence = 0  # requests routed so far (RouteRequest.sequence)
 
     def choose(self, rec: TraceRecord, workers: list[SimWorker]) -> int:
         key = session_key(rec) if self.sessions else None
@@ -121,17 +129,20 @@ class DuetPolicy:
             self.turns[key] += 1
         views = [
             WorkerView(
-                worker_id=w.worker_id, model_id="trace", engine_kind="prefix", version="v1",
+                worker_id=w.worker_id, model_id="trace", engine_kind=self.kinds[i], version="v1",
                 capabilities=frozenset(), healthy=True, draining=False,
                 num_running=w.load - w.waiting, num_waiting=w.waiting,
                 kv_usage=min(1.0, w.kv_blocks / self.cache_blocks) if self.cache_blocks else 0.0,
+                queued_prefill_tokens=w.queued_prefill_tokens,
             )
-            for w in workers
+            for i, w in enumerate(workers)
         ]
         req = RouteRequest(
             model="trace", block_hashes=rec.hash_ids, num_prompt_tokens=rec.input_length,
             session_key=key, turn_count=self.turns[key] if key is not None else 1,
+            block_tokens=MOONCAKE_BLOCK_TOKENS, sequence=self.sequence,
         )
+        self.sequence += 1
         affinity = self.affinity.get(key) if key is not None else None
         d = route(req, views, self.config, affinity, self.seen, self.index)
         self.reasons[d.reason] += 1
@@ -163,7 +174,7 @@ def make_policy(name: str, num_workers: int, cache_blocks: int | None, config: R
 
 def simulate(
     records: list[TraceRecord], policy, num_workers: int, cache_blocks: int | None,
-    service: ServiceModel = ServiceModel(), time_scale: float = 1.0,
+    service: ServiceModel = ServiceModel(), time_scale: float = 1.0, slo_ttft_s: float | None = None,
 ) -> dict:
     """Replay `records` (in timestamp order) through `policy`; the per-policy result object."""
     workers = [SimWorker(f"w{i}", LruBlockCache(cache_blocks)) for i in range(num_workers)]
@@ -185,6 +196,8 @@ def simulate(
         start = max(now, w.prefill_free_at)
         first_token = start + (rec.input_length - cached_tokens) / service.prefill_tokens_per_s
         w.prefill_free_at = first_token
+        w.prefills.append((first_token, rec.input_length - cached_tokens))
+        w.queued_prefill_tokens += rec.input_length - cached_tokens
         done = first_token + rec.output_length * service.decode_s_per_token
         heapq.heappush(w.in_flight, (done, len(rec.hash_ids)))
         w.kv_blocks += len(rec.hash_ids)
@@ -202,6 +215,12 @@ def simulate(
         "ttft_p50_s": ttfts[len(ttfts) // 2],
         "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
     }
+    if slo_ttft_s is not None:  # goodput: requests whose first token came within the SLO, per second of trace
+        stamps = [r.timestamp_ms for r in records]
+        span = max(1e-9, (max(stamps) - min(stamps)) / 1000.0 * time_scale)
+        good = sum(1 for t in ttfts if t <= slo_ttft_s)
+        result["slo_attainment"] = good / len(ttfts)
+        result["goodput_rps"] = good / span
     if hasattr(policy, "extra"):
         result.update(policy.extra())
     return result
@@ -224,7 +243,7 @@ def run(
     service: ServiceModel = ServiceModel(), config: RoutingConfig | None = None, sessions: bool = True,
 ) -> dict:
     """The whole report: the global-cache reference and every policy's result."""
-    from loadtests.mooncake import load_trace
+    from loadtests.traces import load_any
 
     if num_workers < 1:
         raise ValueError(f"--workers must be >= 1, got {num_workers}")
@@ -232,7 +251,8 @@ def run(
         raise ValueError(f"--cache-blocks must be >= 1, got {cache_blocks}")
     if time_scale <= 0:
         raise ValueError(f"--time-scale must be > 0, got {time_scale}")
-    records = load_trace(trace)[:limit] if limit else load_trace(trace)
+    records = load_any(trace)
+    records = records[:limit] if limit else records
     total = None if cache_blocks is None else cache_blocks * num_workers
     out = {
         "trace": trace,

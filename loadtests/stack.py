@@ -46,10 +46,18 @@ class EngineLimits:
     max_num_batched_tokens: int = 2048
     page_size: int = 16
     torch_threads: int = 1
+    paged_prefix_caching: bool = True  # engine_paged with prefix caching, where the engine has it (below)
 
 
 def _duet(*args: str) -> list[str]:
     return [sys.executable, "-m", "duet.cli", *args]
+
+
+def paged_prefix_caching_flags() -> list[str]:
+    """`--enable-prefix-caching` when this checkout's `duet engine paged` takes it (the core branch adds
+    it), else nothing: the all-paged stack then runs without prefix caching, and says so in its JSON."""
+    cli = Path(__file__).resolve().parents[1] / "duet" / "cli.py"
+    return ["--enable-prefix-caching"] if "--enable-prefix-caching" in cli.read_text() else []
 
 
 def free_port() -> int:
@@ -61,7 +69,8 @@ def free_port() -> int:
 class ServingStack:
     def __init__(self, model: str | Path, kinds: list[str], routing: dict, limits: EngineLimits = EngineLimits(),
                  ready_timeout_s: float = 300.0, log_dir: Path | None = None, gateways: int = 1,
-                 gateway_extra: dict | None = None, policy: RestartPolicy | None = None) -> None:
+                 gateway_extra: dict | None = None, policy: RestartPolicy | None = None,
+                 pool_planner: dict | None = None) -> None:
         self.model = Path(model)
         self.kinds = list(kinds)
         self.routing = dict(routing)
@@ -74,6 +83,8 @@ class ServingStack:
         self.url = ""
         self.urls: list[str] = []
         self.worker_addresses: dict[str, str] = {}  # worker id -> host:port
+        self.pool_planner = pool_planner  # the gateway's planner settings (a stack with a pool manager)
+        self.slots: list[tuple[str, str, int]] = []  # (worker id, kind, port)
 
     def __enter__(self) -> Self:
         try:
@@ -95,11 +106,8 @@ class ServingStack:
         try:
             for i, kind in enumerate(self.kinds):
                 port = free_port()
-                self.supervisor.start(f"{kind}-{i}", _duet(
-                    "engine", kind, "--model", str(self.model), "--port", str(port), "--worker-id", f"{kind}-{i}",
-                    "--device", "cpu", "--page-size", str(lim.page_size), "--kv-cache-tokens", str(lim.kv_cache_tokens),
-                    "--max-num-seqs", str(lim.max_num_seqs), "--max-num-batched-tokens", str(lim.max_num_batched_tokens),
-                ))
+                self.start_worker(f"{kind}-{i}", kind, port)
+                self.slots.append((f"{kind}-{i}", kind, port))
                 addresses.append(f"127.0.0.1:{port}")
                 self.worker_addresses[f"{kind}-{i}"] = addresses[-1]
             for g in range(self.num_gateways):
@@ -107,6 +115,8 @@ class ServingStack:
                 config = {"host": "127.0.0.1", "port": port, "models": [{"path": str(self.model)}],
                           "workers": [{"address": a} for a in addresses], "health": {"poll_interval_s": 0.5},
                           "auth": {"admin_key": ADMIN_KEY}, "routing": self.routing, **self.gateway_extra}
+                if self.pool_planner is not None:
+                    config["pool_planner"] = self.pool_planner
                 name = "gateway" if self.num_gateways == 1 else f"gateway-{g}"
                 path = self.log_dir / f"{name}.yaml"
                 path.write_text(yaml.safe_dump(config))
@@ -129,6 +139,23 @@ class ServingStack:
             if time.monotonic() > deadline:
                 raise StackError(f"not every worker healthy after {self.ready_timeout_s:.0f}s; logs in {self.log_dir}")
             time.sleep(0.25)
+
+    def start_worker(self, worker_id: str, kind: str, port: int) -> None:
+        lim = self.limits
+        extra = paged_prefix_caching_flags() if kind == "paged" and lim.paged_prefix_caching else []
+        self.supervisor.start(worker_id, _duet(
+            "engine", kind, "--model", str(self.model), "--port", str(port), "--worker-id", worker_id,
+            "--device", "cpu", "--page-size", str(lim.page_size), "--kv-cache-tokens", str(lim.kv_cache_tokens),
+            "--max-num-seqs", str(lim.max_num_seqs), "--max-num-batched-tokens", str(lim.max_num_batched_tokens),
+            *extra,
+        ), env={"OMP_NUM_THREADS": str(lim.torch_threads), "MKL_NUM_THREADS": str(lim.torch_threads)})
+
+    def pool_manager(self, should_stop):
+        """A duet.pool_manager.PoolManager over this stack's workers (the planner stack); a switch stops
+        and starts workers through the supervisor."""
+        from duet.pool_manager import pool_manager_for
+
+        return pool_manager_for(self.url, ADMIN_KEY, self.slots, self.supervisor, self.start_worker, should_stop)
 
     def workers(self, url: str | None = None) -> list[dict]:
         """A gateway's view of its workers (GET /admin/workers); [] while it is not answering."""

@@ -10,6 +10,10 @@ Each op lives in its own module as a Triton kernel + launcher (`<op>_triton`) be
 
 The variable is read on every call, so a test may set it with monkeypatch. Contracts (shapes, dtypes) are in
 each op's module docstring.
+
+Attention on the torch backend has a faster path than the two references: `plan_paged_attention` once per step
+and `paged_attention_planned` in every layer (cpu_attention.py); the model takes it wherever
+`kernel_backend` says "torch".
 """
 
 from __future__ import annotations
@@ -25,15 +29,19 @@ from engine_core.kernels import rms_norm as _norm
 from engine_core.kernels import rope as _rope
 from engine_core.kernels import store_kv as _store
 from engine_core.kernels._jit import interpreting
+from engine_core.kernels.cpu_attention import AttentionPlan, paged_attention_planned, plan_paged_attention
 from engine_core.kernels.rope import build_rope_cache
 
 __all__ = [
+    "AttentionPlan",
     "apply_rope",
     "build_rope_cache",
     "extend_attention",
     "fused_add_rms_norm",
     "kernel_backend",
+    "paged_attention_planned",
     "paged_decode_attention",
+    "plan_paged_attention",
     "rms_norm",
     "silu_and_mul",
     "store_kv",

@@ -68,19 +68,24 @@ def build_rope_cache(
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
 
 
-def _rotate_half(x: Tensor) -> Tensor:
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x * cos + rotate_half(x) * sin, half by half into one output: the same products and sums as the HF
+    formula (bit for bit), without the three concatenations it costs in every layer."""
     half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    o1, o2 = out[..., :half], out[..., half:]
+    torch.mul(x1, cos, out=o1).sub_(x2 * sin)
+    torch.mul(x2, cos, out=o2).add_(x1 * sin)
+    return out
 
 
 def apply_rope_ref(q: Tensor, k: Tensor, positions: Tensor, cos_sin_cache: Tensor) -> tuple[Tensor, Tensor]:
     half = cos_sin_cache.shape[-1] // 2
-    rows = cos_sin_cache[positions]  # [T, D]
-    cos = torch.cat((rows[:, :half], rows[:, :half]), dim=-1)[:, None, :]  # [T, 1, D]
-    sin = torch.cat((rows[:, half:], rows[:, half:]), dim=-1)[:, None, :]
-    q_out = q * cos.to(q.dtype) + _rotate_half(q) * sin.to(q.dtype)
-    k_out = k * cos.to(k.dtype) + _rotate_half(k) * sin.to(k.dtype)
-    return q_out, k_out
+    rows = cos_sin_cache[positions]  # [T, D]: cos | sin
+    cos, sin = rows[:, None, :half], rows[:, None, half:]  # [T, 1, D/2]
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
 @lazy_jit

@@ -117,6 +117,19 @@ function onEvent(ev) {
   document.body.dataset.requests = String(s.requests);
   renderWorkers(ws);
   renderCanary(ev.routing || {}, ev.rollback || {});
+  renderPools(ev.pools);
+}
+
+function renderPools(p) {
+  if (!p) return;
+  const kinds = ["paged", "prefix"];
+  $("#pools tbody").innerHTML = kinds.map((k) => `<tr><td>${k}</td><td>${esc(p.target[k])}</td>` +
+    `<td>${esc(p.current[k])}</td><td>${fmt((p.work || {})[k])}</td><td>${fmt((p.balanced_share || {})[k])}</td></tr>`).join("");
+  const a = p.accuracy || {};
+  $("#accuracy").textContent = a.decisions
+    ? `last ${a.decisions} requests: real minus estimated cached tokens mean ${fmt(a.mean_error_tokens)}, ` +
+      `mean |error| ${fmt(a.mean_abs_error_tokens)}; stale decisions ${(100 * a.stale_share).toFixed(1)}%`
+    : "no finished requests yet";
 }
 
 function fmt(v) { return v === null || v === undefined ? "–" : v.toFixed(1); }

@@ -66,5 +66,7 @@ def test_every_panel_query_names_an_exported_metric():
 def test_dashboard_covers_the_operator_questions():
     exprs = " ".join(e for _, e in panel_queries(json.loads(DASHBOARD.read_text())))
     for metric in ("duet_time_to_first_token_seconds_bucket", "duet_inter_token_latency_seconds_bucket",
-                   "duet_route_decisions_total", "duet_worker_kv_cache_usage_perc", "duet_canary_rollbacks_total"):
+                   "duet_route_decisions_total", "duet_worker_kv_cache_usage_perc", "duet_canary_rollbacks_total",
+                   "duet_pool_target_workers", "duet_route_cached_tokens_error_bucket",
+                   "duet_route_stale_decisions_total"):
         assert metric in exprs

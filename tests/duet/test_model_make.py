@@ -15,7 +15,7 @@ from safetensors import safe_open
 
 from duet.cli import main as duet_main
 from duet.model_dir import read_model_dir
-from duet.model_make import default_model_dir, make_checkpoint
+from duet.model_make import PRESETS, default_model_dir, make_checkpoint
 
 ARCHS = ("llama", "qwen2", "qwen3")
 
@@ -98,6 +98,15 @@ def test_bench_preset_is_20_to_40m_params(bench_dir: Path) -> None:
     assert 20e6 <= total <= 40e6
     assert md.config.vocab_size == 8000
     assert len(json.loads((bench_dir / "tokenizer.json").read_text())["model"]["vocab"]) == 8000
+
+
+def test_smollm2_preset_has_the_real_models_parameter_count() -> None:
+    # HuggingFaceTB/SmolLM2-135M: 134,515,008 parameters, tied embeddings (written without making the 540 MB)
+    p = PRESETS["smollm2"]
+    h, q, kv = p.hidden_size, p.num_attention_heads * p.head_dim, p.num_key_value_heads * p.head_dim
+    layer = h * (q + 2 * kv) + q * h + 3 * h * p.intermediate_size + 2 * h
+    assert p.vocab_size * h + p.num_hidden_layers * layer + h == 134_515_008
+    assert p.tie_word_embeddings
 
 
 def test_cli_model_make(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -96,6 +96,8 @@ def test_duet_up_with_sim_workers_serves_and_ctrl_c_leaves_no_orphans():
         up.wait_ready(60)
         text = "".join(up.out)
         assert f"API:       {up.url}/v1" in text and f"{up.url}/dashboard" in text
+        # the URLs come only once every worker started is healthy, not as soon as one is
+        assert httpx.get(up.url + "/ready").json()["healthy_workers"] == {MODEL: 3}
         # no key given: `duet up` made one and printed it next to the dashboard URL; it opens the admin API
         key = re.search(r"/dashboard  \(admin key: (\S+)\)", text).group(1)
         assert httpx.get(up.url + "/admin/workers").status_code in (401, 403)

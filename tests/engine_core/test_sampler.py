@@ -145,3 +145,16 @@ def test_logprobs_are_log_softmax_of_the_raw_logits_with_top_alternatives():
     assert [lp for _, lp in first.top] == pytest.approx(values.tolist(), abs=1e-5)
     assert out.logprobs[1] is None
     assert out.logprobs[2].top == () and math.isclose(out.logprobs[2].logprob, ref[2].max().item(), abs_tol=1e-5)
+
+
+def test_the_callers_logits_are_never_changed():
+    # the plain batch skips the defensive copy; a batch with a min_tokens mask or a penalty still makes one
+    sampler = Sampler(V, [EOS], seed=0)
+    for params in (SamplingParams(temperature=0.0), SamplingParams(temperature=0.7),
+                   SamplingParams(temperature=0.0, min_tokens=3), SamplingParams(presence_penalty=1.0)):
+        logits = _logits(4, seed=1)
+        logits[:, EOS] = 100.0  # min_tokens must mask it in the sampler's copy only
+        before = logits.clone()
+        out = sampler.sample(logits, [_row(params, output=(7,)) for _ in range(4)])
+        assert torch.equal(logits, before)
+        assert (EOS in out.token_ids) == (params.min_tokens == 0)

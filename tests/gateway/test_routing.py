@@ -210,19 +210,62 @@ def test_the_first_turn_of_a_session_goes_to_prefix_where_its_history_will_be_ca
 
 
 def test_a_one_shot_prompt_spills_to_prefix_when_paged_is_far_busier():
-    busy_paged = [worker("p0", "paged", running=6), worker("x0", "prefix", running=1)]
-    d = Router(RoutingConfig(spill_abs=4))(req([400, 401]), busy_paged)
-    assert (d.engine_kind, d.reason) == ("prefix", "imbalance")
-    # a small gap, or the same gap at high load (not 1.5x), keeps one-shot prompts on paged
-    for loads in ((4, 1), (20, 16)):
-        pair = [worker("p0", "paged", running=loads[0]), worker("x0", "prefix", running=loads[1])]
-        assert Router(RoutingConfig(spill_abs=4))(req([500, 501]), pair).engine_kind == "paged"
+    cfg = RoutingConfig(spill_tokens=1000, request_tokens=100)
+    busy_paged = [worker("p0", "paged", queued_prefill_tokens=5000), worker("x0", "prefix")]
+    d = Router(cfg)(req([400, 401]), busy_paged)
+    assert (d.engine_kind, d.reason) == ("prefix", "spill")
+    # a gap under spill_tokens keeps one-shot prompts on paged
+    near = [worker("p0", "paged", queued_prefill_tokens=900), worker("x0", "prefix")]
+    assert Router(cfg)(req([500, 501]), near).engine_kind == "paged"
+
+
+def test_a_new_session_spills_to_paged_when_the_prefix_pool_is_far_busier():
+    cfg = RoutingConfig(spill_tokens=1000, request_tokens=100)
+    busy_prefix = [worker("p0", "paged"), worker("x0", "prefix", running=4, queued_prefill_tokens=8000)]
+    r = Router(cfg)
+    first = r(req([600, 601], session_key="s-9"), busy_prefix)
+    assert (first.engine_kind, first.reason, first.wanted_kind) == ("paged", "spill", "prefix")
+    # its next turn keeps to the paged worker that now holds the history (affinity)
+    second = r(req([600, 601, 602], session_key="s-9", turn_count=2), busy_prefix, affinity=first.worker_id)
+    assert (second.worker_id, second.reason) == ("p0", "affinity")
+
+
+def test_an_overloaded_worker_sheds_one_session_not_the_fleet():
+    # x0 holds session A's history but has a long prefill queue; x1 is idle
+    cfg = RoutingConfig(shed_tokens=4000)
+    r = Router(cfg)
+    r.index.add("x0", tuple(range(700, 710)))
+    r.index.add("x1", tuple(range(800, 803)))
+    pool = [worker("x0", "prefix", queued_prefill_tokens=6000), worker("x1", "prefix", queued_prefill_tokens=0)]
+    shed = r(req(range(700, 712), session_key="A", turn_count=5), pool, affinity="x0", record=False)
+    assert (shed.worker_id, shed.reason) == ("x1", "shed")
+    # session B on x1 stays (its worker is the idle one) ...
+    assert r(req(range(800, 804), session_key="B", turn_count=2), pool, affinity="x1").reason == "affinity"
+    # ... and with a shorter queue on x0, A is kept there: shedding is per decision, not a fleet-wide mode
+    calmer = [worker("x0", "prefix", queued_prefill_tokens=3000), worker("x1", "prefix")]
+    kept = r(req(range(700, 712), session_key="A", turn_count=5), calmer, affinity="x0")
+    assert (kept.worker_id, kept.reason) == ("x0", "affinity")
+
+
+def test_load_counts_queued_prefill_tokens_not_only_requests():
+    # equal request counts: the worker with 20k tokens queued for prefill is the costlier one
+    pool = [worker("a", "prefix", running=2, queued_prefill_tokens=20_000), worker("b", "prefix", running=3)]
+    d = Router()(req([900, 901], session_key="new"), pool)
+    assert d.worker_id == "b"
+    # an anonymous prompt cached on a worker goes there unless its prefill wait is shed_tokens longer
+    r = Router(RoutingConfig(shed_tokens=10_000))
+    r.index.add("a", (910, 911, 912, 913))
+    one = [worker("a", "prefix", queued_prefill_tokens=8_000), worker("b", "prefix")]
+    assert r(req([910, 911, 912, 913, 914]), one, record=False).worker_id == "a"
+    two = [worker("a", "prefix", queued_prefill_tokens=12_000), worker("b", "prefix")]
+    assert r(req([910, 911, 912, 913, 914]), two, record=False).worker_id == "b"
 
 
 def test_a_pool_with_one_engine_kind_serves_everything():
     only_prefix = [worker("x0", "prefix"), worker("x1", "prefix")]
     d = Router()(req([1, 2]), only_prefix)  # low reuse would want paged
     assert d.engine_kind == "prefix" and d.reason in ("least_load", "cache_match")
+    assert d.wanted_kind == "paged"  # the demand the pool planner sees
 
 
 # 6. replica by cache match and load --------------------------------------------------------
@@ -236,8 +279,8 @@ def test_replica_with_most_cached_blocks_wins():
     assert (d.worker_id, d.reason, d.cached_blocks) == ("b", "cache_match", 6)
 
 
-def test_load_penalty_trades_cached_blocks_against_queued_requests():
-    r = Router(RoutingConfig(load_penalty=1.0, imbalance_abs=100))
+def test_cache_aware_load_penalty_trades_cached_blocks_against_queued_requests():
+    r = Router(RoutingConfig(policy="cache_aware", load_penalty=1.0, imbalance_abs=100))
     r.index.add("a", (1, 2, 3))
     pool = [worker("a", "prefix", running=5), worker("b", "prefix", running=0)]
     assert r(req([1, 2, 3], ), pool, record=False).worker_id == "b"  # 3 - 5 < 0 - 0
@@ -251,8 +294,8 @@ def test_nothing_cached_anywhere_takes_the_least_loaded():
     assert (d.worker_id, d.reason) == ("b", "least_load")
 
 
-def test_imbalance_guard_overrides_the_cache_match():
-    cfg = RoutingConfig(imbalance_ratio=1.5, imbalance_abs=8, load_penalty=0.0)
+def test_cache_aware_imbalance_guard_overrides_the_cache_match():
+    cfg = RoutingConfig(policy="cache_aware", imbalance_ratio=1.5, imbalance_abs=8, load_penalty=0.0)
     r = Router(cfg)
     r.index.add("hot", tuple(range(1, 101)))
     pool = [worker("hot", "prefix", running=20), worker("cold", "prefix", running=2)]

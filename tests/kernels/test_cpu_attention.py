@@ -1,0 +1,73 @@
+"""The planned CPU attention (one plan per step, SDPA per group) equals the torch references on mixed batches."""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+import pytest
+import torch
+
+from engine_core.kernels.cpu_attention import _decode_groups, paged_attention_planned, plan_paged_attention
+
+decode = import_module("engine_core.kernels.decode_attention")
+extend = import_module("engine_core.kernels.extend_attention")
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+# (page_size, num_kv_heads, q/kv ratio, head_dim, dtype, decode context lengths, extend (prefix, new) pairs)
+CASES = [
+    (16, 3, 3, 64, F32, [600, 601, 602, 603], []),  # one group, no padding, no mask
+    (16, 3, 3, 64, F32, [1, 700, 17, 64, 65, 300], []),  # ragged: several groups, masks
+    (16, 1, 4, 64, F32, [], [(0, 37)]),  # prefill from scratch: causal SDPA on the new K/V
+    (4, 2, 2, 32, F32, [], [(9, 6), (0, 5), (13, 1)]),  # chunks over cached prefixes
+    (16, 2, 4, 64, F32, [40, 5, 33], [(0, 20), (31, 9)]),  # the model's mixed step
+    (1, 2, 1, 64, F32, [7, 3], [(2, 3)]),  # page size 1, no GQA
+    (16, 1, 4, 64, BF16, [20, 2], [(7, 10)]),
+    (16, 2, 2, 64, F16, [33], [(0, 16)]),
+]
+
+
+def _new_kv(kv, rows):
+    """K and V of (sequence, position) pairs as stored in the pages -> [T, Hk, D] each."""
+    ps = kv.k_cache.shape[1]
+    ks = [kv.k_cache[int(kv.block_tables[b, p // ps]), p % ps] for b, p in rows]
+    vs = [kv.v_cache[int(kv.block_tables[b, p // ps]), p % ps] for b, p in rows]
+    return torch.stack(ks), torch.stack(vs)
+
+
+@pytest.mark.parametrize("page_size,hk,ratio,d,dtype,dec_lens,ext", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_planned_attention_matches_references(paged_kv, tol, page_size, hk, ratio, d, dtype, dec_lens, ext):
+    lens = dec_lens + [p + n for p, n in ext]
+    kv = paged_kv(lens, page_size, hk, d, dtype)
+    nd = len(dec_lens)
+    new_rows = [(b, n - 1) for b, n in enumerate(dec_lens)]
+    for j, (p, n) in enumerate(ext):
+        new_rows += [(nd + j, p + t) for t in range(n)]
+    q = torch.randn(len(new_rows), hk * ratio, d).to(dtype)
+    k, v = _new_kv(kv, new_rows)
+    dec_bt, ext_bt = kv.block_tables[:nd], kv.block_tables[nd:]
+    cu = torch.tensor([0, *torch.tensor([n for _, n in ext], dtype=torch.int64).cumsum(0).tolist()],
+                      dtype=torch.int32)
+    prefix = torch.tensor([p for p, _ in ext], dtype=torch.int32)
+    scale = d**-0.5
+    plan = plan_paged_attention(nd, dec_bt, kv.lens[:nd], ext_bt, cu, prefix, page_size)
+    out = paged_attention_planned(q, k, v, kv.k_cache, kv.v_cache, plan, scale)
+    want = []
+    if nd:
+        want.append(decode.paged_decode_attention_ref(q[:nd], kv.k_cache, kv.v_cache, dec_bt, kv.lens[:nd], scale))
+    if ext:
+        want.append(extend.extend_attention_ref(q[nd:], kv.k_cache, kv.v_cache, ext_bt, cu, prefix, scale))
+    atol, rtol = tol(dtype)
+    assert out.dtype == dtype and out.shape == q.shape
+    torch.testing.assert_close(out, torch.cat(want), atol=atol, rtol=rtol)
+
+
+def test_decode_groups_bound_the_padding():
+    # similar lengths share one group; a short row is not padded to a long one
+    assert _decode_groups([600, 610, 605]) == [[1, 2, 0]]
+    groups = _decode_groups([1000, 10, 990, 20, 15])
+    assert groups[0] == [0, 2]
+    lens = [1000, 10, 990, 20, 15]
+    for g in groups:
+        assert len(g) * lens[g[0]] <= 1.25 * sum(lens[i] for i in g)
+    assert sorted(i for g in groups for i in g) == list(range(5))

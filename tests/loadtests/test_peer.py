@@ -1,0 +1,65 @@
+"""`duet bench peer`'s pure parts: its loads, the ratios in its JSON, argument errors, the peer's version stub.
+(The benchmark itself installs vLLM and runs for many minutes: not part of the test suite.)"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+from loadtests.cli import main as bench_main
+from loadtests.peer import build_requests, combine, figures, ratios
+from loadtests.peer_vllm import write_version_dist_info
+from loadtests.workloads import TokenSource
+
+
+def _summary(tok_s, ttft, tpot, ok=8, errors=0):
+    return {"output_token_throughput_tps": tok_s, "ttft_ms": {"p50": ttft, "mean": ttft},
+            "tpot_ms": {"p50": tpot, "mean": tpot}, "num_ok": ok, "num_errors": errors,
+            "errors": {"boom": errors} if errors else {}, "duration_s": 10.0}
+
+
+def test_shared_prefix_load_shares_768_tokens_and_nothing_with_its_warmup():
+    src = TokenSource(5000)
+    measured = build_requests("shared_prefix", src, 4, "measure")
+    warmup = build_requests("shared_prefix", src, 2, "warmup")
+    assert all(len(r.prompt_token_ids) == 768 + 64 and r.max_tokens == 64 and r.ignore_eos for r in measured)
+    assert len({r.prompt_token_ids[:768] for r in measured}) == 1
+    assert len({r.prompt_token_ids[768:] for r in measured}) == 4
+    assert warmup[0].prompt_token_ids[:64] != measured[0].prompt_token_ids[:64]
+    unique = build_requests("unique", src, 3, "measure")
+    assert [len(r.prompt_token_ids) for r in unique] == [512] * 3 and unique[0].max_tokens == 128
+    assert len({r.prompt_token_ids[:16] for r in unique}) == 3
+    assert build_requests("unique", src, 3, "measure") == unique  # the same prompts for every side
+
+
+def test_ratios_are_duet_over_vllm_and_none_without_a_figure():
+    vllm, duet = figures(_summary(40.0, 2000.0, 100.0)), figures(_summary(50.0, 1000.0, 150.0, errors=1))
+    assert ratios(duet, vllm) == {"output_tok_s_ratio_vs_vllm": 1.25, "ttft_p50_ratio_vs_vllm": 0.5,
+                                  "tpot_p50_ratio_vs_vllm": 1.5}
+    failed = figures(_summary(0.0, None, None, ok=0, errors=8))
+    assert ratios(failed, vllm) == {"output_tok_s_ratio_vs_vllm": 0.0, "ttft_p50_ratio_vs_vllm": None,
+                                    "tpot_p50_ratio_vs_vllm": None}
+    assert ratios(duet, failed)["output_tok_s_ratio_vs_vllm"] is None
+    out = combine({"vllm": {"unique": vllm}, "paged": {"unique": duet}}, ["paged"])
+    assert out["unique"]["vllm"]["output_tok_s"] == 40.0
+    assert out["unique"]["paged"]["output_tok_s_ratio_vs_vllm"] == 1.25
+    assert out["unique"]["paged"]["num_errors"] == 1 and out["unique"]["paged"]["errors"] == {"boom": 1}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--loads", "unique,long"], "--loads: choose from unique, shared_prefix"),
+    (["--engines", "sim"], "--engines: choose from paged, prefix"),
+    (["--num-prompts", "0"], "--num-prompts must be at least 1"),
+    (["--concurrency", "0"], "--concurrency must be at least 1"),
+    (["--duet-threads", "0"], "--duet-threads must be at least 1"),
+])
+def test_bad_arguments_fail_before_anything_is_installed_or_started(capsys, argv, message):
+    assert bench_main(["peer", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_version_stub_lets_vllm_read_its_own_version(tmp_path):
+    write_version_dist_info(tmp_path, "0.32.0")
+    dist = next(importlib.metadata.distributions(name="vllm", path=[str(tmp_path)]))
+    assert dist.version == "0.32.0"
