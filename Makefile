@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup up test lint proto bench clean
+.PHONY: setup up test lint proto bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,21 @@ proto: setup
 
 bench: setup
 	$(PY) -m engine_core.kernels.bench --json
+
+# On a CUDA machine: the kernel tests compiled for real (no TRITON_INTERPRET, tensors on the GPU; the tests
+# that are about CPU tensors deselected), the kernel bench and the engine bench on the GPU.
+# Without CUDA it says so and runs nothing (exit 0).
+GPU_DESELECT := not test_cpu_report_has_reference_timings and not test_cpu_tensors_use_the_reference \
+	and not test_forcing_triton_on_cpu
+gpu-check: setup
+	@if ! $(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
+		echo "gpu-check: SKIPPED - no CUDA device is visible to torch (torch.cuda.is_available() is False); nothing was run"; \
+	else \
+		set -ex; \
+		env -u TRITON_INTERPRET DUET_KERNEL_TEST_DEVICE=cuda $(PY) -m pytest -q tests/kernels -k "$(GPU_DESELECT)"; \
+		env -u TRITON_INTERPRET $(PY) -m engine_core.kernels.bench --json; \
+		env -u TRITON_INTERPRET $(PY) -m loadtests.engine_bench paged --quick --json --device cuda; \
+	fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache

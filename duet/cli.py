@@ -33,6 +33,8 @@ def _add_engine_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-draft-tokens", type=int, default=4)
     p.add_argument("--schedule-policy", default=None, help="prefix engine: lpm, dfs-weight or fcfs")
     p.add_argument("--redis", default=None, help="register this worker in Redis (heartbeats)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="paged engine: automatic prefix caching of full KV pages (default: on, as in vLLM)")
     # sim timing
     p.add_argument("--sim-ms-per-token", type=float, default=20.0, help="sim: decode time per token")
     p.add_argument("--sim-prefill-ms-per-token", type=float, default=0.05, help="sim: prefill time per uncached token")

@@ -49,6 +49,7 @@ class ForwardBatch:
     cu_seqlens_q: Tensor         # [Be + 1] int32, offsets of each extend chunk within tokens[num_decode_tokens:]
     prefix_lens: Tensor          # [Be] int32, tokens cached before each extend chunk
     logits_indices: Tensor       # [R] int64, flat token rows whose logits the callers asked for, in their order
+    max_seqlen_q: int = 0        # longest extend chunk, a host int: the kernel needs no device->host sync per layer
 
     @property
     def num_tokens(self) -> int:
@@ -110,4 +111,5 @@ def build_forward_batch(chunks: list[SeqChunk], page_size: int, device: torch.de
         cu_seqlens_q=tensor(cu_seqlens, torch.int32),
         prefix_lens=tensor([chunks[i].start_pos for i in extend], torch.int32),
         logits_indices=tensor(logits_indices, torch.int64),
+        max_seqlen_q=max((len(chunks[i].token_ids) for i in extend), default=0),
     )

@@ -6,25 +6,29 @@
     outs[0].outputs[0].text, outs[0].outputs[0].token_ids
 
 generate() validates every prompt and params first (InvalidRequestError before any work), then runs all of them
-together: each step batches the decode tokens of running sequences with prefill chunks of new ones, up to
-max_num_batched_tokens, through one ModelRunner.forward. Scheduling is deliberately simple: a sequence is
-admitted when pages for its whole budget (prompt + max_tokens) are free, FCFS, no preemption.
+together through `EngineCore` over engine_paged's scheduler: continuous batching, chunked prefill, preemption when
+pages run out, n > 1 by forking, beam search, and the paged engine's prefix cache (on by default).
+
+Layering: engine_core is the layer below the engine kinds and never imports one at module level (a test checks
+it). The offline LLM is the one facade that sits above them; it lives here only so that
+`from engine_core import LLM` works as in vLLM, and it builds engine_paged's scheduler through one lazy import
+in `_paged_scheduler`.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+import itertools
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from engine_core.engine_core import EngineCore
 from engine_core.errors import CapacityError, InvalidRequestError
-from engine_core.forward_batch import SeqChunk
-from engine_core.kv_pool import KVPool, PageAllocator, pages_for_budget, torch_dtype
+from engine_core.kv_pool import KVPool, pages_for_budget, torch_dtype
 from engine_core.model_runner import ModelRunner
-from engine_core.request import TokenLogprob
-from engine_core.sampler import Sampler, SampleRow, make_generator
+from engine_core.request import FinishReason, Request, StepOutput, TokenLogprob
+from engine_core.sampler import Sampler
 from engine_core.sampling_params import SamplingParams
 
 
@@ -43,32 +47,16 @@ class RequestOutput:
     prompt: str | None
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
-
-
-@dataclass
-class _Seq:
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    index: int
-    num_pages: int
-    generator: torch.Generator | None
-    output_token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    pages: list[int] = field(default_factory=list)
-    num_computed: int = 0  # tokens whose KV is in the pages
-    finish_reason: str | None = None
-
-    @property
-    def prefilling(self) -> bool:
-        return self.num_computed < len(self.prompt_token_ids)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 class LLM:
     def __init__(self, model_dir, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
                  page_size: int = 16, kv_cache_tokens: int | None = None, max_num_batched_tokens: int = 2048,
-                 max_model_len: int | None = None, seed: int | None = None):
+                 max_model_len: int | None = None, seed: int | None = None, max_num_seqs: int = 256,
+                 enable_prefix_caching: bool = True):
         """model_dir: a checkpoint path or a duet.model_dir.ModelDir. kv_cache_tokens None sizes the KV pool
-        to each generate() call; a number fixes it (requests then wait for pages)."""
+        to each generate() call; a number fixes it (requests then wait for pages, or are preempted)."""
         from duet.model_dir import ModelDir, read_model_dir
 
         self.model_dir = model_dir if isinstance(model_dir, ModelDir) else read_model_dir(model_dir)
@@ -77,19 +65,38 @@ class LLM:
         self.dtype = torch_dtype(dtype or self.config.dtype)
         self.page_size = page_size
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.enable_prefix_caching = enable_prefix_caching
         self.max_model_len = min(max_model_len or self.config.max_position_embeddings,
                                  self.config.max_position_embeddings)
         self._fixed_pool = kv_cache_tokens is not None
         num_pages = pages_for_budget(self.config, page_size, kv_cache_tokens=kv_cache_tokens or page_size)
         self.runner = ModelRunner(self.model_dir, self._new_pool(num_pages), self.device, self.dtype)
-        self.allocator = PageAllocator(num_pages)
-        self.sampler = Sampler(self.config.vocab_size, self.config.eos_token_ids, self.device, seed)
+        self.sampler = Sampler(self.config.vocab_size, self.config.eos_token_ids, self.runner.device, seed)
+        self.scheduler = self._paged_scheduler(num_pages)
+        self.core = EngineCore(self.scheduler, self.runner)
         self.tokenizer = _load_tokenizer(self.model_dir.path)
+        self._ids = itertools.count()
+
+    @property
+    def block_manager(self):
+        """The paged scheduler's engine_paged.block_manager.BlockManager (pages, reference counts, cache)."""
+        return self.scheduler.bm
 
     def _new_pool(self, num_pages: int) -> KVPool:
         c = self.config
         return KVPool(c.num_hidden_layers, num_pages, self.page_size, c.num_key_value_heads, c.head_dim,
                       self.dtype, self.device)
+
+    def _paged_scheduler(self, num_pages: int):
+        # the one upward import of engine_core (see the module docstring): lazy, so no import cycle
+        from engine_paged.worker import build_scheduler
+
+        return build_scheduler(self.runner.kv_pool, self.sampler, max_model_len=self.max_model_len,
+                               eos_token_ids=tuple(self.config.eos_token_ids), vocab_size=self.config.vocab_size,
+                               max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                               model_id=self.model_dir.model_id, enable_prefix_caching=self.enable_prefix_caching,
+                               watermark=0.0)
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
         """Per prompt (a string or a list of token ids), a RequestOutput with params.n completions."""
@@ -99,13 +106,15 @@ class LLM:
         prompt_ids = [self._prompt_token_ids(p) for p in prompts]
         for ids, p in zip(prompt_ids, params_list):
             self._validate(ids, p)
-        seqs_per_prompt = [[self._new_seq(ids, p, i) for i in range(p.n)] for ids, p in zip(prompt_ids, params_list)]
-        seqs = [s for group in seqs_per_prompt for s in group]
-        self._reserve_pool(seqs)
-        self._run(seqs)
-        return [RequestOutput(prompt if isinstance(prompt, str) else None, ids,
-                              [self._completion(s) for s in group])
-                for prompt, ids, group in zip(prompts, prompt_ids, seqs_per_prompt)]
+        self._reserve_pool(prompt_ids, params_list)
+        requests = [Request(f"llm-{next(self._ids)}", ids, p) for ids, p in zip(prompt_ids, params_list)]
+        for r in requests:
+            self.scheduler.validate(r)  # all of them before any is queued
+        results = self._run(requests)
+        return [RequestOutput(prompt if isinstance(prompt, str) else None, r.prompt_token_ids,
+                              [self._completion(r.params, results[r.request_id], i) for i in range(r.params.n)],
+                              results[r.request_id].cached_tokens)
+                for prompt, r in zip(prompts, requests)]
 
     # -- input checks (all before any work) --
 
@@ -139,85 +148,75 @@ class LLM:
             raise InvalidRequestError(f"prompt token id {bad[0]} is outside this model's vocabulary "
                                       f"(0..{self.config.vocab_size - 1})")
         params.validate(self.config.vocab_size)
-        if params.beam_width > 1:
-            raise InvalidRequestError("beam search is not supported by the offline LLM; use the paged engine")
-        if params.json_schema is not None or params.json_object or params.regex is not None:
-            raise InvalidRequestError("structured output is not supported by the offline LLM; use the prefix engine")
-        if self._fixed_pool and self._pages_needed(ids, params) > self.allocator.num_total:
+        total = self.block_manager.num_total_pages
+        if self._fixed_pool and self._pages_needed(ids, params) > total:
             raise CapacityError(f"the prompt plus max_tokens needs {self._pages_needed(ids, params)} KV pages, "
-                                f"more than the {self.allocator.num_total} this LLM holds")
+                                f"more than the {total} this LLM holds")
 
     def _pages_needed(self, ids: list[int], params: SamplingParams) -> int:
         return -(-min(len(ids) + params.max_tokens, self.max_model_len) // self.page_size)
 
-    def _new_seq(self, ids: list[int], params: SamplingParams, index: int) -> _Seq:
-        # sample i of n draws from seed + i: reproducible, and distinct from its siblings
-        seed = None if params.seed is None else (params.seed + index) % 2**64
-        return _Seq(ids, params, index, self._pages_needed(ids, params), make_generator(seed, self.device))
-
-    def _reserve_pool(self, seqs: list[_Seq]) -> None:
-        # unbounded mode: one pool that holds the whole call, grown (never shrunk) as calls need
-        needed = sum(s.num_pages for s in seqs)
-        if not self._fixed_pool and needed > self.allocator.num_total:
+    def _reserve_pool(self, prompt_ids: list[list[int]], params_list: list[SamplingParams]) -> None:
+        # unbounded mode: one pool that holds the whole call, grown (never shrunk) as calls need; each of
+        # n outputs or beams may need its own pages, plus one copy-on-write page each
+        needed = sum(max(p.n, p.beam_width) * (self._pages_needed(ids, p) + 1)
+                     for ids, p in zip(prompt_ids, params_list))
+        if not self._fixed_pool and needed > self.block_manager.num_total_pages:
             self.runner.kv_pool = self._new_pool(needed)
-            self.allocator = PageAllocator(needed)
+            self.scheduler = self._paged_scheduler(needed)
+            self.core = EngineCore(self.scheduler, self.runner)
 
-    # -- the step loop --
+    # -- the step loop: EngineCore over the paged scheduler --
 
-    def _run(self, seqs: list[_Seq]) -> None:
-        waiting, running = deque(seqs), []
-        while waiting or running:
-            while waiting and self.allocator.can_alloc(waiting[0].num_pages):
-                seq = waiting.popleft()
-                seq.pages = self.allocator.alloc(seq.num_pages)
-                running.append(seq)
-            chunks, stepped = self._schedule(running)
-            logits = self.runner.forward(chunks)
-            sampled = [s for s, c in zip(stepped, chunks) if c.logits_positions]
-            rows = [SampleRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator) for s in sampled]
-            out = self.sampler.sample(logits, rows)
-            for seq, token, logprob in zip(sampled, out.token_ids, out.logprobs):
-                self._append(seq, token, logprob)
-            for seq in [s for s in running if s.finish_reason is not None]:
-                running.remove(seq)
-                self.allocator.free(seq.pages)
-                seq.pages = []
+    def _run(self, requests: list[Request]) -> dict[str, _Collected]:
+        results = {r.request_id: _Collected() for r in requests}
+        for r in requests:
+            self.scheduler.add(r)
+        try:
+            while self.core.has_unfinished():
+                for out in self.core.step().outputs:
+                    if out.finish_reason is FinishReason.ERROR:
+                        raise out.error or CapacityError("the engine failed this request")
+                    results[out.request_id].add(out)
+        finally:
+            for r in requests:  # an error ends the call: nothing of it stays queued or holds pages
+                self.core.abort(r.request_id)
+        return results
 
-    def _schedule(self, running: list[_Seq]) -> tuple[list[SeqChunk], list[_Seq]]:
-        """Decode tokens first (one each), then prefill chunks while the token budget lasts."""
-        chunks, stepped = [], []
-        budget = self.max_num_batched_tokens
-        for seq in running:
-            if not seq.prefilling:
-                chunks.append(SeqChunk([seq.output_token_ids[-1]], seq.num_computed, seq.pages))
-                stepped.append(seq)
-                seq.num_computed += 1
-                budget -= 1
-        for seq in running:
-            if seq.prefilling and budget > 0:
-                start = seq.num_computed
-                n = min(len(seq.prompt_token_ids) - start, budget)
-                last = start + n == len(seq.prompt_token_ids)
-                chunks.append(SeqChunk(seq.prompt_token_ids[start:start + n], start, seq.pages,
-                                       (-1,) if last else ()))
-                stepped.append(seq)
-                seq.num_computed += n
-                budget -= n
-        return chunks, stepped
+    def _completion(self, params: SamplingParams, collected: _Collected, index: int) -> CompletionOutput:
+        tokens = collected.tokens.get(index, [])
+        logprobs = collected.logprobs.get(index, [])
+        text = self.tokenizer.decode(tokens) if self.tokenizer is not None else ""
+        wants = params.logprobs is not None
+        reason = collected.finish.get(index)
+        cumulative = collected.cumulative.get(index) if wants or params.beam_width > 1 else None
+        return CompletionOutput(index, tokens, text, logprobs if wants else None,
+                                None if reason is None else reason.value, cumulative)
 
-    def _append(self, seq: _Seq, token: int, logprob: TokenLogprob | None) -> None:
-        seq.output_token_ids.append(token)
-        if logprob is not None:
-            seq.logprobs.append(logprob)
-        seq.finish_reason = seq.params.finish_reason(seq.output_token_ids, self.config.eos_token_ids)
-        if seq.finish_reason is None and len(seq.prompt_token_ids) + len(seq.output_token_ids) >= self.max_model_len:
-            seq.finish_reason = "length"
 
-    def _completion(self, seq: _Seq) -> CompletionOutput:
-        text = self.tokenizer.decode(seq.output_token_ids) if self.tokenizer is not None else ""
-        wants = seq.params.logprobs is not None
-        return CompletionOutput(seq.index, seq.output_token_ids, text, seq.logprobs if wants else None,
-                                seq.finish_reason, sum(lp.logprob for lp in seq.logprobs) if wants else None)
+class _Collected:
+    """One request's stream folded into whole outputs (a beam's whole output replaces what came before)."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[int, list[int]] = {}
+        self.logprobs: dict[int, list[TokenLogprob]] = {}
+        self.finish: dict[int, FinishReason] = {}
+        self.cumulative: dict[int, float] = {}
+        self.cached_tokens = 0
+
+    def add(self, out: StepOutput) -> None:
+        if out.replaces_previous:
+            self.tokens[out.index] = list(out.token_ids)
+            self.logprobs[out.index] = list(out.logprobs or [])
+        else:
+            self.tokens.setdefault(out.index, []).extend(out.token_ids)
+            self.logprobs.setdefault(out.index, []).extend(out.logprobs or [])
+        if out.cached_tokens:
+            self.cached_tokens = out.cached_tokens
+        if out.cumulative_logprob is not None:
+            self.cumulative[out.index] = out.cumulative_logprob
+        if out.finish_reason is not None:
+            self.finish[out.index] = out.finish_reason
 
 
 def _load_tokenizer(path: Path):

@@ -57,7 +57,7 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: T
         return kernels.paged_decode_attention(q, k_cache, v_cache, batch.decode_block_tables,
                                               batch.decode_context_lens, scale)
     extend = kernels.extend_attention(q[nd:], k_cache, v_cache, batch.extend_block_tables, batch.cu_seqlens_q,
-                                      batch.prefix_lens, scale)
+                                      batch.prefix_lens, scale, max_seqlen_q=batch.max_seqlen_q)
     if nd == 0:
         return extend
     decode = kernels.paged_decode_attention(q[:nd], k_cache, v_cache, batch.decode_block_tables,

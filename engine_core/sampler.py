@@ -7,6 +7,10 @@ Pipeline for one step (vLLM order), on logits [B, V] fp32:
 Sampling uses the exponential race (argmax of p / E, E ~ Exp(1)), which draws exactly one noise vector per
 row. A seeded row draws its noise from its own torch.Generator, so its tokens depend only on its seed and its
 logits, never on which other rows share the batch. Unseeded rows share the sampler's generator.
+
+Device: `Sampler.device` is the one place the engines take it from. Schedulers make every per-request
+generator with `Sampler.make_generator` (a generator on another device than the logits' fails the whole
+step on a GPU), and every tensor here is made on `logits.device`.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from engine_core.request import TokenLogprob
 from engine_core.sampling_params import SamplingParams
 
 
-def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
-    """The per-request generator for a seeded request (None when unseeded)."""
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
+    """The per-request generator for a seeded request (None when unseeded). No default device on purpose:
+    engines call `Sampler.make_generator`, which passes the sampler's."""
     if seed is None:
         return None
     return torch.Generator(device=torch.device(device)).manual_seed(seed)
@@ -31,7 +36,7 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 @dataclass
 class SampleRow:
     """What the sampler needs to know about one sequence this step. `generator` is the request's own
-    (make_generator(params.seed)), kept by the caller across steps so a seeded stream continues."""
+    (Sampler.make_generator(params.seed)), kept by the caller across steps so a seeded stream continues."""
 
     params: SamplingParams
     prompt_token_ids: Sequence[int]
@@ -56,6 +61,10 @@ class Sampler:
             self.generator.seed()
         else:
             self.generator.manual_seed(seed)
+
+    def make_generator(self, seed: int | None) -> torch.Generator | None:
+        """A seeded request's own generator, on the device the logits will be on (None when unseeded)."""
+        return make_generator(seed, self.device)
 
     @torch.inference_mode()
     def sample(self, logits: Tensor, rows: Sequence[SampleRow]) -> SamplerOutput:
@@ -133,7 +142,11 @@ class Sampler:
                 noise[shared] = torch.empty(len(shared), probs.shape[1], device=probs.device).exponential_(
                     generator=self.generator)
             for k in seeded:
-                noise[k].exponential_(generator=rows[index[k]].generator)
+                generator = rows[index[k]].generator
+                assert generator.device.type == probs.device.type, (
+                    f"a generator on {generator.device} for logits on {probs.device}: make it with "
+                    "Sampler.make_generator")
+                noise[k].exponential_(generator=generator)
         sampled = (probs / noise).argmax(dim=-1)
         if everyone:
             return sampled.tolist()

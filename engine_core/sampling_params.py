@@ -8,7 +8,9 @@ Semantics follow vLLM / the OpenAI API:
 - logprobs=k returns the sampled token's logprob plus the top k alternatives (k may be 0), computed from the
   raw model logits (before penalties and temperature), at most 20;
 - min_tokens keeps EOS and stop_token_ids from being sampled until that many tokens exist;
-- ignore_eos keeps generating past EOS (stop_token_ids still stop).
+- ignore_eos keeps generating past EOS (stop_token_ids still stop);
+- speculative None follows the worker's setting, True asks for speculative decoding (an engine without it
+  refuses the request), False turns drafting off for this request.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class SamplingParams:
     json_schema: str | None = None
     json_object: bool = False
     regex: str | None = None
+    speculative: bool | None = None
 
     @property
     def greedy(self) -> bool:
@@ -80,8 +83,10 @@ class SamplingParams:
         constraints = [self.json_schema is not None, self.json_object, self.regex is not None]
         _check(sum(constraints) <= 1, "at most one of json_schema, json_object and regex may be set")
 
-    def finish_reason(self, output_token_ids: list[int], eos_token_ids: tuple[int, ...]) -> str | None:
-        """"stop" when the last token is a stop id (or EOS, unless ignore_eos), "length" at max_tokens, else None.
+    def finish_reason(self, output_token_ids: list[int], eos_token_ids: tuple[int, ...], *,
+                      max_model_len: int | None = None, num_prompt_tokens: int = 0) -> str | None:
+        """The one stopping rule of every engine: "stop" when the last token is a stop id (or EOS, unless
+        ignore_eos), "length" at max_tokens or when prompt + output fill `max_model_len`, else None.
 
         min_tokens needs no check here: the sampler never emits a stop/EOS id before min_tokens.
         """
@@ -91,6 +96,8 @@ class SamplingParams:
         if last in self.stop_token_ids or (not self.ignore_eos and last in eos_token_ids):
             return "stop"
         if len(output_token_ids) >= self.max_tokens:
+            return "length"
+        if max_model_len is not None and num_prompt_tokens + len(output_token_ids) >= max_model_len:
             return "length"
         return None
 

@@ -4,12 +4,17 @@ An engine kind (engine_paged, engine_prefix) supplies one object that satisfies 
 The step loop drives it from ONE dedicated thread, so implementations need no locks, except
 `validate`, which the gRPC event loop calls and which must only read immutable config.
 
-One step of the loop:
+One step (`engine_core.engine_core.EngineCore.step`, the only place it is written):
 
     batch = scheduler.schedule()               # admit, allocate pages, pick chunks (may preempt)
     logits = runner.forward(batch.chunks)      # the model (engine_core.model_runner.ModelRunner)
     outputs = scheduler.process(batch, logits) # sample, append tokens, detect finish, free pages
     -> outputs are streamed to their callers; finished requests are forgotten
+
+Each engine kind's scheduler is one class; its admission and post-processing are parts it owns
+(engine_paged.postprocess.OutputProcessor, engine_prefix.admission over its `AdmissionHost`), so
+nothing in an engine kind imports its scheduler back. Stopping is `SamplingParams.finish_reason`
+in both. engine_core never imports an engine kind at module level (tests/test_import_cycles.py).
 
 `add` and `abort` are called between steps; `abort` must free the request's pages before it
 returns, so a cancelled stream's pages are free by the next step.
@@ -27,6 +32,13 @@ class ScheduledBatch(Protocol):
     """What `schedule` returns. `chunks` go to ModelRunner.forward; the rest is the scheduler's own."""
 
     chunks: Sequence[Any]  # engine_core.forward_batch.SeqChunk
+
+
+class Runner(Protocol):
+    """What turns a batch's chunks into logits (engine_core.model_runner.ModelRunner, or a test's fake)."""
+
+    def forward(self, chunks: Sequence[Any]) -> Any:
+        """Logits [rows, vocab], one row per requested logits position, in chunk order."""
 
 
 class Scheduler(Protocol):

@@ -101,6 +101,7 @@ def sampling_from_pb(s: pb.SamplingParams, default_max_tokens: int) -> SamplingP
         json_schema=s.json_schema if constraint == "json_schema" else None,
         json_object=constraint == "json_object" and s.json_object,
         regex=s.regex if constraint == "regex" else None,
+        speculative=s.speculative if s.HasField("speculative") else None,
     )
 
 

@@ -4,9 +4,8 @@ event loop (grpc.aio) only queues work and streams results, so it never blocks o
     event loop                               step thread
     ----------                               -----------
     generate(req) -> inbox("add") ------->   drain inbox (adds, aborts: pages freed now)
-                                             batch = scheduler.schedule()
-                                             logits = runner.forward(batch.chunks)
-                                             outputs = scheduler.process(batch, logits)
+                                             core.step(): schedule -> forward -> process
+                                             (engine_core.engine_core.EngineCore)
     stream queue  <- call_soon_threadsafe -  publish outputs, KV events, load snapshot
     client gone / abort() -> inbox("abort")
 
@@ -21,14 +20,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
+from engine_core.engine_core import EngineCore
 from engine_core.errors import EngineError, InvalidRequestError
 from engine_core.metrics import EngineMetrics
 from engine_core.request import FinishReason, KvEvent, LoadStats, Request, StepOutput
-from engine_core.scheduler_protocol import Scheduler
+from engine_core.scheduler_protocol import Runner, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +42,6 @@ class EngineDrainingError(EngineError):
 
 class RequestFailedError(EngineError):
     """The engine could not finish a request for a reason other than its input (INTERNAL)."""
-
-
-class Runner(Protocol):
-    def forward(self, chunks: Sequence[Any]) -> Any:
-        """Logits [rows, vocab], one row per requested logits position, in chunk order."""
 
 
 @dataclass
@@ -65,6 +59,7 @@ class StepLoop:
 
     def __init__(self, scheduler: Scheduler, runner: Runner, *, metrics: EngineMetrics | None = None,
                  max_pending: int = 4096) -> None:
+        self.core = EngineCore(scheduler, runner)
         self.scheduler = scheduler
         self.runner = runner
         self.metrics = metrics
@@ -209,18 +204,13 @@ class StepLoop:
                 outputs.append(StepOutput(payload, 0, [], finish_reason=FinishReason.ABORT))
 
     def _step(self, outputs: list[StepOutput]) -> bool:
-        batch = self.scheduler.schedule() if self.scheduler.has_unfinished() else None
-        outputs += self.scheduler.take_outputs()
-        if batch is not None and batch.chunks:
-            logits = self.runner.forward(batch.chunks)
-            outputs += self.scheduler.process(batch, logits)
-            outputs += self.scheduler.take_outputs()
-        events = self.scheduler.take_kv_events()
+        result = self.core.step()
+        outputs += result.outputs
         self.load = self.scheduler.load()
         if self.metrics:
             self.metrics.update(self.load)
-        self._publish(outputs, events)
-        return batch is not None or bool(outputs)
+        self._publish(outputs, result.kv_events)
+        return result.did_work or bool(outputs)
 
     def _publish(self, outputs: list[StepOutput], events: list[KvEvent] | None = None) -> None:
         for out in outputs:

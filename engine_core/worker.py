@@ -27,9 +27,9 @@ from duet.registry import Registration, advertised_address, worker_info
 from duet.rpc import engine_pb2, engine_pb2_grpc
 from engine_core.metrics import EngineMetrics
 from engine_core.request import EngineSpec
-from engine_core.scheduler_protocol import Scheduler
+from engine_core.scheduler_protocol import Runner, Scheduler
 from engine_core.servicer import EngineServicer
-from engine_core.step_loop import Runner, StepLoop
+from engine_core.step_loop import StepLoop
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""After the forward pass: sample, fork, append, detect the end, and say what to stream.
+"""After the forward pass: cache newly full pages, sample, fork, append, detect the end, say what to stream.
 
 - Plain requests: one sampler row per sequence that asked for logits.
 - n > 1: when the prompt's prefill completes, the prompt sequence is forked into n sequences
@@ -9,29 +9,41 @@
   ending in EOS/stop becomes a finished hypothesis. The search ends when W hypotheses are done
   and none of the live beams can beat them, or at max_tokens. The best n hypotheses are then sent
   whole, ranked, with replaces_previous=True. Score = cumulative logprob / len ** length_penalty.
+
+`OutputProcessor` is owned by the scheduler and sees only what it is given (the block manager, the
+sampler, the model's limits), so it never imports the scheduler back.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from engine_core.request import FinishReason, StepOutput
-from engine_core.sampler import SampleRow, make_generator
-from engine_paged.sequence import GroupStatus, Sequence, SequenceGroup
-
-if TYPE_CHECKING:
-    from engine_paged.scheduler import PagedBatch, PagedScheduler
+from engine_core.sampler import Sampler, SampleRow
+from engine_paged.block_manager import BlockManager
+from engine_paged.sequence import GroupStatus, PagedBatch, Sequence, SequenceGroup
 
 
-def process(sched: PagedScheduler, batch: PagedBatch, logits: torch.Tensor) -> list[StepOutput]:
+class OutputProcessor:
+    def __init__(self, block_manager: BlockManager, sampler: Sampler, eos_token_ids: tuple[int, ...],
+                 max_model_len: int) -> None:
+        self.bm = block_manager
+        self.sampler = sampler
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.max_model_len = max_model_len
+
+    def process(self, batch: PagedBatch, logits: torch.Tensor) -> list[StepOutput]:
+        return process(self, batch, logits)
+
+
+def process(proc: OutputProcessor, batch: PagedBatch, logits: torch.Tensor) -> list[StepOutput]:
     outputs: list[StepOutput] = []
     rows: list[tuple[SequenceGroup, Sequence, int]] = []  # plain sampling: (group, seq, logits row)
     beam_groups: dict[int, SequenceGroup] = {}
     row = 0
     for e in batch.entries:
         e.seq.num_computed += e.num_tokens
+        proc.bm.cache_full_blocks(e.seq.seq_id, e.seq.token_ids, e.seq.num_computed, e.group.request.cache_salt)
         if not e.wants_logits:
             continue
         if e.group.is_beam:
@@ -39,7 +51,7 @@ def process(sched: PagedScheduler, batch: PagedBatch, logits: torch.Tensor) -> l
             e.group.beam_logits[e.seq.seq_id] = logits[row]
             beam_groups[id(e.group)] = e.group
         elif not e.group.forked and e.group.width > 1:
-            for seq in _fork_outputs(sched, e.group, e.seq):
+            for seq in _fork_outputs(proc, e.group, e.seq):
                 rows.append((e.group, seq, row))
         else:
             rows.append((e.group, e.seq, row))
@@ -47,32 +59,31 @@ def process(sched: PagedScheduler, batch: PagedBatch, logits: torch.Tensor) -> l
     if rows:
         sample_rows = [SampleRow(g.request.params, s.token_ids[:s.num_prompt], s.output_token_ids, s.generator)
                        for g, s, _ in rows]
-        out = sched.sampler.sample(logits[[r for _, _, r in rows]], sample_rows)
+        out = proc.sampler.sample(logits[[r for _, _, r in rows]], sample_rows)
         for (group, seq, _), token, lp in zip(rows, out.token_ids, out.logprobs):
-            outputs.append(_append(sched, group, seq, token, lp))
+            outputs.append(_append(proc, group, seq, token, lp))
     for group in beam_groups.values():
         if all(s.seq_id in group.beam_logits for s in group.live):
             rows_by_seq, group.beam_logits = group.beam_logits, {}
-            outputs += _beam_step(sched, group, [(s, rows_by_seq[s.seq_id]) for s in group.live])
+            outputs += _beam_step(proc, group, [(s, rows_by_seq[s.seq_id]) for s in group.live])
     return outputs
 
 
-def _fork_outputs(sched: PagedScheduler, group: SequenceGroup, parent: Sequence) -> list[Sequence]:
+def _fork_outputs(proc: OutputProcessor, group: SequenceGroup, parent: Sequence) -> list[Sequence]:
     seed = group.request.params.seed
     children = []
     for i in range(1, group.width):
-        child = parent.copy_as(i, make_generator(None if seed is None else (seed + i) % 2**64))
-        sched.bm.fork(parent.seq_id, child.seq_id)
+        child = parent.copy_as(i, proc.sampler.make_generator(None if seed is None else (seed + i) % 2**64))
+        proc.bm.fork(parent.seq_id, child.seq_id)
         children.append(child)
     group.seqs += children
     group.forked = True
     return [parent] + children
 
 
-def _finish_reason(sched: PagedScheduler, group: SequenceGroup, seq: Sequence) -> FinishReason | None:
-    reason = group.request.params.finish_reason(seq.output_token_ids, sched.config.eos_token_ids)
-    if reason is None and len(seq.token_ids) >= sched.config.max_model_len:
-        reason = "length"
+def _finish_reason(proc: OutputProcessor, group: SequenceGroup, seq: Sequence) -> FinishReason | None:
+    reason = group.request.params.finish_reason(seq.output_token_ids, proc.eos_token_ids,
+                                                max_model_len=proc.max_model_len, num_prompt_tokens=seq.num_prompt)
     return None if reason is None else FinishReason(reason)
 
 
@@ -80,20 +91,20 @@ def _prompt_info(group: SequenceGroup) -> dict:
     if group.prompt_sent:
         return {}
     group.prompt_sent = True
-    return {"prompt_tokens": len(group.request.prompt_token_ids), "cached_tokens": 0}
+    return {"prompt_tokens": len(group.request.prompt_token_ids), "cached_tokens": group.cached_tokens or 0}
 
 
-def _append(sched: PagedScheduler, group: SequenceGroup, seq: Sequence, token: int, lp) -> StepOutput:
+def _append(proc: OutputProcessor, group: SequenceGroup, seq: Sequence, token: int, lp) -> StepOutput:
     seq.token_ids.append(token)
     if lp is not None:
         seq.logprobs.append(lp)
         seq.cumulative_logprob += lp.logprob
-    seq.finish_reason = _finish_reason(sched, group, seq)
+    seq.finish_reason = _finish_reason(proc, group, seq)
     new = seq.output_token_ids[seq.num_sent:]
     new_lps = seq.logprobs[seq.num_sent:] if lp is not None else None
     seq.num_sent = len(seq.output_token_ids)
     if seq.finish_reason is not None:
-        sched.bm.free(seq.seq_id)
+        proc.bm.free(seq.seq_id)
         if all(s.finished for s in group.seqs):
             group.status = GroupStatus.FINISHED
     return StepOutput(group.request_id, seq.index, new, new_lps, seq.finish_reason, seq.cumulative_logprob,
@@ -105,11 +116,11 @@ def _score(seq: Sequence, length_penalty: float) -> float:
     return seq.cumulative_logprob / max(1, len(seq.output_token_ids)) ** length_penalty
 
 
-def _beam_step(sched: PagedScheduler, group: SequenceGroup, beam_rows: list[tuple[Sequence, torch.Tensor]]
+def _beam_step(proc: OutputProcessor, group: SequenceGroup, beam_rows: list[tuple[Sequence, torch.Tensor]]
                ) -> list[StepOutput]:
     params = group.request.params
     width = params.beam_width
-    stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(sched.config.eos_token_ids))
+    stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(proc.eos_token_ids))
     parents = [s for s, _ in beam_rows]
     logp = torch.log_softmax(torch.stack([r for _, r in beam_rows]).float(), dim=-1)  # [beams, vocab]
     if len(parents[0].output_token_ids) < params.min_tokens and stops:
@@ -137,14 +148,14 @@ def _beam_step(sched: PagedScheduler, group: SequenceGroup, beam_rows: list[tupl
         parent = parents[b]
         if b in used:
             seq = parent.copy_as(0, None)
-            sched.bm.fork(parent.seq_id, seq.seq_id)
+            proc.bm.fork(parent.seq_id, seq.seq_id)
         else:
             seq = parent
             used.add(b)
         new_live.append((seq, token, v))
     for b, parent in enumerate(parents):
         if b not in used:
-            sched.bm.free(parent.seq_id)
+            proc.bm.free(parent.seq_id)
     live = []
     for seq, token, v in new_live:
         seq.token_ids.append(token)
@@ -153,7 +164,7 @@ def _beam_step(sched: PagedScheduler, group: SequenceGroup, beam_rows: list[tupl
     group.seqs = live
     group.forked = True
     out_len = len(live[0].output_token_ids) if live else 0
-    at_limit = live and (out_len >= params.max_tokens or len(live[0].token_ids) >= sched.config.max_model_len)
+    at_limit = live and (out_len >= params.max_tokens or len(live[0].token_ids) >= proc.max_model_len)
     if at_limit:
         for seq in live:
             seq.finish_reason = FinishReason.LENGTH
@@ -164,7 +175,7 @@ def _beam_step(sched: PagedScheduler, group: SequenceGroup, beam_rows: list[tupl
     if not (at_limit or not live or (len(done) >= width and _score(done[width - 1], lp) >= best_live)):
         return []
     for seq in live:
-        sched.bm.free(seq.seq_id)
+        proc.bm.free(seq.seq_id)
     group.seqs = []
     group.status = GroupStatus.FINISHED
     info = _prompt_info(group)

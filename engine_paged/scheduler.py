@@ -6,14 +6,17 @@ Each step has a token budget (`max_num_batched_tokens`) and a sequence cap (`max
      chunks and never stalls the decoding of others;
   3. then new requests from the waiting queue, FCFS (with `priority`: lower value first, FCFS
      among equals), head of line only, while budget, sequence cap and free pages (above the
-     watermark) allow. Nothing is admitted in a step that had to preempt.
+     watermark) allow. Nothing is admitted in a step that had to preempt. With the prefix cache
+     (engine_paged.prefix_cache) a sequence starts from its longest cached prefix; the cached pages
+     it takes from the LRU count against the free room, and the hit is reported as cached_tokens.
 When a running sequence needs a page and none is free, the NEWEST running request is preempted:
 its pages are freed and it goes back to the waiting queue at its original place, to be
 recomputed from its prompt and the tokens it already produced (nothing already streamed is sent
 again). The oldest request is therefore never preempted by a newer one: no starvation. If a
 request cannot get a page even when it runs alone, it ends with CapacityError and the others go on.
 
-Sampling, n > 1 forks and beam search live in `engine_paged.postprocess`.
+Sampling, n > 1 forks and beam search live in `engine_paged.postprocess.OutputProcessor`, which this
+scheduler owns (it never imports the scheduler back).
 """
 
 from __future__ import annotations
@@ -21,15 +24,15 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine_core.errors import CapacityError, InvalidRequestError
 from engine_core.forward_batch import SeqChunk
 from engine_core.request import FinishReason, KvEvent, LoadStats, Request, StepOutput
-from engine_core.sampler import Sampler, make_generator
-from engine_paged import postprocess
+from engine_core.sampler import Sampler
 from engine_paged.block_manager import BlockManager
-from engine_paged.sequence import GroupStatus, Sequence, SequenceGroup
+from engine_paged.postprocess import OutputProcessor
+from engine_paged.sequence import GroupStatus, PagedBatch, ScheduledSeq, Sequence, SequenceGroup
 
 
 @dataclass(frozen=True)
@@ -40,20 +43,6 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     priority: bool = False  # honour Request.priority (lower first)
-
-
-@dataclass
-class ScheduledSeq:
-    group: SequenceGroup
-    seq: Sequence
-    num_tokens: int
-    wants_logits: bool
-
-
-@dataclass
-class PagedBatch:
-    chunks: list[SeqChunk] = field(default_factory=list)
-    entries: list[ScheduledSeq] = field(default_factory=list)
 
 
 class PagedScheduler:
@@ -68,10 +57,13 @@ class PagedScheduler:
         self.bm = block_manager
         self.sampler = sampler
         self.copy_pages = copy_pages
+        self.outputs = OutputProcessor(block_manager, sampler, config.eos_token_ids, config.max_model_len)
         self.waiting: list[SequenceGroup] = []  # sorted by group.order
         self.running: list[SequenceGroup] = []  # sorted by group.order: the last one is the newest
         self.groups: dict[str, SequenceGroup] = {}
         self.num_preemptions = 0
+        self.prompt_tokens_queried = 0  # prefix cache: prompt tokens of admitted requests ...
+        self.prompt_tokens_hit = 0  # ... and how many of them were cached
         self._outputs: list[StepOutput] = []
         self._counter = itertools.count()
 
@@ -83,6 +75,8 @@ class PagedScheduler:
                                       f"{self.config.max_model_len}, which leaves no room to generate")
         if p.json_schema is not None or p.json_object or p.regex is not None:
             raise InvalidRequestError("structured output is not supported by the paged engine (engine_prefix has it)")
+        if p.speculative:
+            raise InvalidRequestError("speculative decoding is not supported by the paged engine (engine_prefix has it)")
         if p.beam_width > 1 and p.n > p.beam_width:
             raise InvalidRequestError(f"n={p.n} must not exceed beam_width={p.beam_width} with beam search")
         width = p.beam_width if p.beam_width > 1 else p.n
@@ -95,7 +89,8 @@ class PagedScheduler:
 
     def add(self, request: Request) -> None:
         seed = request.params.seed
-        seq = Sequence(0, list(request.prompt_token_ids), len(request.prompt_token_ids), make_generator(seed))
+        seq = Sequence(0, list(request.prompt_token_ids), len(request.prompt_token_ids),
+                       self.sampler.make_generator(seed))
         key = (request.priority if self.config.priority else 0, request.arrival_time, next(self._counter))
         group = SequenceGroup(request, [seq], key)
         self.groups[request.request_id] = group
@@ -119,14 +114,15 @@ class PagedScheduler:
         return out
 
     def take_kv_events(self) -> list[KvEvent]:
-        return []  # no prefix cache here
+        return self.bm.take_kv_events()
 
     def load(self) -> LoadStats:
         return LoadStats(len(self.running), len(self.waiting), self.bm.num_used_pages, self.bm.num_total_pages,
-                         num_preemptions=self.num_preemptions)
+                         prefix_cache_queries_tokens=self.prompt_tokens_queried,
+                         prefix_cache_hits_tokens=self.prompt_tokens_hit, num_preemptions=self.num_preemptions)
 
     def process(self, batch: PagedBatch, logits) -> list[StepOutput]:
-        outputs = postprocess.process(self, batch, logits)
+        outputs = self.outputs.process(batch, logits)
         for group in [g for g in self.running if g.status is GroupStatus.FINISHED]:
             self._finish_group(group)
         return outputs
@@ -183,22 +179,34 @@ class PagedScheduler:
         num_seqs = sum(g.width for g in self.running)
         while self.waiting and budget > 0:
             group = self.waiting[0]
+            salt = group.request.cache_salt
             if num_seqs + group.width > self.config.max_num_seqs:
                 break
-            plan = []
-            pages = 0
+            # pages: fresh ones for the uncached part, plus cached pages nobody holds (taking them uses free room)
+            plan, fresh, hits = [], 0, []
             for seq in group.live:
-                n = min(seq.num_uncomputed, budget - sum(k for _, k in plan))
-                if n <= 0:
+                left = budget - sum(k for _, k in plan)
+                if left <= 0:
                     break
+                hit = self.bm.match_prefix(seq.token_ids, salt)
+                cached = len(hit) * self.bm.page_size
+                n = min(len(seq.token_ids) - cached, left)
                 plan.append((seq, n))
-                pages += self.bm.pages_for(n)
-            if not plan or not self.bm.can_admit(pages * self.bm.page_size):
+                fresh += self.bm.pages_for(cached + n) - len(hit)
+                hits += hit
+            if not plan or not self.bm.can_admit_pages(fresh + self.bm.num_evictable_among(hits)):
                 break
             self.waiting.pop(0)
             group.status = GroupStatus.RUNNING
             bisect.insort(self.running, group, key=lambda g: g.order)
-            for seq, n in plan:
+            for seq, _ in plan:  # take every hit first, so this group's own appends cannot evict them
+                seq.num_computed = self.bm.allocate_cached(seq.seq_id, seq.token_ids, salt)
+            if group.cached_tokens is None:
+                group.cached_tokens = plan[0][0].num_computed
+                self.prompt_tokens_queried += len(group.request.prompt_token_ids)
+                self.prompt_tokens_hit += group.cached_tokens
+            for seq, _ in plan:
+                n = min(seq.num_uncomputed, budget)
                 self._add_entry(batch, group, seq, n)
                 budget -= n
             num_seqs += group.width

@@ -1,6 +1,7 @@
 """A request inside the paged engine (`SequenceGroup`) and its sequences (`Sequence`: one output
 index, or one beam). A group starts with one sequence holding the prompt; when the prompt's
-prefill completes, n > 1 and beam search fork it (the block manager shares the pages)."""
+prefill completes, n > 1 and beam search fork it (the block manager shares the pages).
+`PagedBatch` is one step's work: the scheduler makes it, the output processor consumes it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from enum import Enum
 
 import torch
 
+from engine_core.forward_batch import SeqChunk
 from engine_core.request import FinishReason, Request, TokenLogprob
 
 _seq_ids = itertools.count()
@@ -61,6 +63,7 @@ class SequenceGroup:
     status: GroupStatus = GroupStatus.WAITING
     forked: bool = False  # n > 1 / beams already made from the prompt sequence
     prompt_sent: bool = False
+    cached_tokens: int | None = None  # prompt tokens the prefix cache held at first admission
     beams_done: list[Sequence] = field(default_factory=list)  # beam search: finished hypotheses
     beam_logits: dict = field(default_factory=dict)  # beam search: seq_id -> this step's logits row
 
@@ -81,3 +84,17 @@ class SequenceGroup:
     @property
     def live(self) -> list[Sequence]:
         return [s for s in self.seqs if not s.finished]
+
+
+@dataclass
+class ScheduledSeq:
+    group: SequenceGroup
+    seq: Sequence
+    num_tokens: int
+    wants_logits: bool
+
+
+@dataclass
+class PagedBatch:
+    chunks: list[SeqChunk] = field(default_factory=list)
+    entries: list[ScheduledSeq] = field(default_factory=list)  # entries[i] made chunks[i]

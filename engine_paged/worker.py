@@ -1,5 +1,6 @@
 """`duet engine paged`: load a checkpoint, size the KV pool, and serve it through the shared
-worker (engine_core.worker) with the paged scheduler."""
+worker (engine_core.worker) with the paged scheduler. Automatic prefix caching is on unless
+`--no-enable-prefix-caching`; its KV events hash blocks of one page (GetInfo's hash_block_size)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from engine_core.request import EngineSpec
 from engine_core.sampler import Sampler
 from engine_core.worker import EngineParts, run_worker
 from engine_paged.block_manager import BlockManager
+from engine_paged.prefix_cache import PrefixCache
 from engine_paged.scheduler import PagedScheduler, SchedulerConfig
 
 CAPABILITIES = ("n", "beam_search", "logprobs")
@@ -26,10 +28,33 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def build_scheduler(pool: KVPool, sampler: Sampler, *, max_model_len: int, eos_token_ids: tuple[int, ...],
+                    vocab_size: int, model_id: str, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
+                    priority: bool = False, enable_prefix_caching: bool = True,
+                    watermark: float = 0.01) -> PagedScheduler:
+    """The paged scheduler over `pool` (the worker, the offline LLM and the benchmarks build it here)."""
+
+    def copy_pages(pairs: list[tuple[int, int]]) -> None:
+        src = torch.tensor([s for s, _ in pairs], device=pool.device)
+        dst = torch.tensor([d for _, d in pairs], device=pool.device)
+        for caches in (pool.k_caches, pool.v_caches):
+            for cache in caches:
+                cache[dst] = cache[src]
+
+    cache = PrefixCache(model_id, pool.page_size) if enable_prefix_caching else None
+    block_manager = BlockManager(PageAllocator(pool.num_pages), pool.page_size, watermark=watermark,
+                                 prefix_cache=cache)
+    config = SchedulerConfig(max_model_len=max_model_len, vocab_size=vocab_size, eos_token_ids=tuple(eos_token_ids),
+                             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                             priority=priority)
+    return PagedScheduler(config, block_manager, sampler, copy_pages)
+
+
 def build_engine(model: str, *, device: str = "cpu", page_size: int = 16, kv_cache_tokens: int | None = None,
                  kv_cache_memory_gb: float | None = None, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 2048, priority: bool = False, version: str = "v1",
-                 worker_id: str = "paged-0") -> EngineParts:
+                 worker_id: str = "paged-0", enable_prefix_caching: bool = True,
+                 seed: int | None = None) -> EngineParts:
     """Everything a paged worker runs, built in the calling thread (the worker calls it off the event loop)."""
     from duet.model_dir import read_model_dir
 
@@ -40,24 +65,18 @@ def build_engine(model: str, *, device: str = "cpu", page_size: int = 16, kv_cac
     pool = KVPool(config.num_hidden_layers, num_pages, page_size, config.num_key_value_heads, config.head_dim,
                   config.dtype, device)
     runner = ModelRunner(model_dir, pool, device)
-
-    def copy_pages(pairs: list[tuple[int, int]]) -> None:
-        src = torch.tensor([s for s, _ in pairs], device=pool.device)
-        dst = torch.tensor([d for _, d in pairs], device=pool.device)
-        for caches in (pool.k_caches, pool.v_caches):
-            for cache in caches:
-                cache[dst] = cache[src]
-
     max_model_len = config.max_position_embeddings
-    sched_config = SchedulerConfig(max_model_len=max_model_len, vocab_size=config.vocab_size,
-                                   eos_token_ids=tuple(config.eos_token_ids), max_num_seqs=max_num_seqs,
-                                   max_num_batched_tokens=max_num_batched_tokens, priority=priority)
-    scheduler = PagedScheduler(sched_config, BlockManager(PageAllocator(num_pages), page_size),
-                               Sampler(config.vocab_size, config.eos_token_ids, device), copy_pages)
+    # the sampler's device is the one every per-request generator is made on (the logits' device)
+    sampler = Sampler(config.vocab_size, config.eos_token_ids, runner.device, seed)
+    scheduler = build_scheduler(pool, sampler, max_model_len=max_model_len, eos_token_ids=tuple(config.eos_token_ids),
+                                vocab_size=config.vocab_size, model_id=model_dir.model_id, max_num_seqs=max_num_seqs,
+                                max_num_batched_tokens=max_num_batched_tokens, priority=priority,
+                                enable_prefix_caching=enable_prefix_caching)
     spec = EngineSpec(engine_kind="paged", model_id=model_dir.model_id, version=version, page_size=page_size,
                       max_model_len=max_model_len, capabilities=CAPABILITIES,
                       kv_capacity_tokens=num_pages * page_size, kv_total_pages=num_pages,
-                      vocab_size=config.vocab_size, worker_id=worker_id)
+                      vocab_size=config.vocab_size, worker_id=worker_id,
+                      hash_block_size=page_size if enable_prefix_caching else 0)
     return EngineParts(scheduler, runner, spec)
 
 
@@ -76,7 +95,8 @@ def main(args: argparse.Namespace) -> int:
         return build_engine(args.model, device=device, page_size=args.page_size,
                             kv_cache_tokens=args.kv_cache_tokens, kv_cache_memory_gb=args.kv_cache_memory_gb,
                             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                            priority=policy == "priority", version=args.version, worker_id=worker_id)
+                            priority=policy == "priority", version=args.version, worker_id=worker_id,
+                            enable_prefix_caching=getattr(args, "enable_prefix_caching", True))
 
     return run_worker(build, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
                       metrics_port=args.metrics_port, redis_url=getattr(args, "redis", None))

@@ -1,22 +1,49 @@
 """One scheduling step of engine_prefix: decode (with retraction), continue chunked prefills, admit.
 
-Split from scheduler.py so each reads on its own; ``schedule_step`` only uses the scheduler's state and
-helpers (see the scheduler's docstring for the page-ownership contract it keeps).
+Split from scheduler.py so each reads on its own. ``schedule_step`` sees the scheduler only through
+``AdmissionHost``, the small interface this module owns and ``PrefixScheduler`` satisfies, so nothing here
+imports the scheduler back (see the scheduler's docstring for the page-ownership contract it keeps).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import deque
+from typing import Any, Protocol
 
 from engine_core.forward_batch import SeqChunk
 from engine_prefix import speculative
+from engine_prefix.policy import Candidate, InBatchDedup
+from engine_prefix.radix_cache import RadixCache
 from engine_prefix.sequence import Entry, PrefixBatch, Seq
 
-if TYPE_CHECKING:
-    from engine_prefix.scheduler import PrefixScheduler
+
+class AdmissionHost(Protocol):
+    """What one scheduling step reads and changes on the scheduler."""
+
+    config: Any  # engine_prefix.scheduler.PrefixSchedulerConfig
+    allocator: Any  # engine_core.kv_pool.PageAllocator
+    cache: RadixCache
+    waiting: deque[Seq]
+    running: list[Seq]
+    new_token_ratio: float
+    queries_tokens: int
+    hits_tokens: int
+
+    def alloc_until(self, seq: Seq, num_tokens: int) -> bool:
+        """Grow the request's pages to hold `num_tokens`, evicting cached pages if needed."""
+
+    def retract(self, seq: Seq) -> None:
+        """Back to the queue's head; its computed pages stay cached."""
+
+    def fail(self, seq: Seq, message: str) -> None:
+        """End the request with CapacityError."""
+
+    def ordered_waiting(self) -> list[Candidate]: ...
+
+    def new_dedup(self) -> InBatchDedup: ...
 
 
-def schedule_step(s: PrefixScheduler) -> PrefixBatch | None:
+def schedule_step(s: AdmissionHost) -> PrefixBatch | None:
     cfg = s.config
     entries: list[Entry] = []
     budget = cfg.max_num_batched_tokens
@@ -73,7 +100,7 @@ def schedule_step(s: PrefixScheduler) -> PrefixBatch | None:
     return PrefixBatch(chunks, entries)
 
 
-def _draft(s: PrefixScheduler, seq: Seq) -> list[int]:
+def _draft(s: AdmissionHost, seq: Seq) -> list[int]:
     spec = s.config.speculative
     if spec is None or not speculative.can_draft(seq.req.params, len(seq.tokens) - seq.num_prompt):
         return []
@@ -86,7 +113,7 @@ def _draft(s: PrefixScheduler, seq: Seq) -> list[int]:
     return speculative.propose(seq.tokens, spec, limit)
 
 
-def _victim(s: PrefixScheduler, exclude: list[Seq]) -> Seq | None:
+def _victim(s: AdmissionHost, exclude: list[Seq]) -> Seq | None:
     """The running request with the fewest generated tokens (newest on ties), not already in this step."""
     pool = [q for q in s.running if q not in exclude]
     if len(s.running) <= 1 or not pool:
@@ -94,7 +121,7 @@ def _victim(s: PrefixScheduler, exclude: list[Seq]) -> Seq | None:
     return min(pool, key=lambda q: (len(q.tokens) - q.num_prompt, -q.req.arrival_time))
 
 
-def _reserved_pages(s: PrefixScheduler) -> int:
+def _reserved_pages(s: AdmissionHost) -> int:
     """Pages the running requests are expected to still need (prefill left + estimated decode)."""
     total = 0
     for q in s.running:
@@ -104,7 +131,7 @@ def _reserved_pages(s: PrefixScheduler) -> int:
     return total
 
 
-def _admit(s: PrefixScheduler, entries: list, budget: int) -> int:
+def _admit(s: AdmissionHost, entries: list, budget: int) -> int:
     cfg = s.config
     dedup = s.new_dedup()
     for e in entries:  # chunked prefills still computing their prompt count as in this batch too

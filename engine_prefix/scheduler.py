@@ -24,7 +24,7 @@ import torch
 
 from engine_core.errors import CapacityError, InvalidRequestError
 from engine_core.request import FinishReason, KvEvent, LoadStats, Request, StepOutput
-from engine_core.sampler import Sampler, SampleRow, make_generator
+from engine_core.sampler import Sampler, SampleRow
 from engine_prefix import speculative
 from engine_prefix.admission import schedule_step
 from engine_prefix.kv_events import KvEventRecorder
@@ -82,6 +82,9 @@ class PrefixScheduler:
         if p.n != 1 or p.beam_width != 1:
             raise InvalidRequestError("engine_prefix serves one output per request (n=1, beam_width=1); "
                                       "send n>1 and beam search to the paged engine")
+        if p.speculative and self.config.speculative is None:
+            raise InvalidRequestError("speculative decoding was asked for, but this worker runs without it "
+                                      "(start it with --speculative ngram, or leave 'speculative' unset)")
         key = constraint_key(p.json_schema, p.json_object, p.regex)
         if key is not None:
             if self.grammars is None:
@@ -95,7 +98,7 @@ class PrefixScheduler:
     def add(self, request: Request) -> None:
         key = constraint_key(request.params.json_schema, request.params.json_object, request.params.regex)
         constraint = self.grammars.constraint(key) if key is not None and self.grammars is not None else None
-        self.waiting.append(Seq(request, list(request.prompt_token_ids), make_generator(request.params.seed),
+        self.waiting.append(Seq(request, list(request.prompt_token_ids), self.sampler.make_generator(request.params.seed),
                                  constraint))
 
     def abort(self, request_id: str) -> bool:
@@ -194,11 +197,12 @@ class PrefixScheduler:
             new.append(token)
             if seq.constraint is not None:
                 seq.constraint.accept(token)
-            out_len = len(seq.tokens) - seq.num_prompt
-            if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids) or seq.constraint is not None and seq.constraint.terminated:
+            if seq.constraint is not None and seq.constraint.terminated:
                 reason = FinishReason.STOP
-            elif out_len >= p.max_tokens or len(seq.tokens) >= self.config.max_model_len:
-                reason = FinishReason.LENGTH
+            else:
+                rule = p.finish_reason(seq.output, self.eos_token_ids, max_model_len=self.config.max_model_len,
+                                       num_prompt_tokens=seq.num_prompt)
+                reason = None if rule is None else FinishReason(rule)
             if reason is not None:
                 break
         out = StepOutput(seq.req.request_id, 0, new, logprobs=logprobs, finish_reason=reason)

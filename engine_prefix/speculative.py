@@ -46,7 +46,8 @@ class NgramConfig:
 def can_draft(params: SamplingParams, num_output_tokens: int) -> bool:
     """True when verifying by argmax reproduces what the sampler would pick (see the module docstring)."""
     return (
-        params.temperature == 0.0
+        params.speculative is not False  # the request turned it off
+        and params.temperature == 0.0
         and params.presence_penalty == 0.0
         and params.frequency_penalty == 0.0
         and params.repetition_penalty == 1.0

@@ -53,7 +53,9 @@ def build_engine(model: str | Path, *, device: str = "cpu", page_size: int = 16,
     config = PrefixSchedulerConfig(page_size=page_size, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                                    policy=Policy.parse(schedule_policy), speculative=spec_cfg)
-    scheduler = PrefixScheduler(config, PageAllocator(num_pages), Sampler(cfg.vocab_size, cfg.eos_token_ids, dev, seed),
+    # the sampler's device (the runner's, where the logits are) is the one every generator is made on
+    sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, runner.device, seed)
+    scheduler = PrefixScheduler(config, PageAllocator(num_pages), sampler,
                                 model_id=model_dir.model_id, vocab_size=cfg.vocab_size,
                                 eos_token_ids=cfg.eos_token_ids, grammars=grammars, hash_block_size=HASH_BLOCK_SIZE)
     capabilities = ["logprobs"] + (["structured_output"] if grammars else []) + (["speculative"] if spec_cfg else [])

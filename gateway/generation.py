@@ -117,6 +117,14 @@ def to_pb(prep: Prepared) -> pb.GenerateRequest:
         sp.json_schema = s.json_schema
     elif s.json_object:
         sp.json_object = True
+    elif s.regex is not None:
+        sp.regex = s.regex
+    if s.beam_width > 1:
+        sp.beam_width = s.beam_width
+    if s.length_penalty != 1.0:
+        sp.length_penalty = s.length_penalty
+    if s.speculative is not None:
+        sp.speculative = s.speculative
     return pb.GenerateRequest(request_id=prep.request_id, prompt_token_ids=prep.prompt_ids,
                               sampling=sp, cache_salt=prep.cache_salt)
 

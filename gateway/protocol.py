@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 
 from gateway.errors import InvalidRequest
+from gateway.extra_params import extra_sampling
 from gateway.tools import ToolRequest, parse_tools
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -41,6 +42,11 @@ class Sampling:
     min_tokens: int = 0
     json_object: bool = False
     json_schema: str | None = None
+    # vLLM's extra parameters (gateway/extra_params.py)
+    beam_width: int = 1
+    length_penalty: float = 1.0
+    regex: str | None = None
+    speculative: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -62,11 +68,16 @@ class ApiRequest:
 
     @property
     def required_capabilities(self) -> frozenset[str]:
+        s = self.sampling
         caps = set()
-        if self.sampling.n > 1:
+        if s.n > 1 and s.beam_width == 1:
             caps.add("n")
-        if self.sampling.json_object or self.sampling.json_schema is not None or (self.tools and self.tools.active):
+        if s.beam_width > 1:
+            caps.add("beam_search")
+        if s.json_object or s.json_schema is not None or s.regex is not None or (self.tools and self.tools.active):
             caps.add("structured_output")  # tool requests route like structured output
+        if s.speculative:
+            caps.add("speculative")
         return frozenset(caps)
 
 
@@ -137,6 +148,10 @@ def _sampling(body: dict, chat: bool) -> Sampling:
         top = _num(body, "logprobs", None, 0, 20, integer=True)
         logprobs, top = top is not None, top or 0
     json_object, json_schema = _response_format(body)
+    n = _num(body, "n", 1, 1, MAX_N, integer=True)
+    extra = extra_sampling(body, n)
+    if extra.get("regex") is not None and (json_object or json_schema is not None):
+        raise InvalidRequest("give one of response_format (json) and regex/guided_choice, not both", "regex")
     stop_ids = body.get("stop_token_ids") or ()
     if not isinstance(stop_ids, (list, tuple)) or not all(
             isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_TOKEN_ID for t in stop_ids):
@@ -152,7 +167,7 @@ def _sampling(body: dict, chat: bool) -> Sampling:
         frequency_penalty=float(_num(body, "frequency_penalty", 0.0, -2.0, 2.0)),
         repetition_penalty=float(_num(body, "repetition_penalty", 1.0, 1e-3, 10.0)),
         seed=_num(body, "seed", None, -(1 << 63), (1 << 64) - 1, integer=True),
-        n=_num(body, "n", 1, 1, MAX_N, integer=True),
+        n=n,
         logprobs=logprobs,
         top_logprobs=top,
         stop=_stop(body),
@@ -161,6 +176,7 @@ def _sampling(body: dict, chat: bool) -> Sampling:
         min_tokens=_num(body, "min_tokens", 0, 0, 1 << 31, integer=True),
         json_object=json_object,
         json_schema=json_schema,
+        **extra,
     )
 
 
@@ -202,14 +218,15 @@ def parse_chat(body: object) -> ApiRequest:
         raise InvalidRequest("'messages' must be a non-empty list", "messages")
     parsed = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m.get("role") not in CHAT_ROLES:
             raise InvalidRequest(f"messages[{i}].role must be one of {sorted(CHAT_ROLES)}", "messages")
         parsed.append(_content_text(m, i))
     tools = parse_tools(body, parsed)
     sampling = _sampling(body, chat=True)
-    if tools is not None and tools.constraint() is not None and (sampling.json_object or sampling.json_schema):
-        raise InvalidRequest("tool_choice 'required' or a named function cannot be combined with response_format",
-                             "tool_choice")
+    if tools is not None and tools.constraint() is not None and (
+            sampling.json_object or sampling.json_schema or sampling.regex is not None):
+        raise InvalidRequest("tool_choice 'required' or a named function cannot be combined with response_format "
+                             "or regex/guided_choice", "tool_choice")
     return ApiRequest(
         kind="chat", model=model, sampling=sampling, messages=tuple(parsed),
         tools=tools, stream=stream, include_usage=include_usage, user=user,

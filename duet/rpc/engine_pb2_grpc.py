@@ -90,7 +90,7 @@ class EngineServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchKvEvents(self, request, context):
-        """Prefix blocks the engine's cache stored or evicted; engine_paged may send nothing.
+        """Prefix blocks the engine's cache stored or evicted (both engine kinds; paged with prefix caching on).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

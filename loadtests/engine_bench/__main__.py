@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 
 MODES = {"paged": "loadtests.engine_bench.paged", "prefix": "loadtests.engine_bench.prefix"}
@@ -20,10 +21,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads for the engine and the baselines alike (default 1: on a small "
                              "shared machine OpenMP barriers cost more than a second core gains)")
+    parser.add_argument("--device", default=None, choices=["cpu", "cuda"],
+                        help="where the engines run (default cpu; the transformers baselines stay on the CPU)")
     parser.add_argument("--model", default=None,
                         help="prefix mode: a model directory, .gguf or pullable name instead of the random "
                              "`bench` checkpoint (e.g. smollm2-135m-instruct)")
     args = parser.parse_args(argv)
+    if args.device:
+        os.environ["DUET_BENCH_DEVICE"] = args.device
     import torch
 
     torch.set_num_threads(args.threads)

@@ -1,6 +1,6 @@
 """Shared pieces of the engine benchmarks (`python -m loadtests.engine_bench <mode>`): the
 checkpoint, random workloads, an in-process driver for any engine_core Scheduler, and the
-transformers baselines. Each mode (paged.py, prefix.py, ...) composes these into one JSON object."""
+transformers baselines. The driver is engine_core's one step (EngineCore), as in the serving loop. Each mode (paged.py, prefix.py, ...) composes these into one JSON object."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from engine_core.engine_core import EngineCore
 from engine_core.request import Request, StepOutput
 from engine_core.sampling_params import SamplingParams
 
@@ -26,6 +27,11 @@ def bench_checkpoint(preset: str = "bench") -> Path:
     if not (out / "config.json").is_file():
         make_checkpoint(out, preset=preset)
     return out
+
+
+def bench_device() -> str:
+    """Where the engines run: `--device` (DUET_BENCH_DEVICE), cpu by default."""
+    return os.environ.get("DUET_BENCH_DEVICE", "cpu")
 
 
 @dataclass(frozen=True)
@@ -51,20 +57,18 @@ def greedy(max_tokens: int, **kw) -> SamplingParams:
 
 
 def drive(scheduler, runner, requests: list[Request],
-          on_step: Callable[[], None] | None = None) -> tuple[dict[tuple[str, int], list[int]], float, int]:
-    """Run requests to completion through schedule -> forward -> process (no gRPC: the engine
-    loop alone). Returns (tokens per (request, index), seconds, steps); `on_step` runs after each step."""
+          on_step: Callable[[float, list[StepOutput]], None] | None = None
+          ) -> tuple[dict[tuple[str, int], list[int]], float, int]:
+    """Run requests to completion through EngineCore.step (no gRPC: the engine loop alone). Returns
+    (tokens per (request, index), seconds, steps); `on_step(seconds since start, outputs)` runs after each step."""
+    core = EngineCore(scheduler, runner)
     for r in requests:
-        scheduler.validate(r)
-        scheduler.add(r)
+        core.add(r)
     tokens: dict[tuple[str, int], list[int]] = {}
     steps = 0
     start = time.perf_counter()
-    while scheduler.has_unfinished():
-        batch = scheduler.schedule()
-        outs: list[StepOutput] = scheduler.take_outputs()
-        if batch is not None:
-            outs += scheduler.process(batch, runner.forward(batch.chunks))
+    while core.has_unfinished():
+        outs = core.step().outputs
         for o in outs:
             if o.error is not None:
                 raise o.error
@@ -72,7 +76,7 @@ def drive(scheduler, runner, requests: list[Request],
             tokens[key] = list(o.token_ids) if o.replaces_previous else tokens.get(key, []) + list(o.token_ids)
         steps += 1
         if on_step is not None:
-            on_step()
+            on_step(time.perf_counter() - start, outs)
     return tokens, time.perf_counter() - start, steps
 
 

@@ -12,7 +12,7 @@ tokens the model accepted.
 from __future__ import annotations
 
 from engine_core.request import Request
-from loadtests.engine_bench.common import greedy
+from loadtests.engine_bench.common import bench_device, greedy
 
 PARAGRAPH = (
     "The old lighthouse stood at the edge of the cliff for more than a hundred years. Every night its "
@@ -43,7 +43,7 @@ def speculative_on_text(model_dir, quick: bool, run_timed, build_engine) -> dict
     max_tokens = 64 if quick else 128
     tokens_out, seconds, outputs, result = {}, {}, {}, {}
     for k in (None, 4):
-        parts = build_engine(str(model_dir), device="cpu", kv_cache_tokens=8192, num_draft_tokens=k)
+        parts = build_engine(str(model_dir), device=bench_device(), kv_cache_tokens=8192, num_draft_tokens=k)
         total_tokens, total_s, outs = 0, 0.0, []
         for i, prompt in enumerate(prompts):
             run_timed(parts.scheduler, parts.runner, [Request(f"warm{i}", prompt, greedy(2))])

@@ -23,6 +23,7 @@ from engine_core.request import Request
 from loadtests.engine_bench.common import (
     Workload,
     bench_checkpoint,
+    bench_device,
     drive,
     greedy,
     hf_model,
@@ -44,7 +45,7 @@ SIZES = {
 def _engine(checkpoint, **kw):
     from engine_paged.worker import build_engine
 
-    return build_engine(str(checkpoint), device="cpu", **kw)
+    return build_engine(str(checkpoint), device=bench_device(), **kw)
 
 
 def _requests(work: Workload, prefix: str, **kw) -> list[Request]:
@@ -57,7 +58,7 @@ def kv_utilization(checkpoint, work: Workload, page_size: int) -> dict:
     sched, bm = parts.scheduler, parts.scheduler.bm
     paged, contiguous = [], []
 
-    def on_step():
+    def on_step(_seconds, _outputs):
         live = sum(bm.num_tokens(s.seq_id) for g in sched.running for s in g.seqs if s.seq_id in bm)
         if bm.num_used_pages:
             paged.append(live / (bm.num_used_pages * page_size))
@@ -102,9 +103,12 @@ def n8_page_ratio(checkpoint, max_tokens: int, page_size: int = 16) -> dict:
     prompt = random_workload(1, (1024, 1024), (1, 1), 8000, seed=8).prompts[0]
 
     def peak(requests):
-        parts = _engine(checkpoint, page_size=page_size, kv_cache_tokens=8 * (1024 + max_tokens + page_size))
+        # no prefix cache: the 8 copies must each hold the prompt, as the ratio means
+        parts = _engine(checkpoint, page_size=page_size, kv_cache_tokens=8 * (1024 + max_tokens + page_size),
+                        enable_prefix_caching=False)
         bm, most = parts.scheduler.bm, [0]
-        drive(parts.scheduler, parts.runner, requests, lambda: most.__setitem__(0, max(most[0], bm.num_used_pages)))
+        drive(parts.scheduler, parts.runner, requests,
+              lambda _t, _o: most.__setitem__(0, max(most[0], bm.num_used_pages)))
         return most[0]
 
     shared = peak([Request("n8", prompt, greedy(max_tokens, n=8, seed=0))])
@@ -117,7 +121,7 @@ def run(quick: bool) -> dict:
     size = SIZES["quick" if quick else "full"]
     checkpoint = bench_checkpoint()
     start = time.perf_counter()
-    result = {"mode": "paged", "quick": quick, "checkpoint": "bench", "device": "cpu",
+    result = {"mode": "paged", "quick": quick, "checkpoint": "bench", "device": bench_device(),
               "torch_threads": torch.get_num_threads()}
     n, plen, olen = size["util"]
     result.update(kv_utilization(checkpoint, random_workload(n, plen, olen, 8000, seed=1), page_size=16))

@@ -5,7 +5,8 @@ Engines run in-process (schedule -> forward -> process, no gRPC), every request 
   question, 32 output tokens; --quick: 4 x 8, 512 + 64, 16): ``prefill_tokens_ratio`` = prompt tokens the
   engine computed / distinct prompt tokens; ``cache_hit_rate`` = cached prompt tokens / prompt tokens;
   ``ttft_p50_ratio_vs_paged`` = TTFT p50 of engine_prefix over engine_paged's on the same workload, same
-  KV budget, token budget and batch limits.
+  KV budget, token budget and batch limits (engine_paged with its prefix cache; ``paged_no_cache_*`` is the
+  same engine with it off, and ``outputs_equal_paged`` checks all three gave the same greedy tokens).
 - ``structured_valid_ratio``: json_schema generations (sampled, temperature 1, seeds 0..N-1) that parse and
   validate against the schema.
 - ``spec_speedup``: output tokens/s at batch 1 with n-gram speculation (k=4) over without, greedy, on a
@@ -15,6 +16,7 @@ Engines run in-process (schedule -> forward -> process, no gRPC), every request 
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import statistics
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from engine_core.request import Request
 from engine_core.sampling_params import SamplingParams
-from loadtests.engine_bench.common import bench_checkpoint, greedy
+from loadtests.engine_bench.common import bench_checkpoint, bench_device, drive, greedy
 
 KV_TOKENS = 65536
 SCHEMA = {
@@ -51,25 +53,15 @@ def shared_prefix_workload(groups: int, per_group: int, head: int, question: int
 
 def run_timed(scheduler, runner, requests: list[Request]) -> tuple[dict[str, float], dict[str, list[int]], float]:
     """(TTFT per request in s from the common start, tokens per request, total seconds)."""
-    for r in requests:
-        scheduler.validate(r)
-        scheduler.add(r)
     ttft: dict[str, float] = {}
-    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    start = time.perf_counter()
-    while scheduler.has_unfinished():
-        batch = scheduler.schedule()
-        outs = scheduler.take_outputs()
-        if batch is not None:
-            outs += scheduler.process(batch, runner.forward(batch.chunks))
-        now = time.perf_counter() - start
+
+    def first_tokens(now: float, outs) -> None:
         for o in outs:
-            if o.error is not None:
-                raise o.error
             if o.token_ids:
                 ttft.setdefault(o.request_id, now)
-                tokens[o.request_id] += o.token_ids
-    return ttft, tokens, time.perf_counter() - start
+
+    tokens, secs, _ = drive(scheduler, runner, requests, first_tokens)
+    return ttft, {r.request_id: tokens.get((r.request_id, 0), []) for r in requests}, secs
 
 
 def _shared_prefix(ckpt, quick: bool, vocab: int) -> dict:
@@ -82,8 +74,9 @@ def _shared_prefix(ckpt, quick: bool, vocab: int) -> dict:
     result: dict = {"shared_prefix_workload": f"{groups}x{per_group} requests, {head}+{question} prompt, {out} out"}
     ttfts = {}
     outputs = {}
-    for kind, build in (("prefix", build_prefix), ("paged", build_paged)):
-        parts = build(str(ckpt), device="cpu", kv_cache_tokens=KV_TOKENS, max_num_seqs=64,
+    paged_no_cache = functools.partial(build_paged, enable_prefix_caching=False)
+    for kind, build in (("prefix", build_prefix), ("paged", build_paged), ("paged_no_cache", paged_no_cache)):
+        parts = build(str(ckpt), device=bench_device(), kv_cache_tokens=KV_TOKENS, max_num_seqs=64,
                       max_num_batched_tokens=2048)
         reqs = [Request(f"{kind}{i}", p, greedy(out)) for i, p in enumerate(prompts)]
         ttft, tokens, secs = run_timed(parts.scheduler, parts.runner, reqs)
@@ -97,8 +90,12 @@ def _shared_prefix(ckpt, quick: bool, vocab: int) -> dict:
             result["distinct_prompt_tokens"] = distinct
             result["prefill_tokens_ratio"] = round(s.prefill_tokens / distinct, 4)
             result["cache_hit_rate"] = round(s.hits_tokens / max(1, s.queries_tokens), 4)
+        if kind == "paged":
+            load = parts.scheduler.load()
+            result["paged_cache_hit_rate"] = round(load.prefix_cache_hits_tokens /
+                                                   max(1, load.prefix_cache_queries_tokens), 4)
     result["ttft_p50_ratio_vs_paged"] = round(ttfts["prefix"] / ttfts["paged"], 4)
-    result["outputs_equal_paged"] = outputs["prefix"] == outputs["paged"]
+    result["outputs_equal_paged"] = outputs["prefix"] == outputs["paged"] == outputs["paged_no_cache"]
     return result
 
 
@@ -109,7 +106,7 @@ def _structured(ckpt, quick: bool) -> dict:
     from engine_prefix.worker import build_engine
 
     n = 16 if quick else 50
-    parts = build_engine(str(ckpt), device="cpu", kv_cache_tokens=16384)
+    parts = build_engine(str(ckpt), device=bench_device(), kv_cache_tokens=16384)
     schema = json.dumps(SCHEMA)
     reqs = [Request(f"s{i}", [10 + i, 11, 12, 13], SamplingParams(max_tokens=128, temperature=1.0, seed=i,
                                                                   json_schema=schema)) for i in range(n)]
@@ -137,7 +134,7 @@ def _speculative(ckpt, quick: bool, vocab: int) -> dict:
     out = 48 if quick else 128
     rates, result = {}, {}
     for k in (None, 4):
-        parts = build_engine(str(ckpt), device="cpu", kv_cache_tokens=8192, num_draft_tokens=k)
+        parts = build_engine(str(ckpt), device=bench_device(), kv_cache_tokens=8192, num_draft_tokens=k)
         run_timed(parts.scheduler, parts.runner, [Request("warm", prompt, greedy(4))])  # prompt cached for both
         _, tokens, secs = run_timed(parts.scheduler, parts.runner, [Request("r", prompt, greedy(out))])
         rates[k] = len(tokens["r"]) / secs
@@ -158,7 +155,7 @@ def run(quick: bool = False, model: str | None = None) -> dict:
 
     ckpt = Path(model) if model else bench_checkpoint()
     vocab = read_model_dir(ckpt).config.vocab_size
-    result = {"mode": "prefix", "quick": quick, "device": "cpu", "torch_threads": torch.get_num_threads()}
+    result = {"mode": "prefix", "quick": quick, "device": bench_device(), "torch_threads": torch.get_num_threads()}
     start = time.perf_counter()
     result.update(_shared_prefix(ckpt, quick, vocab))
     result.update(_structured(ckpt, quick))

@@ -1,6 +1,6 @@
 """Per-key cache_salt end to end on both real engines (tiny model, CPU): tenant B never gets
-cached_tokens from tenant A's prompt, while each tenant does reuse its own (on the engine that has a
-prefix cache; engine_paged reports 0 cached tokens for everyone)."""
+cached_tokens from tenant A's prompt, while each tenant does reuse its own (both engines have a prefix
+cache: engine_prefix's radix tree, engine_paged's automatic prefix caching)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,5 @@ def test_tenant_b_never_reuses_tenant_a_s_cache_on_either_engine(tmp_path):
             _, b_first = _cached(stack.url, "sk-b", variant, prompt)
             _, b_again = _cached(stack.url, "sk-b", variant, prompt)
             assert b_first == 0, f"{engine}: tenant B got {b_first} cached tokens from tenant A's prompt"
-            if engine == "prefix":  # the salt separates tenants; it does not switch caching off
-                assert a_again >= 64 and b_again >= 64
-            else:
-                assert a_again == b_again == 0
+            # the salt separates tenants; it does not switch caching off
+            assert a_again >= 64 and b_again >= 64, f"{engine}: {a_again}, {b_again}"

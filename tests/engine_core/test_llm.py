@@ -80,10 +80,33 @@ def test_a_small_fixed_kv_budget_queues_requests_and_still_answers_all(llama, ll
     expected = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
     small = LLM(llama, page_size=4, kv_cache_tokens=40)  # room for about one request at a time
     assert [o.outputs[0].token_ids for o in small.generate(prompts, GREEDY)] == expected
-    small.allocator.check_integrity()
-    assert small.allocator.num_free == small.allocator.num_total
+    assert small.scheduler.num_preemptions > 0  # admitted optimistically, then made room for the oldest
+    small.block_manager.check_integrity()
+    assert small.block_manager.num_free_pages == small.block_manager.num_total_pages
     with pytest.raises(CapacityError, match="KV pages"):
         small.generate([[3] * 30], dataclasses.replace(GREEDY, max_tokens=50))
+
+
+def test_beam_search_returns_n_whole_beams_best_first(llm, greedy_tokens):
+    params = SamplingParams(max_tokens=6, beam_width=3, n=2, ignore_eos=True)
+    [out] = llm.generate([PROMPT], params)
+    first, second = out.outputs
+    assert [first.index, second.index] == [0, 1]
+    assert len(first.token_ids) == len(second.token_ids) == 6 and first.token_ids != second.token_ids
+    assert first.cumulative_logprob >= second.cumulative_logprob
+    assert first.finish_reason == "length"
+
+
+def test_a_repeated_prompt_is_served_from_the_prefix_cache_with_the_same_tokens(llama):
+    llm = LLM(llama, page_size=4)
+    prompt = list(range(5, 30))  # 25 tokens: 6 full pages
+    first = llm.generate([prompt], GREEDY)[0]
+    again = llm.generate([prompt], GREEDY)[0]
+    assert first.num_cached_tokens == 0 and again.num_cached_tokens == 24
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+    off = LLM(llama, page_size=4, enable_prefix_caching=False)
+    off.generate([prompt], GREEDY)
+    assert off.generate([prompt], GREEDY)[0].num_cached_tokens == 0
 
 
 def test_generation_stops_at_the_models_context(llama):
@@ -116,7 +139,7 @@ def untouched_llm(llama):
     (PROMPT, SamplingParams(n=0), "n must be"),
     (PROMPT, SamplingParams(logprobs=21), "logprobs"),
     (PROMPT, SamplingParams(min_tokens=20, max_tokens=10), "min_tokens"),
-    (PROMPT, SamplingParams(beam_width=2), "beam search"),
+    (PROMPT, SamplingParams(beam_width=2, n=3), "must not exceed beam_width"),
     (PROMPT, SamplingParams(regex="a+"), "structured output"),
 ])
 def test_bad_input_is_a_clear_error_before_any_work(untouched_llm, prompt, params, message):
@@ -125,7 +148,7 @@ def test_bad_input_is_a_clear_error_before_any_work(untouched_llm, prompt, param
         # a valid prompt first: it must not have run either
         llm.generate([PROMPT, prompt], [GREEDY, params])
     assert all(not k.any() for k in llm.runner.kv_pool.k_caches)
-    assert llm.allocator.num_free == llm.allocator.num_total
+    assert llm.block_manager.num_used_pages == 0
 
 
 def test_params_list_must_match_prompts(llm):

@@ -28,8 +28,8 @@ def test_seeded_row_gives_the_same_tokens_whatever_else_is_in_the_batch():
     steps = [_logits(1, seed=s)[0] for s in range(30)]
 
     def run(batch_before, batch_after, other_params):
-        gen = make_generator(7)
-        others = [make_generator(p.seed) for p in other_params]
+        gen = make_generator(7, "cpu")
+        others = [make_generator(p.seed, "cpu") for p in other_params]
         tokens = []
         for step_logits in steps:
             noise_rows = [_logits(1, seed=100 + len(tokens) + k)[0] for k in range(batch_before + batch_after)]
@@ -134,7 +134,7 @@ def test_logprobs_are_log_softmax_of_the_raw_logits_with_top_alternatives():
     rows = [_row(SamplingParams(temperature=0.8, logprobs=5, repetition_penalty=1.5, seed=1), output=[1, 2]),
             _row(SamplingParams(temperature=0.0)),
             _row(SamplingParams(temperature=0.0, logprobs=0))]
-    rows[0].generator = make_generator(1)
+    rows[0].generator = make_generator(1, "cpu")
     out = sampler.sample(logits, rows)
     ref = torch.log_softmax(logits, dim=-1)
     first = out.logprobs[0]

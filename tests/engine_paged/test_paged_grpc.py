@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 
 import grpc
@@ -93,6 +94,7 @@ async def test_beam_search_sends_whole_ranked_beams(engine):
     (4, {"max_tokens": 1, "top_p": 0.0}, "top_p"),
     (4, {"max_tokens": 2, "beam_width": 2, "n": 3}, "beam_width"),
     (4, {"max_tokens": 2, "regex": "a+"}, "structured output"),
+    (4, {"max_tokens": 2, "speculative": True}, "speculative decoding is not supported"),
 ])
 async def test_bad_arguments_are_invalid_argument(engine, prompt_len, sampling, needle):
     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -105,3 +107,68 @@ async def test_info_reports_the_engine(engine):
     info = await engine.GetInfo(pb.GetInfoRequest())
     assert info.engine_kind == "paged" and info.page_size == 16 and info.kv_total_pages == 512
     assert {"n", "beam_search"} <= set(info.capabilities) and info.vocab_size == 1000
+
+
+# -- automatic prefix caching ----------------------------------------------------------------------
+async def first_message(stub, req):
+    msgs = [m async for m in stub.Generate(req)]
+    return msgs[0], [t for m in msgs for t in m.token_ids]
+
+
+async def test_a_repeated_prompt_reports_its_cached_tokens_and_the_same_output(engine):
+    prompt = list(range(100, 200))  # 100 tokens: 6 full pages of 16
+    first, tokens = await first_message(engine, request("c1", prompt, max_tokens=8, temperature=0.0,
+                                                        ignore_eos=True))
+    again, tokens_again = await first_message(engine, request("c2", prompt, max_tokens=8, temperature=0.0,
+                                                              ignore_eos=True))
+    assert first.prompt.cached_tokens == 0 and again.prompt.cached_tokens == 96
+    assert tokens_again == tokens
+    salted, _ = await first_message(engine, pb.GenerateRequest(
+        request_id="c3", prompt_token_ids=prompt, cache_salt="other tenant",
+        sampling=pb.SamplingParams(max_tokens=1, temperature=0.0)))
+    assert salted.prompt.cached_tokens == 0
+    load = await engine.GetLoad(pb.GetLoadRequest())
+    assert load.prefix_cache_hits_tokens == 96 and load.prefix_cache_queries_tokens == 300
+
+
+async def test_outputs_are_the_same_with_caching_on_and_off(tiny_checkpoint):
+    rng = random.Random(11)
+    heads = [[rng.randrange(3, 1000) for _ in range(70)] for _ in range(2)]
+    prompts = [rng.choice(heads) + [rng.randrange(3, 1000) for _ in range(rng.randint(1, 40))] for _ in range(8)]
+    results = {}
+    for caching in (True, False):
+        worker = Worker(functools.partial(build_engine, str(tiny_checkpoint), kv_cache_tokens=4096, page_size=16,
+                                          enable_prefix_caching=caching), port=0, drain_timeout=5)
+        port = await worker.start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = engine_pb2_grpc.EngineStub(channel)
+            got = []
+            for i, p in enumerate(prompts):  # one at a time, so later prompts find earlier ones cached
+                first, tokens = await first_message(stub, request(f"r{i}", p, max_tokens=10, temperature=0.0,
+                                                                  ignore_eos=True))
+                got.append((tokens, first.prompt.cached_tokens))
+            n_out = await collect(stub, request("n", prompts[0], max_tokens=6, n=3, temperature=0.0, ignore_eos=True))
+            beams = await collect(stub, request("b", prompts[0], max_tokens=6, beam_width=2, ignore_eos=True))
+        await worker.shutdown()
+        results[caching] = (got, n_out, beams)
+    on, off = results[True], results[False]
+    assert [t for t, _ in on[0]] == [t for t, _ in off[0]] and on[1:] == off[1:]
+    assert all(c == 0 for _, c in off[0]) and sum(c for _, c in on[0]) >= 6 * 64
+
+
+async def test_kv_events_let_the_gateway_index_paged_workers(engine):
+    from duet.hashing import block_hashes
+
+    info = await engine.GetInfo(pb.GetInfoRequest())
+    assert info.hash_block_size == info.page_size == 16
+    events = engine.WatchKvEvents(pb.WatchKvEventsRequest())
+    prompt = list(range(300, 340))
+    await collect(engine, pb.GenerateRequest(request_id="kv", prompt_token_ids=prompt, cache_salt="t1",
+                                             sampling=pb.SamplingParams(max_tokens=1, temperature=0.0)))
+    stored = []
+    async for batch in events:
+        stored += [h for e in batch.events if e.kind == pb.KvEvent.STORED for h in e.block_hashes]
+        if len(stored) >= 2:
+            break
+    events.cancel()
+    assert stored[:2] == block_hashes(prompt, 16, info.model_id, "t1")

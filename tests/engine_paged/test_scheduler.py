@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
+from engine_core.engine_core import EngineCore
 from engine_core.errors import CapacityError
 from engine_core.kv_pool import PageAllocator
 from engine_core.request import FinishReason, Request
 from engine_core.sampler import Sampler
 from engine_core.sampling_params import SamplingParams
 from engine_paged.block_manager import BlockManager
+from engine_paged.prefix_cache import PrefixCache
 from engine_paged.scheduler import PagedScheduler, SchedulerConfig
 
 VOCAB = 512
@@ -36,8 +39,9 @@ class CountingRunner:
         return torch.stack(rows) if rows else torch.empty(0, VOCAB)
 
 
-def make(num_pages=64, page=4, max_seqs=16, budget=64, priority=False, watermark=0.0):
-    bm = BlockManager(PageAllocator(num_pages), page, watermark=watermark)
+def make(num_pages=64, page=4, max_seqs=16, budget=64, priority=False, watermark=0.0, cache=False):
+    bm = BlockManager(PageAllocator(num_pages), page, watermark=watermark,
+                      prefix_cache=PrefixCache("model", page) if cache else None)
     config = SchedulerConfig(max_model_len=4096, vocab_size=VOCAB, eos_token_ids=(EOS,), max_num_seqs=max_seqs,
                              max_num_batched_tokens=budget, priority=priority)
     return PagedScheduler(config, bm, Sampler(VOCAB, (EOS,), seed=0), copy_pages=lambda pairs: None)
@@ -49,16 +53,13 @@ def req(rid, prompt, max_tokens, arrival, **kw):
 
 
 def run(sched, runner, max_steps=10_000):
-    """Drive schedule -> forward -> process; collect tokens per (request, index); check pages each step."""
+    """Drive EngineCore.step; collect tokens per (request, index); check pages each step."""
     tokens, finish, errors, order = {}, {}, {}, []
+    core = EngineCore(sched, runner)
     for _ in range(max_steps):
-        if not sched.has_unfinished():
+        if not core.has_unfinished():
             break
-        batch = sched.schedule()
-        outs = sched.take_outputs()
-        if batch is not None:
-            outs += sched.process(batch, runner.forward(batch.chunks))
-        for o in outs:
+        for o in core.step().outputs:
             tokens.setdefault((o.request_id, o.index), []).extend(o.token_ids)
             if o.finish_reason is not None:
                 finish[(o.request_id, o.index)] = o.finish_reason
@@ -74,9 +75,10 @@ def expected(prompt, n):
     return [(prompt[-1] + k) % EOS for k in range(1, n + 1)]
 
 
-def test_preemption_storm_gives_every_request_its_exact_tokens():
+@pytest.mark.parametrize("cache", [False, True])
+def test_preemption_storm_gives_every_request_its_exact_tokens(cache):
     rng = random.Random(0)
-    sched = make(num_pages=40, page=4, max_seqs=12, budget=48)
+    sched = make(num_pages=40, page=4, max_seqs=12, budget=48, cache=cache)
     reqs = []
     for i in range(24):
         prompt = [rng.randrange(1, 400) for _ in range(rng.randint(1, 40))]
@@ -146,18 +148,21 @@ def test_beam_search_returns_ranked_whole_beams():
     assert len(tokens[("beam", 1)]) == 5 and tokens[("beam", 1)] != tokens[("beam", 0)]
 
 
-def test_preemption_storm_with_forked_outputs_and_beams():
+@pytest.mark.parametrize("cache", [False, True])
+def test_preemption_storm_with_forked_outputs_and_beams(cache):
     rng = random.Random(3)
-    sched = make(num_pages=30, page=4, max_seqs=16, budget=40)
+    sched = make(num_pages=30, page=4, max_seqs=16, budget=40, cache=cache)
+    heads = [[rng.randrange(1, 400) for _ in range(9)] for _ in range(3)]  # shared heads: the cache hits
     reqs = []
     for i in range(16):
-        prompt = [rng.randrange(1, 400) for _ in range(rng.randint(1, 30))]
+        prompt = rng.choice(heads)[:rng.randint(0, 9)] + [rng.randrange(1, 400) for _ in range(rng.randint(1, 21))]
         kind = ("n", "beam", "one")[i % 3]
         kw = {"n": 3} if kind == "n" else {"beam_width": 2} if kind == "beam" else {}
         reqs.append((f"r{i}", prompt, rng.randint(2, 20), kind))
         sched.add(req(f"r{i}", prompt, reqs[-1][2], arrival=i, **kw))
     tokens, _, errors, _ = run(sched, CountingRunner())
     assert sched.num_preemptions > 0
+    assert (sched.prompt_tokens_hit > 0) == cache
     for rid, prompt, max_tokens, kind in reqs:
         assert errors[rid] is None
         for index in range(3 if kind == "n" else 1):

@@ -157,6 +157,12 @@ async def test_n_and_beam_search_are_refused_with_a_pointer_to_the_paged_engine(
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "paged engine" in err.value.details()
 
 
+async def test_asking_for_speculation_on_a_worker_without_it_is_invalid(engine):
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(engine, request("spec", [1, 2, 3], max_tokens=4, speculative=True))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "--speculative ngram" in err.value.details()
+
+
 async def test_speculation_on_and_off_give_identical_greedy_output(tiny_checkpoint):
     rng = random.Random(11)
     text = [rng.randrange(3, 1000) for _ in range(60)]
@@ -176,6 +182,21 @@ async def test_speculation_on_and_off_give_identical_greedy_output(tiny_checkpoi
             await worker.shutdown()
     assert outputs[0] == outputs[1]
     assert load.spec_draft_tokens > 0 and load.spec_accepted_tokens > 0
+
+
+async def test_a_request_can_turn_speculation_off(tiny_checkpoint):
+    worker, channel, stub = await _start(lambda: build_engine(str(tiny_checkpoint), kv_cache_tokens=4096,
+                                                              num_draft_tokens=4))
+    try:
+        greedy = {"max_tokens": 30, "temperature": 0.0, "ignore_eos": True}
+        off = await collect(stub, request("off", [7, 8, 9] * 20, speculative=False, **greedy))
+        assert (await stub.GetLoad(pb.GetLoadRequest())).spec_draft_tokens == 0
+        on = await collect(stub, request("on", [7, 8, 9] * 20, speculative=True, **greedy))
+        assert (await stub.GetLoad(pb.GetLoadRequest())).spec_draft_tokens > 0
+        assert on[0] == off[0]
+    finally:
+        await channel.close()
+        await worker.shutdown()
 
 
 async def test_cancellation_frees_pages_and_unlocks_nodes(engine):

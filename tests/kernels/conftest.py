@@ -4,13 +4,19 @@ Triton reads TRITON_INTERPRET when a kernel is decorated; the kernel package dec
 for the interpreter setting in force then, so setting the variable here (before any kernel test launches
 anything) is enough even if another test package imported triton or the kernels first. The autouse fixture
 keeps it set for each kernel test even if the surrounding environment says otherwise.
+
+`DUET_KERNEL_TEST_DEVICE=cuda` (what `make gpu-check` sets on a CUDA machine) runs the same tests compiled for
+real: the interpreter stays off and tensors are made on the GPU (torch's default device), so every kernel is
+checked against its reference there.
 """
 
 from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+ON_CUDA = os.environ.get("DUET_KERNEL_TEST_DEVICE", "cpu") == "cuda"
+if not ON_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch
@@ -18,8 +24,15 @@ import torch
 
 @pytest.fixture(autouse=True)
 def _interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if ON_CUDA:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        torch.set_default_device("cuda")
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
     torch.manual_seed(0)
+    yield
+    if ON_CUDA:
+        torch.set_default_device("cpu")
 
 
 class PagedKV:
