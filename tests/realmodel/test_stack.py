@@ -31,8 +31,8 @@ def test_the_capital_of_france_is_paris(clients, kind):
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
                                            "country": {"type": "string", "maxLength": 40},
-                                           "population_millions": {"type": "number"}},
-          "required": ["city", "country", "population_millions"], "additionalProperties": False}
+                                           "is_capital": {"type": "boolean"}},
+          "required": ["city", "country", "is_capital"], "additionalProperties": False}
 
 
 def test_json_schema_output_parses_and_validates(clients):
