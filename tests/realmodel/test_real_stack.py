@@ -65,7 +65,7 @@ def test_stop_string_ends_the_answer_before_it(clients, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_logprobs_equal_transformers_log_softmax(clients, kind, smollm2_dir, hf_smollm2):
     """The first token's logprobs come from a prefill (1e-4); later ones from decode steps, which differ
-    from transformers' full forward by fp32 summation order (see test_parity's decode test): 5e-4."""
+    from transformers' full forward by fp32 summation order (see test_real_parity's decode test): 5e-4."""
     messages = ask("Write one sentence about the moon.")
     r = clients[kind].chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
                                               logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})

@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct on our engine core equals transformers (fp32): logits within 1e-4 for a whole
 prefill, a chunked prefill, a prefix-cache hit and step-by-step decode; greedy 64 tokens identical to
 `generate`, alone and in a ragged batch of 8 (the paged scheduler; engine_prefix's greedy parity runs
-through the whole stack in test_stack.py)."""
+through the whole stack in test_real_stack.py)."""
 
 from __future__ import annotations
 
