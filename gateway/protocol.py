@@ -227,10 +227,10 @@ def parse_chat(body: object) -> ApiRequest:
             sampling.json_object or sampling.json_schema or sampling.regex is not None):
         raise InvalidRequest("tool_choice 'required' or a named function cannot be combined with response_format "
                              "or regex/guided_choice", "tool_choice")
-    return ApiRequest(
+    return _servable(ApiRequest(
         kind="chat", model=model, sampling=sampling, messages=tuple(parsed),
         tools=tools, stream=stream, include_usage=include_usage, user=user,
-    )
+    ))
 
 
 def parse_completion(body: object) -> ApiRequest:
@@ -246,7 +246,23 @@ def parse_completion(body: object) -> ApiRequest:
         prompt = tuple(prompt)
     elif not isinstance(prompt, str):
         raise InvalidRequest("'prompt' must be a string or a list of token ids", "prompt")
-    return ApiRequest(
+    return _servable(ApiRequest(
         kind="completion", model=model, sampling=_sampling(body, chat=False), prompt=prompt, stream=stream,
         include_usage=include_usage, user=user, echo=_flag(body, "echo"),
-    )
+    ))
+
+
+# What only one engine kind does (gateway/routing.py routes by the same split): a request that needs one
+# of each can never be served, whatever the fleet's health, so it is the client's error, not a 503.
+_PAGED_ONLY = {"n": "n > 1", "beam_search": "beam search"}
+_PREFIX_ONLY = {"structured_output": "response_format / regex / guided_choice / tools",
+                "speculative": "speculative"}
+
+
+def _servable(api: ApiRequest) -> ApiRequest:
+    caps = api.required_capabilities
+    paged = [v for k, v in _PAGED_ONLY.items() if k in caps]
+    prefix = [v for k, v in _PREFIX_ONLY.items() if k in caps]
+    if paged and prefix:
+        raise InvalidRequest(f"{paged[0]} cannot be combined with {prefix[0]}: no engine kind does both")
+    return api

@@ -92,13 +92,13 @@ def test_429_when_the_admission_queue_is_full(gw):
         stream.close()
 
 
-def test_503_when_no_capable_worker(gw):
-    # n > 1 needs "n" (paged sim only), structured output needs "structured_output" (prefix sim only)
-    with pytest.raises(openai.InternalServerError) as e:
+def test_400_when_no_engine_kind_could_ever_serve_the_request(gw):
+    # n > 1 is engine_paged's, structured output engine_prefix's: no worker, healthy or not, does both,
+    # so this is the client's error (the 503 for capable workers all down is tested in test_routing)
+    with pytest.raises(openai.BadRequestError) as e:
         client(gw).chat.completions.create(model=MODEL, messages=MSG, n=2, max_tokens=2,
                                            response_format={"type": "json_object"})
-    assert e.value.status_code == 503 and e.value.body["code"] == "no_capable_worker"
-    assert "structured_output" in e.value.body["message"]
+    assert "no engine kind does both" in e.value.body["message"]
 
 
 def test_503_and_not_ready_when_no_worker_is_up(tmp_path):

@@ -137,3 +137,11 @@ def test_text_that_is_not_a_call_stays_content(text):
     content, calls = parse_whole(text, "auto")
     assert calls == [] and content == text
     assert _streamed(text, "auto")[0] == text
+
+
+@pytest.mark.parametrize("extra", [{"n": 2, "response_format": {"type": "json_object"}},
+                                   {"n": 3, "tools": [WEATHER], "tool_choice": "required"},
+                                   {"use_beam_search": True, "n": 2, "guided_choice": ["a", "b"]}])
+def test_a_request_no_engine_kind_can_serve_is_a_400_not_a_503(extra):
+    with pytest.raises(InvalidRequest, match="no engine kind does both"):
+        parse_chat(chat(**extra))
