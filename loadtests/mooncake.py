@@ -13,6 +13,7 @@ hash_ids share their first k ids - the trace's reuse structure, rebuilt for any 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -35,32 +36,38 @@ class TraceRecord:
     session: str | None = None  # the trace's own conversation id; "" = none; None = derive (session_key)
 
 
+def json_lines(path: Path, what: str) -> Iterator[tuple[int, object]]:
+    """(line number, parsed JSON) for every non-blank line; a line that is not JSON is a TraceError
+    saying the line was not `what`."""
+    with path.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield lineno, json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise TraceError(f"{path}:{lineno}: not {what}: {e}") from None
+
+
 def load_trace(path: str | Path) -> list[TraceRecord]:
     """Read a Mooncake JSONL trace, in file order."""
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"trace file not found: {path}")
+    what = "a Mooncake record (timestamp, input_length, output_length, hash_ids)"
     records = []
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                rec = TraceRecord(
-                    timestamp_ms=float(obj["timestamp"]),
-                    input_length=int(obj["input_length"]),
-                    output_length=int(obj["output_length"]),
-                    hash_ids=tuple(int(h) for h in obj["hash_ids"]),
-                )
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise TraceError(
-                    f"{path}:{lineno}: not a Mooncake record (timestamp, input_length, "
-                    f"output_length, hash_ids): {e}"
-                ) from None
-            if rec.input_length < 1 or not rec.hash_ids:
-                raise TraceError(f"{path}:{lineno}: empty prompt")
-            records.append(rec)
+    for lineno, obj in json_lines(path, what):
+        try:
+            rec = TraceRecord(
+                timestamp_ms=float(obj["timestamp"]),
+                input_length=int(obj["input_length"]),
+                output_length=int(obj["output_length"]),
+                hash_ids=tuple(int(h) for h in obj["hash_ids"]),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise TraceError(f"{path}:{lineno}: not {what}: {e}") from None
+        if rec.input_length < 1 or not rec.hash_ids:
+            raise TraceError(f"{path}:{lineno}: empty prompt")
+        records.append(rec)
     if not records:
         raise TraceError(f"{path}: no records")
     return records

@@ -22,7 +22,7 @@ import math
 from datetime import datetime
 from pathlib import Path
 
-from loadtests.mooncake import MOONCAKE_BLOCK_TOKENS, TraceError, TraceRecord, load_trace
+from loadtests.mooncake import MOONCAKE_BLOCK_TOKENS, TraceError, TraceRecord, json_lines, load_trace
 
 CHARS_PER_TOKEN = 4  # the usual rule of thumb for English text and BPE vocabularies
 FORMATS = ("mooncake", "azure", "openai")
@@ -127,28 +127,25 @@ def text_block_ids(text: str, block_chars: int = MOONCAKE_BLOCK_TOKENS * CHARS_P
 
 def load_openai_log(path: str | Path) -> list[TraceRecord]:
     path = Path(path)
+    what = "an OpenAI request log line"
     records = []
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                body = obj.get("request") or obj.get("body") or obj
-                text = _prompt_text(body)
-                usage = (obj.get("response") or {}).get("usage") or obj.get("usage") or {}
-                output = usage.get("completion_tokens") or body.get("max_completion_tokens") \
-                    or body.get("max_tokens") or 256
-                ts = obj.get("timestamp", body.get("timestamp"))
-                records.append(TraceRecord(
-                    timestamp_ms=1000.0 * (_timestamp(ts) if ts is not None else float(len(records))),
-                    input_length=max(1, math.ceil(len(text) / CHARS_PER_TOKEN)),
-                    output_length=max(1, int(output)),
-                    hash_ids=text_block_ids(text),
-                    session=body.get("user") or None,
-                ))
-            except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as e:
-                raise TraceError(f"{path}:{lineno}: not an OpenAI request log line: {e}") from None
+    for lineno, obj in json_lines(path, what):
+        try:
+            body = obj.get("request") or obj.get("body") or obj
+            text = _prompt_text(body)
+            usage = (obj.get("response") or {}).get("usage") or obj.get("usage") or {}
+            output = usage.get("completion_tokens") or body.get("max_completion_tokens") \
+                or body.get("max_tokens") or 256
+            ts = obj.get("timestamp", body.get("timestamp"))
+            records.append(TraceRecord(
+                timestamp_ms=1000.0 * (_timestamp(ts) if ts is not None else float(len(records))),
+                input_length=max(1, math.ceil(len(text) / CHARS_PER_TOKEN)),
+                output_length=max(1, int(output)),
+                hash_ids=text_block_ids(text),
+                session=body.get("user") or None,
+            ))
+        except (AttributeError, TypeError, ValueError) as e:
+            raise TraceError(f"{path}:{lineno}: not {what}: {e}") from None
     if not records:
         raise TraceError(f"{path}: no records")
     records.sort(key=lambda r: r.timestamp_ms)
