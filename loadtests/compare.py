@@ -74,7 +74,8 @@ class Settings:
     TPOT medians of the bench checkpoint at light load on one CPU thread per worker
     (docs/benchmarks.md), so that an unqueued request meets them and a queued one does not."""
 
-    model: str | None = None  # None: the bench checkpoint, made once in the cache dir
+    model: str | None = None  # None: a random checkpoint of `preset`, made once in the cache dir
+    preset: str = "smollm2"  # SmolLM2-135M's shape (duet/model_make.py presets)
     workers: int = 4
     num_requests: int | None = None  # None: rate x run_seconds
     run_seconds: float = 120.0
@@ -129,19 +130,34 @@ def parse_mix(text: str) -> tuple[tuple[str, float], ...]:
     return tuple(out)
 
 
-QUICK = Settings(workers=2, num_requests=24, rates=("light",), repeats=1, max_prompt_tokens=512, max_tokens=16)
+QUICK = Settings(preset="bench", workers=2, num_requests=24, rates=("light",), repeats=1, max_prompt_tokens=512,
+                 max_tokens=16)
 
 
-def bench_checkpoint() -> Path:
-    """The `bench` checkpoint, made once under the cache dir (DUET_CACHE_DIR overrides) and reused."""
+def preset_checkpoint(preset: str) -> Path:
+    """A random checkpoint of the preset's shape (timing depends on the shape, not the weights: the headline
+    uses SmolLM2-135M's), made once under the cache dir (DUET_CACHE_DIR overrides) and reused."""
     from duet.model_make import cached_model_dir
 
-    return cached_model_dir("bench", "llama")
+    return cached_model_dir(preset, "llama")
+
+
+TURNS_PER_SESSION = 4  # multi_turn and agent sessions (loadtests/workloads.py defaults)
+
+
+def requests_for(s: Settings, rate: float) -> int:
+    """Requests whose chains (a session or a document) arrive at `rate` per second for `run_seconds`:
+    a session's later turns follow its first, so only first turns and documents are arrivals."""
+    shares = dict(s.shares)
+    total = sum(shares.values())
+    arrivals_per_request = (shares.get("long_doc", 0.0)
+                            + (shares.get("multi_turn", 0.0) + shares.get("agent", 0.0)) / TURNS_PER_SESSION) / total
+    return max(12, round(rate * s.run_seconds / arrivals_per_request))
 
 
 def workload(model: Path, s: Settings, rate: float) -> list[BenchRequest]:
     src = TokenSource.from_model_dir(model)
-    n = s.num_requests or max(12, round(rate * s.run_seconds))
+    n = s.num_requests or requests_for(s, rate)
     return mix(src, n, s.max_prompt_tokens, s.max_tokens, s.seed, dict(s.shares))
 
 
@@ -293,7 +309,7 @@ def _headline(rates: dict) -> dict:
 def run(s: Settings, log_dir: Path | None = None, progress=None) -> dict:
     """The whole experiment; `progress(str)` hears one line per run."""
     s.validate()
-    model = Path(s.model).expanduser().resolve() if s.model else bench_checkpoint()
+    model = Path(s.model).expanduser().resolve() if s.model else preset_checkpoint(s.preset)
     if not (model / "config.json").is_file():
         raise CompareError(f"--model {model}: not a model directory (no config.json)")
     from duet.tokenizer import Tokenizer

@@ -13,7 +13,8 @@ each op's module docstring.
 
 Attention on the torch backend has a faster path than the two references: `plan_paged_attention` once per step
 and `paged_attention_planned` in every layer (cpu_attention.py); the model takes it wherever
-`kernel_backend` says "torch".
+`kernel_backend` says "torch". Its fp32 decode rows run a small C kernel that reads K/V in place through the
+page table (cpu_paged_decode.py, built once per machine) when a C compiler is there.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from engine_core.kernels import rope as _rope
 from engine_core.kernels import store_kv as _store
 from engine_core.kernels._jit import interpreting
 from engine_core.kernels.cpu_attention import AttentionPlan, paged_attention_planned, plan_paged_attention
+from engine_core.kernels.cpu_paged_decode import native_decode_applies
 from engine_core.kernels.rope import build_rope_cache
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "extend_attention",
     "fused_add_rms_norm",
     "kernel_backend",
+    "native_decode_applies",
     "paged_attention_planned",
     "paged_decode_attention",
     "plan_paged_attention",

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from engine_core.kernels.cpu_paged_decode import paged_decode_native
+
 # a decode group's padded work (rows x longest context) may exceed its real work by this factor
 _PAD_SLACK = 1.25
 
@@ -43,9 +45,19 @@ class _Group:
 
 
 @dataclass(frozen=True)
+class _NativeDecode:
+    """The decode rows' inputs to the native kernel (cpu_paged_decode.py), which reads pages in place."""
+
+    block_tables: Tensor  # [num_decode, P] int32, contiguous
+    context_lens: Tensor  # [num_decode] int32, contiguous
+    max_context: int
+
+
+@dataclass(frozen=True)
 class AttentionPlan:
     decode: list[_Group]
     extend: list[_Group]
+    native: _NativeDecode | None = None  # set: decode rows go to the native kernel, `decode` is empty
 
 
 def _pages(block_tables: Tensor, num_pages: int) -> Tensor:
@@ -70,11 +82,16 @@ def _decode_groups(lens: list[int]) -> list[list[int]]:
 
 def plan_paged_attention(num_decode: int, decode_block_tables: Tensor, decode_context_lens: Tensor,
                          extend_block_tables: Tensor, cu_seqlens_q: Tensor, prefix_lens: Tensor,
-                         page_size: int) -> AttentionPlan:
+                         page_size: int, native_decode: bool = False) -> AttentionPlan:
+    """native_decode: the decode rows run the native kernel (the caller checked native_decode_applies)."""
     device = decode_block_tables.device
     decode = []
     lens = decode_context_lens.tolist()
-    for members in (_decode_groups(lens) if num_decode else []):
+    native = None
+    if native_decode and num_decode:
+        native = _NativeDecode(decode_block_tables[:num_decode].to(torch.int32).contiguous(),
+                               decode_context_lens[:num_decode].to(torch.int32).contiguous(), max(lens))
+    for members in (_decode_groups(lens) if num_decode and native is None else []):
         num_pages = -(-lens[members[0]] // page_size)
         rows = torch.tensor(members, device=device)
         length = num_pages * page_size
@@ -95,7 +112,7 @@ def plan_paged_attention(num_decode: int, decode_block_tables: Tensor, decode_co
         query_pos = prefix + torch.arange(n, device=device)
         mask = torch.arange(length, device=device)[None, :] <= query_pos[:, None]  # [n, L]: causal, offset
         extend.append(_Group(rows, _pages(extend_block_tables[i: i + 1], num_pages), mask, length))
-    return AttentionPlan(decode, extend)
+    return AttentionPlan(decode, extend, native)
 
 
 def _gather(cache: Tensor, group: _Group, dtype: torch.dtype) -> Tensor:
@@ -110,6 +127,11 @@ def paged_attention_planned(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_
                             plan: AttentionPlan, scale: float) -> Tensor:
     gqa = q.shape[1] != k_cache.shape[2]
     out = torch.empty_like(q)
+    if plan.native is not None:
+        n = plan.native
+        rows = n.context_lens.shape[0]
+        out[:rows] = paged_decode_native(q[:rows], k_cache, v_cache, n.block_tables, n.context_lens, scale,
+                                         n.max_context)
     for g in plan.decode:
         qq = q.index_select(0, g.rows).unsqueeze(2)  # [n, Hq, 1, D]
         o = F.scaled_dot_product_attention(qq, _gather(k_cache, g, q.dtype), _gather(v_cache, g, q.dtype),

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from importlib import import_module
 
 import pytest
 import torch
 
+from engine_core.kernels import cpu_paged_decode
 from engine_core.kernels.cpu_attention import _decode_groups, paged_attention_planned, plan_paged_attention
 
 decode = import_module("engine_core.kernels.decode_attention")
@@ -71,3 +74,67 @@ def test_decode_groups_bound_the_padding():
     for g in groups:
         assert len(g) * lens[g[0]] <= 1.25 * sum(lens[i] for i in g)
     assert sorted(i for g in groups for i in g) == list(range(5))
+
+
+NATIVE_CASES = [c for c in CASES if c[4] == F32 and c[5]]  # fp32 steps with decode rows
+
+
+@pytest.fixture
+def native(monkeypatch, tmp_path):
+    """The native decode kernel, built into a private cache dir (so the build itself is tested). CPU only."""
+    if torch.get_default_device().type != "cpu":
+        pytest.skip("the native kernel is for CPU tensors")
+    monkeypatch.setenv("DUET_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("DUET_NATIVE_CPU_ATTENTION", raising=False)
+    cpu_paged_decode._library.cache_clear()
+    yield
+    cpu_paged_decode._library.cache_clear()
+
+
+def test_native_decode_builds_where_a_compiler_is(native, tmp_path):
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler on this machine: the torch path serves decode")
+    assert cpu_paged_decode.native_decode_available()
+    assert list((tmp_path / "kernels").glob("paged_decode-*.so"))
+    assert cpu_paged_decode.native_decode_applies(torch.device("cpu"), F32, F32)
+    assert not cpu_paged_decode.native_decode_applies(torch.device("cpu"), BF16, BF16)
+
+
+def test_native_decode_can_be_turned_off(native, monkeypatch):
+    monkeypatch.setenv("DUET_NATIVE_CPU_ATTENTION", "0")
+    assert not cpu_paged_decode.native_decode_available()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("page_size,hk,ratio,d,dtype,dec_lens,ext", NATIVE_CASES,
+                         ids=[str(i) for i in range(len(NATIVE_CASES))])
+def test_native_decode_matches_the_reference(native, paged_kv, tol, threads, page_size, hk, ratio, d, dtype,
+                                             dec_lens, ext):
+    if not cpu_paged_decode.native_decode_available():
+        pytest.skip("no C compiler on this machine")
+    lens = dec_lens + [p + n for p, n in ext]
+    kv = paged_kv(lens, page_size, hk, d, dtype)
+    nd = len(dec_lens)
+    new_rows = [(b, n - 1) for b, n in enumerate(dec_lens)]
+    for j, (p, n) in enumerate(ext):
+        new_rows += [(nd + j, p + t) for t in range(n)]
+    q = torch.randn(len(new_rows), hk * ratio, d)
+    k, v = _new_kv(kv, new_rows)
+    dec_bt, ext_bt = kv.block_tables[:nd], kv.block_tables[nd:]
+    cu = torch.tensor([0, *torch.tensor([n for _, n in ext], dtype=torch.int64).cumsum(0).tolist()],
+                      dtype=torch.int32)
+    prefix = torch.tensor([p for p, _ in ext], dtype=torch.int32)
+    scale = d**-0.5
+    plan = plan_paged_attention(nd, dec_bt, kv.lens[:nd], ext_bt, cu, prefix, page_size, native_decode=True)
+    assert plan.native is not None and plan.decode == []  # the decode rows really take the kernel
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = paged_attention_planned(q, k, v, kv.k_cache, kv.v_cache, plan, scale)
+    finally:
+        torch.set_num_threads(before)
+    want = [decode.paged_decode_attention_ref(q[:nd], kv.k_cache, kv.v_cache, dec_bt, kv.lens[:nd], scale)]
+    if ext:
+        want.append(extend.extend_attention_ref(q[nd:], kv.k_cache, kv.v_cache, ext_bt, cu, prefix, scale))
+    atol, rtol = tol(dtype)
+    torch.testing.assert_close(out, torch.cat(want), atol=atol, rtol=rtol)
