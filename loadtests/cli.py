@@ -61,20 +61,21 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
         "loops, unrelated long documents; Poisson arrivals) at three rates with repeats, and reports goodput and "
         "TTFT per traffic class (loadtests/compare.py). With no options: the headline run.",
     )
-    p.add_argument("--model", default=None, help="model directory (default: the bench checkpoint, made once)")
+    p.add_argument("--model", default=None,
+                   help="model directory (default: a random checkpoint of SmolLM2-135M's shape, made once)")
     p.add_argument("--workers", type=int, default=None, help="workers per stack (default 4; duet: half of each kind)")
     p.add_argument("--quick", action="store_true", help="a small check of the machinery (2 workers, light rate)")
     p.add_argument("--num-requests", type=int, default=None, help="per run (default: rate x 120 s)")
-    p.add_argument("--rates", default=None, help="comma-separated: light, medium, heavy or numbers (req/s)")
+    p.add_argument("--rates", default=None, help="comma-separated: light, medium, heavy or numbers (arrivals/s: conversations + documents)")
     p.add_argument("--repeats", type=int, default=None, help="runs per rate (default: 3 at medium, 1 at the others)")
     p.add_argument("--mix", default=None, help="class shares, e.g. multi_turn=2,agent=1,long_doc=1 (default 1:1:1)")
     p.add_argument("--max-prompt-tokens", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT bound of goodput (default 4000)")
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT bound of goodput (default 5000)")
     p.add_argument("--slo-itl-ms", type=float, default=None,
                    help="bound on a request's mean inter-token latency (default 250)")
-    p.add_argument("--kv-cache-tokens", type=int, default=None, help="per worker, every stack alike (default 8192)")
+    p.add_argument("--kv-cache-tokens", type=int, default=None, help="per worker, every stack alike (default 4096)")
     p.add_argument("--configs", default=None, help="comma-separated subset of all_paged,all_prefix,duet_fixed,duet_planner")
     p.add_argument("--log-dir", default=None, help="keep the stacks' logs here (default: temp dirs)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

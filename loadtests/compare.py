@@ -13,20 +13,24 @@ documents, open loop, seeded) runs against four stacks of the same size on the s
                   (duet/pool_manager.py, in a thread of this process) switches workers' kinds
 
 All go through the real gateway (`RoutingConfig.policy` picks the policy) and real engine workers with
-identical limits (`loadtests.stack.EngineLimits`), one after the other, at each of three rates, with
-repeats. The KV budget per worker (8,192 tokens by default) is small on purpose: it holds about eight
-of the workload's long documents (1,024 tokens), fewer than a worker receives between two turns of a
-session at the medium rate, so in a pool that mixes documents and sessions the documents evict the
-sessions' prefixes — the situation that isolating them is for. (The earlier 32,768 held everything,
-so isolation bought nothing.)
+identical limits (`loadtests.stack.EngineLimits`, one torch thread per worker), one after the other, at each of
+three rates, with repeats, on a random checkpoint of SmolLM2-135M's shape (the shape sets the timing).
 
-Rates (conversations + documents started per second, 4 workers): light 1.5 (every stack keeps up:
-the 2-worker quiet runs met the SLOs at 1.5), medium 4.5 (where the 2-worker stacks saturated, here
-spread over twice the workers: loaded, not saturated), heavy 9.0 (twice medium: the homogeneous
-stacks saturate). These follow from the 2-worker measurements in docs/benchmarks.md and are to be
-confirmed on the quiet machine. The request count per run is the rate times `run_seconds` (120 s), so
-one rate for the four stacks takes about 4 x (startup + 2-3 minutes); `duet bench compare --json`
-with no options runs the headline: every rate, three repeats at medium and one at light and heavy.
+Calibrated on the quiet 2-core machine (docs/benchmarks.md, "Calibration"): at light load a request's TTFT
+is 0.4 s (agent) to 2.8 s (a long document, 3.6 s at most) and its TPOT 58 ms; a burst of the mix is served at
+0.69 requests/s, about 0.35 arrivals/s (an arrival is a conversation or a document; a conversation brings four
+requests). Rates, in arrivals/s: light 0.15 (under half of that), medium 0.30 (near it: loaded, not
+saturated), heavy 0.45 (1.3x it: the queues grow). SLOs, the same for every stack: TTFT <= 5 s (an unqueued
+document meets it; one queued behind another document's prefill does not) and TPOT <= 250 ms (about 4x the
+unloaded TPOT: a request may share its steps with one document's prefill, not several).
+
+KV budget 4,096 tokens per worker: three 1,024-token requests running plus the shared heads. On this machine a
+worker takes in about 60 new tokens/s at the medium rate (estimated from the workload's sizes), so its cache turns over in about a minute - longer
+than the few seconds between two turns of a session. The budget would have to be smaller than one document for
+documents to evict live sessions' prefixes here, so what isolating documents buys on this machine is
+compute (no session turn queued behind a document's prefill), not cache. The request count per run is what
+arrives at the rate in `run_seconds` (120 s); `duet bench compare --json` with no options runs the headline:
+every rate, three repeats at medium and one at light and heavy.
 
 Per stack and rate: goodput (requests meeting both the TTFT and the TPOT SLO, per second), TTFT per
 class, engine and route-reason split, worker loads; `goodput_ratio_vs_best_homogeneous` and
@@ -57,7 +61,7 @@ CONFIGS = {
 }
 HOMOGENEOUS = ("all_paged", "all_prefix")
 SHARES = {"multi_turn": 1.0, "agent": 1.0, "long_doc": 1.0}
-RATES = {"light": 1.5, "medium": 4.5, "heavy": 9.0}
+RATES = {"light": 0.15, "medium": 0.30, "heavy": 0.45}  # arrivals/s (module docstring)
 HEADLINE_REPEATS = {"light": 1, "medium": 3, "heavy": 1}
 # the planner reacts within a run: rates over 20 s, at most one change every 15 s
 PLANNER = {"window_s": 20.0, "cooldown_s": 15.0}
@@ -69,10 +73,8 @@ class CompareError(ValueError):
 
 @dataclass(frozen=True)
 class Settings:
-    """One experiment. The defaults are the headline run (module docstring); QUICK is a small one
-    for checking the machinery. The SLOs are fixed, the same for every stack: about 3-5x the TTFT and
-    TPOT medians of the bench checkpoint at light load on one CPU thread per worker
-    (docs/benchmarks.md), so that an unqueued request meets them and a queued one does not."""
+    """One experiment. The defaults are the headline run (module docstring: how the rates, SLOs and KV
+    budget were chosen); QUICK is a small one for checking the machinery."""
 
     model: str | None = None  # None: a random checkpoint of `preset`, made once in the cache dir
     preset: str = "smollm2"  # SmolLM2-135M's shape (duet/model_make.py presets)
@@ -84,9 +86,9 @@ class Settings:
     max_prompt_tokens: int = 1024
     max_tokens: int = 32
     seed: int = 0
-    ttft_slo_ms: float = 4000.0
+    ttft_slo_ms: float = 5000.0
     itl_slo_ms: float = 250.0  # bound on each request's mean inter-token latency (TPOT)
-    limits: EngineLimits = field(default_factory=lambda: EngineLimits(kv_cache_tokens=8192))
+    limits: EngineLimits = field(default_factory=lambda: EngineLimits(kv_cache_tokens=4096))
     configs: tuple[str, ...] = tuple(CONFIGS)
     shares: tuple[tuple[str, float], ...] = tuple(SHARES.items())
     ready_timeout_s: float = 300.0
