@@ -14,6 +14,13 @@ Hysteresis, so it never flaps: the target moves only when the balanced split dif
 than `hysteresis` workers for one kind (a share of 2.6 against a target of 2 is not enough at 0.75:
 it must pass 2.75 or fall below 1.25), and never twice within `cooldown_s`. Rates are averaged over
 `window_s`; with no traffic at all the target stays where it is.
+
+A fleet that changes size (a worker switching kind leaves and comes back; one restarts, is added or is
+lost) moves as few workers as it takes: a shrink takes from the kind furthest above its share (never the
+last worker of a kind with traffic), a grow gives to the kind furthest below it, and the size the fleet
+had before is remembered, so a worker coming back restores the target it left. Recomputing the split
+from the work of the moment instead (as the first version did) reset the target twice per switch,
+skipping hysteresis and cooldown, and made the planner flap in `duet bench compare`.
 """
 
 from __future__ import annotations
@@ -78,6 +85,20 @@ def balanced_shares(work: dict[str, float], total: int) -> dict[str, float]:
     return {k: (total * work[k] / s if s > 0 else 0.0) for k in KINDS}
 
 
+def resized(target: dict[str, int], total: int, work: dict[str, float]) -> dict[str, int]:
+    """`target` grown or shrunk to `total` workers one worker at a time (module docstring)."""
+    out = {k: target.get(k, 0) for k in KINDS}
+    shares = balanced_shares(work, total)
+    while sum(out.values()) > total:
+        spare = [k for k in KINDS if out[k] > (1 if work.get(k, 0.0) > 0 else 0)] or [k for k in KINDS if out[k]]
+        k = max(spare, key=lambda k: out[k] - shares[k])
+        out[k] -= 1
+    while sum(out.values()) < total:
+        k = max(KINDS, key=lambda k: shares[k] - out[k])
+        out[k] += 1
+    return out
+
+
 def balanced_split(work: dict[str, float], total: int) -> dict[str, int] | None:
     """Whole workers per kind, in proportion to the work: at least one for a kind with work (when
     `total` >= 2), none for a kind without. None when there is no work at all."""
@@ -104,6 +125,7 @@ class PoolPlanner:
     changed_at: float | None = None
     last_work: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in KINDS})
     changes: int = 0
+    before_resize: dict[str, int] | None = None  # the target when the fleet last changed size
 
     def update(self, now: float, work: dict[str, float], current: dict[str, int], hold: bool = False) -> dict[str, int]:
         """The target after this tick. `current`: workers of each kind now (their sum is the fleet
@@ -118,10 +140,13 @@ class PoolPlanner:
             self.target = {k: current.get(k, 0) for k in KINDS}
         if hold:
             return dict(self.target)
-        if sum(self.target.values()) != total:
-            # first tick, or the fleet resized (a worker restarting, added, lost): start from the
-            # balanced split of the work seen, or from what runs now when there is none
-            self.target = balanced_split(self.last_work, total) or {k: current.get(k, 0) for k in KINDS}
+        if sum(self.target.values()) != total:  # the fleet changed size: move as few workers as it takes
+            previous, self.before_resize = self.before_resize, dict(self.target)
+            if previous is not None and sum(previous.values()) == total:
+                # the worker came back (a kind switch, a restart): the target it left
+                self.target, self.before_resize = previous, None
+            else:
+                self.target = resized(self.target, total, self.last_work)
             return dict(self.target)
         wanted = balanced_split(self.last_work, self.total)
         if wanted is None or wanted == self.target:

@@ -86,6 +86,29 @@ def test_it_holds_the_target_while_warming_up_and_follows_a_resized_fleet():
     assert sum(p.update(2.0, {"paged": 100.0, "prefix": 500.0}, current).values()) == 4
 
 
+def test_a_worker_switching_kinds_does_not_reset_the_target():
+    # found by `duet bench compare`: each switch took the fleet from 4 to 3 and back, and each size change
+    # recomputed the split from the work of that moment (no hysteresis, no cooldown): the planner flapped
+    p = PoolPlanner(PlannerConfig(hysteresis=0.75, cooldown_s=15.0))
+    p.update(0.0, {"paged": 500.0, "prefix": 500.0}, {"paged": 2, "prefix": 2})
+    assert p.update(20.0, {"paged": 900.0, "prefix": 100.0}, {"paged": 2, "prefix": 2}) == {"paged": 3, "prefix": 1}
+    # a prefix worker drains and restarts as paged; meanwhile a burst of sessions swings the work
+    burst = {"paged": 300.0, "prefix": 700.0}
+    assert p.update(25.0, burst, {"paged": 2, "prefix": 1}) == {"paged": 2, "prefix": 1}  # prefix keeps its one
+    assert p.update(30.0, burst, {"paged": 3, "prefix": 1}) == {"paged": 3, "prefix": 1}  # restored on return
+    assert p.changes == 1
+
+
+def test_a_resized_fleet_moves_as_few_workers_as_it_takes():
+    from gateway.pool_planner import resized
+
+    work = {"paged": 100.0, "prefix": 900.0}
+    assert resized({"paged": 2, "prefix": 2}, 3, work) == {"paged": 1, "prefix": 2}  # from the kind above its share
+    assert resized({"paged": 1, "prefix": 3}, 3, {"paged": 900.0, "prefix": 100.0}) == {"paged": 1, "prefix": 2}
+    assert resized({"paged": 1, "prefix": 1}, 1, {"paged": 0.0, "prefix": 5.0}) == {"paged": 0, "prefix": 1}
+    assert resized({"paged": 1, "prefix": 2}, 5, work) == {"paged": 1, "prefix": 4}
+
+
 def test_running_requests_count_as_traffic_before_any_has_finished():
     from gateway.metrics import GatewayMetrics
     from gateway.pool_tracker import PoolTracker
