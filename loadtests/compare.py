@@ -63,8 +63,9 @@ HOMOGENEOUS = ("all_paged", "all_prefix")
 SHARES = {"multi_turn": 1.0, "agent": 1.0, "long_doc": 1.0}
 RATES = {"light": 0.15, "medium": 0.30, "heavy": 0.45}  # arrivals/s (module docstring)
 HEADLINE_REPEATS = {"light": 1, "medium": 3, "heavy": 1}
-# the planner reacts within a run: rates over 20 s, at most one change every 15 s
-PLANNER = {"window_s": 20.0, "cooldown_s": 15.0}
+# the planner at the gateway's defaults (rates over 30 s, at most one change every 30 s): with 20 s / 15 s, a
+# window held about four documents at the medium rate, and the split followed their Poisson noise
+PLANNER = {"window_s": 30.0, "cooldown_s": 30.0}
 
 
 class CompareError(ValueError):

@@ -44,7 +44,7 @@ def test_every_configuration_reports_goodput_and_ttft_per_class(result):
             assert summary[name][key]["median"] > 0 and summary[name][key]["n"] == 1
     assert result["goodput_ratio_vs_best_homogeneous"]["20"] > 0
     assert result["long_doc_ttft_p99_ratio_vs_paged"]["20"] > 0
-    assert result["kv_cache_tokens_per_worker"] == 8192
+    assert result["kv_cache_tokens_per_worker"] == Settings().limits.kv_cache_tokens == 4096
 
 
 @pytest.mark.timeout(300)
@@ -72,3 +72,14 @@ def test_bad_settings_are_refused_with_the_setting_named():
                          check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "duet bench compare: error: --workers must be at least 2" in out.stderr
+
+
+def test_a_run_brings_rate_times_run_seconds_arrivals():
+    # an arrival is a conversation's first turn or a document; later turns follow their parents
+    from loadtests.compare import workload
+
+    s = Settings(max_prompt_tokens=256, max_tokens=6)
+    for rate in (0.15, 0.30):
+        requests = workload(default_model_dir(), s, rate)
+        arrivals = sum(1 for r in requests if r.depends_on is None)
+        assert arrivals == round(rate * s.run_seconds)
