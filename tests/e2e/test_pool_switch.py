@@ -33,15 +33,20 @@ class Load:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
+        self.starts = 0
 
     def start(self, kind: str, clients: int, pause_s: float = 0.0) -> None:
+        # each start seeds its clients apart: a document client of the second phase seeded like the first
+        # phase's would resend the same documents, which the router then sees as reused (prefix), so the
+        # paged pool had no work and the planner rightly gave it no worker
+        self.starts += 1
         for i in range(clients):
-            t = threading.Thread(target=self._loop, args=(kind, i, pause_s), daemon=True)
+            t = threading.Thread(target=self._loop, args=(kind, i, pause_s, self.starts), daemon=True)
             t.start()
             self.threads.append(t)
 
-    def _loop(self, kind: str, i: int, pause_s: float) -> None:
-        rng = random.Random(f"{kind}-{i}")
+    def _loop(self, kind: str, i: int, pause_s: float, start: int) -> None:
+        rng = random.Random(f"{kind}-{i}-{start}")
         history: list[dict] = []
         with httpx.Client(base_url=self.url, timeout=60) as c:
             n = 0
