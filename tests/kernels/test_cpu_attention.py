@@ -38,8 +38,9 @@ def _new_kv(kv, rows):
     return torch.stack(ks), torch.stack(vs)
 
 
-@pytest.mark.parametrize("page_size,hk,ratio,d,dtype,dec_lens,ext", CASES, ids=[str(i) for i in range(len(CASES))])
-def test_planned_attention_matches_references(paged_kv, tol, page_size, hk, ratio, d, dtype, dec_lens, ext):
+def _run_step(paged_kv, tol, page_size, hk, ratio, d, dtype, dec_lens, ext, native_decode=False):
+    """One mixed step (decode rows, then extend chunks) through the planned path, checked against the
+    references; returns the plan."""
     lens = dec_lens + [p + n for p, n in ext]
     kv = paged_kv(lens, page_size, hk, d, dtype)
     nd = len(dec_lens)
@@ -53,7 +54,7 @@ def test_planned_attention_matches_references(paged_kv, tol, page_size, hk, rati
                       dtype=torch.int32)
     prefix = torch.tensor([p for p, _ in ext], dtype=torch.int32)
     scale = d**-0.5
-    plan = plan_paged_attention(nd, dec_bt, kv.lens[:nd], ext_bt, cu, prefix, page_size)
+    plan = plan_paged_attention(nd, dec_bt, kv.lens[:nd], ext_bt, cu, prefix, page_size, native_decode)
     out = paged_attention_planned(q, k, v, kv.k_cache, kv.v_cache, plan, scale)
     want = []
     if nd:
@@ -63,6 +64,13 @@ def test_planned_attention_matches_references(paged_kv, tol, page_size, hk, rati
     atol, rtol = tol(dtype)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out, torch.cat(want), atol=atol, rtol=rtol)
+    return plan
+
+
+@pytest.mark.parametrize("page_size,hk,ratio,d,dtype,dec_lens,ext", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_planned_attention_matches_references(paged_kv, tol, page_size, hk, ratio, d, dtype, dec_lens, ext):
+    plan = _run_step(paged_kv, tol, page_size, hk, ratio, d, dtype, dec_lens, ext)
+    assert plan.native is None
 
 
 def test_decode_groups_bound_the_padding():
@@ -112,29 +120,10 @@ def test_native_decode_matches_the_reference(native, paged_kv, tol, threads, pag
                                              dec_lens, ext):
     if not cpu_paged_decode.native_decode_available():
         pytest.skip("no C compiler on this machine")
-    lens = dec_lens + [p + n for p, n in ext]
-    kv = paged_kv(lens, page_size, hk, d, dtype)
-    nd = len(dec_lens)
-    new_rows = [(b, n - 1) for b, n in enumerate(dec_lens)]
-    for j, (p, n) in enumerate(ext):
-        new_rows += [(nd + j, p + t) for t in range(n)]
-    q = torch.randn(len(new_rows), hk * ratio, d)
-    k, v = _new_kv(kv, new_rows)
-    dec_bt, ext_bt = kv.block_tables[:nd], kv.block_tables[nd:]
-    cu = torch.tensor([0, *torch.tensor([n for _, n in ext], dtype=torch.int64).cumsum(0).tolist()],
-                      dtype=torch.int32)
-    prefix = torch.tensor([p for p, _ in ext], dtype=torch.int32)
-    scale = d**-0.5
-    plan = plan_paged_attention(nd, dec_bt, kv.lens[:nd], ext_bt, cu, prefix, page_size, native_decode=True)
-    assert plan.native is not None and plan.decode == []  # the decode rows really take the kernel
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        out = paged_attention_planned(q, k, v, kv.k_cache, kv.v_cache, plan, scale)
+        plan = _run_step(paged_kv, tol, page_size, hk, ratio, d, dtype, dec_lens, ext, native_decode=True)
     finally:
         torch.set_num_threads(before)
-    want = [decode.paged_decode_attention_ref(q[:nd], kv.k_cache, kv.v_cache, dec_bt, kv.lens[:nd], scale)]
-    if ext:
-        want.append(extend.extend_attention_ref(q[nd:], kv.k_cache, kv.v_cache, ext_bt, cu, prefix, scale))
-    atol, rtol = tol(dtype)
-    torch.testing.assert_close(out, torch.cat(want), atol=atol, rtol=rtol)
+    assert plan.native is not None and plan.decode == []  # the decode rows really took the kernel
