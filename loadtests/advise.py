@@ -137,7 +137,6 @@ def advise_local(trace: str, s: AdviseSettings, model: str | None = None, max_pr
 
     from duet.tokenizer import Tokenizer
     from loadtests import compare
-    from loadtests.engine_bench.common import bench_checkpoint
     from loadtests.report import Slo, summarize
     from loadtests.stack import ServingStack
     from loadtests.traces import detect_format, load_any
@@ -148,7 +147,7 @@ def advise_local(trace: str, s: AdviseSettings, model: str | None = None, max_pr
     simulated = simulate_all(records, s)
     reuse = reuse_share(records)
     split = simulated[recommend(simulated, reuse)["best_duet"]]["workers"]
-    model_dir = Path(model).expanduser().resolve() if model else bench_checkpoint()
+    model_dir = Path(model).expanduser().resolve() if model else compare.preset_checkpoint("bench")
     src = TokenSource.from_model_dir(model_dir)
     t0 = records[0].timestamp_ms
     requests = []

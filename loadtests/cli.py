@@ -66,7 +66,8 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=None, help="workers per stack (default 4; duet: half of each kind)")
     p.add_argument("--quick", action="store_true", help="a small check of the machinery (2 workers, light rate)")
     p.add_argument("--num-requests", type=int, default=None, help="per run (default: rate x 120 s)")
-    p.add_argument("--rates", default=None, help="comma-separated: light, medium, heavy or numbers (arrivals/s: conversations + documents)")
+    p.add_argument("--rates", default=None,
+                   help="comma-separated: light, medium, heavy or numbers (arrivals/s: conversations + documents)")
     p.add_argument("--repeats", type=int, default=None, help="runs per rate (default: 3 at medium, 1 at the others)")
     p.add_argument("--mix", default=None, help="class shares, e.g. multi_turn=2,agent=1,long_doc=1 (default 1:1:1)")
     p.add_argument("--max-prompt-tokens", type=int, default=None)

@@ -16,21 +16,23 @@ All go through the real gateway (`RoutingConfig.policy` picks the policy) and re
 identical limits (`loadtests.stack.EngineLimits`, one torch thread per worker), one after the other, at each of
 three rates, with repeats, on a random checkpoint of SmolLM2-135M's shape (the shape sets the timing).
 
-Calibrated on the quiet 2-core machine (docs/benchmarks.md, "Calibration"): at light load a request's TTFT
-is 0.4 s (agent) to 2.8 s (a long document, 3.6 s at most) and its TPOT 58 ms; a burst of the mix is served at
-0.69 requests/s, about 0.35 arrivals/s (an arrival is a conversation or a document; a conversation brings four
-requests). Rates, in arrivals/s: light 0.15 (under half of that), medium 0.30 (near it: loaded, not
-saturated), heavy 0.45 (1.3x it: the queues grow). SLOs, the same for every stack: TTFT <= 5 s (an unqueued
-document meets it; one queued behind another document's prefill does not) and TPOT <= 250 ms (about 4x the
-unloaded TPOT: a request may share its steps with one document's prefill, not several).
+Calibrated on the quiet 2-core machine (docs/benchmarks.md, "How rates, SLOs and the KV budget were
+chosen"): at light load a request's TTFT is 0.4 s (agent) to 2.8 s (a long document, 3.6 s at most) and its
+TPOT 58 ms; a burst of the mix is served at 0.69 requests/s, about 0.35 arrivals/s (an arrival is a
+conversation or a document; a conversation brings four requests). Rates, in arrivals/s: light 0.15 (under half
+of that), medium 0.30 (near it: loaded, not saturated), heavy 0.45 (1.3x it: the queues grow). SLOs, the same
+for every stack: TTFT <= 5 s (an unqueued document meets it; one queued behind another document's prefill
+does not) and TPOT <= 250 ms (about 4x the unloaded TPOT: a request may share its steps with one document's
+prefill, not several).
 
 KV budget 4,096 tokens per worker: three 1,024-token requests running plus the shared heads. On this machine a
-worker takes in about 60 new tokens/s at the medium rate (estimated from the workload's sizes), so its cache turns over in about a minute - longer
-than the few seconds between two turns of a session. The budget would have to be smaller than one document for
-documents to evict live sessions' prefixes here, so what isolating documents buys on this machine is
-compute (no session turn queued behind a document's prefill), not cache. The request count per run is what
-arrives at the rate in `run_seconds` (120 s); `duet bench compare --json` with no options runs the headline:
-every rate, three repeats at medium and one at light and heavy.
+worker takes in about 60 new tokens/s at the medium rate (estimated from the workload's sizes, not measured),
+so its cache turns over in about a minute - longer than the few seconds between two turns of a session. The
+budget would have to be smaller than one document for documents to evict live sessions' prefixes here, so
+what isolating documents buys on this machine is compute (no session turn queued behind a document's
+prefill), not cache. The request count per run is what arrives at the rate in `run_seconds` (120 s);
+`duet bench compare --json` with no options runs the headline: every rate, three repeats at medium and one at
+light and heavy.
 
 Per stack and rate: goodput (requests meeting both the TTFT and the TPOT SLO, per second), TTFT per
 class, engine and route-reason split, worker loads; `goodput_ratio_vs_best_homogeneous` and
@@ -50,7 +52,7 @@ from pathlib import Path
 from loadtests.client import RequestRecord, arun_benchmark
 from loadtests.report import Slo, summarize
 from loadtests.stack import EngineLimits, ServingStack, paged_prefix_caching_flags
-from loadtests.workloads import BenchRequest, TokenSource, mix
+from loadtests.workloads import SESSION_TURNS, BenchRequest, TokenSource, mix
 
 CONFIGS = {
     # name: (engine kinds of the workers, given the worker count; routing policy; pool planner on)
@@ -145,16 +147,13 @@ def preset_checkpoint(preset: str) -> Path:
     return cached_model_dir(preset, "llama")
 
 
-TURNS_PER_SESSION = 4  # multi_turn and agent sessions (loadtests/workloads.py defaults)
-
-
 def requests_for(s: Settings, rate: float) -> int:
     """Requests whose chains (a session or a document) arrive at `rate` per second for `run_seconds`:
     a session's later turns follow its first, so only first turns and documents are arrivals."""
     shares = dict(s.shares)
     total = sum(shares.values())
     arrivals_per_request = (shares.get("long_doc", 0.0)
-                            + (shares.get("multi_turn", 0.0) + shares.get("agent", 0.0)) / TURNS_PER_SESSION) / total
+                            + (shares.get("multi_turn", 0.0) + shares.get("agent", 0.0)) / SESSION_TURNS) / total
     return max(12, round(rate * s.run_seconds / arrivals_per_request))
 
 

@@ -33,6 +33,9 @@ WORKLOADS = (*SYNTHETIC, "mix", "mooncake", "azure-conv", "azure-code")
 DEFAULT_SHARES = {"multi_turn": 0.4, "agent": 0.3, "long_doc": 0.2, "chat": 0.1}
 
 
+SESSION_TURNS = 4  # turns of a multi_turn session and steps of an agent loop, by default
+
+
 class WorkloadError(ValueError):
     """Workload arguments that cannot make a workload (the message names the argument)."""
 
@@ -138,7 +141,7 @@ def _sessions(src: TokenSource, num_requests: int, turns: int, head: list[int], 
 
 
 def multi_turn(src: TokenSource, num_requests: int, max_prompt_tokens: int, max_tokens: int, seed: int = 0,
-               turns: int = 4, prefix: str = "mt") -> list[BenchRequest]:
+               turns: int = SESSION_TURNS, prefix: str = "mt") -> list[BenchRequest]:
     """Multi-turn chat sessions: a shared system prompt (an eighth of the budget) and `turns` turns; each
     turn resends the history and the previous answer, plus a new user message. Sized so the last turn's
     prompt fits `max_prompt_tokens`."""
@@ -152,7 +155,7 @@ def multi_turn(src: TokenSource, num_requests: int, max_prompt_tokens: int, max_
 
 
 def agent(src: TokenSource, num_requests: int, max_prompt_tokens: int, max_tokens: int, seed: int = 0,
-          steps: int = 4, prefix: str = "agent") -> list[BenchRequest]:
+          steps: int = SESSION_TURNS, prefix: str = "agent") -> list[BenchRequest]:
     """Agent loops: every call starts with the same long tool descriptions (half the budget), then the
     session's task; each step resends everything plus the model's last tool call and its result."""
     _check(num_requests, max_prompt_tokens, max_tokens)
