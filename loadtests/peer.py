@@ -169,7 +169,7 @@ def _measure(url: str, served_name: str, src: TokenSource, loads: list[str], arg
 
 def run(args: argparse.Namespace, progress) -> dict:
     from loadtests import peer_vllm
-    from loadtests.stack import EngineLimits, ServingStack
+    from loadtests.stack import ServingStack
 
     loads = parse_list(args.loads, LOADS, "loads")
     engines = parse_list(args.engines, ENGINES, "engines")
@@ -182,15 +182,14 @@ def run(args: argparse.Namespace, progress) -> dict:
     log_dir.mkdir(parents=True, exist_ok=True)
     sides: dict[str, dict] = {}
     cores = len(os.sched_getaffinity(0))
-    threads = args.duet_threads or max(1, cores - 1)
+    threads = duet_threads(args.duet_threads)
     kv_bytes_per_token = _kv_bytes_per_token(model)
     kv_gib = max(1, round(KV_CACHE_TOKENS * kv_bytes_per_token / 2**30))
     progress(f"vllm ({peer_vllm.PACKAGE} {peer_vllm.VERSION}) on {model}")
     with peer_vllm.VllmServer(venv, model, served_name, log_dir, max_num_seqs=MAX_NUM_SEQS,
                               max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, kv_cache_gib=kv_gib) as server:
         sides["vllm"] = _measure(server.url, served_name, src, loads, args, progress)
-    limits = EngineLimits(kv_cache_tokens=KV_CACHE_TOKENS, max_num_seqs=MAX_NUM_SEQS,
-                          max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, torch_threads=threads)
+    limits = duet_limits(threads)
     for kind in engines:
         progress(f"duet engine_{kind} behind the gateway, {threads} torch threads")
         (log_dir / kind).mkdir(exist_ok=True)
@@ -199,6 +198,20 @@ def run(args: argparse.Namespace, progress) -> dict:
     return {"peer": f"{peer_vllm.PACKAGE}=={peer_vllm.VERSION}", "model": str(model),
             "num_prompts": args.num_prompts, "concurrency": args.concurrency, "warmup": args.warmup,
             "cores": cores, "duet_threads": threads, "loads": combine(sides, engines)}
+
+
+def duet_threads(requested: int | None = None) -> int:
+    """Torch threads for the Duet worker: what vLLM's CPU backend computes on (every core but the one it keeps
+    for its server), unless `requested`."""
+    return requested or max(1, len(os.sched_getaffinity(0)) - 1)
+
+
+def duet_limits(threads: int):
+    """The Duet worker's limits, the peer's own (batch, tokens per step, KV budget)."""
+    from loadtests.stack import EngineLimits
+
+    return EngineLimits(kv_cache_tokens=KV_CACHE_TOKENS, max_num_seqs=MAX_NUM_SEQS,
+                        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, torch_threads=threads)
 
 
 def _kv_bytes_per_token(model: Path) -> int:
