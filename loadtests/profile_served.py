@@ -105,8 +105,10 @@ def run(args: argparse.Namespace) -> dict:
     from loadtests.stack import ServingStack
     from loadtests.workloads import TokenSource
 
-    if shutil.which("py-spy") is None:
-        raise SystemExit("profile_served: py-spy is not on PATH (pip install py-spy)")
+    beside = Path(sys.executable).parent / "py-spy"  # pip install py-spy into this virtualenv puts it here
+    py_spy = str(beside) if beside.exists() else shutil.which("py-spy")
+    if py_spy is None:
+        raise SystemExit("profile_served: py-spy not found beside this python or on PATH (pip install py-spy)")
     model = Path(args.model) if args.model else _default_model(lambda line: print(line, file=sys.stderr))
     src = TokenSource.from_model_dir(model)
     out = Path(args.out or tempfile.mkdtemp(prefix="duet-profile-"))
@@ -116,7 +118,7 @@ def run(args: argparse.Namespace) -> dict:
                       log_dir=out / "logs") as stack:
         run_benchmark(stack.url, model.name, build_requests(args.load, src, 2, "warmup"),
                       concurrency=args.concurrency, progress=False)
-        spy = subprocess.Popen(["py-spy", "record", "-p", str(stack.supervisor.pid(f"{args.engine}-0")),
+        spy = subprocess.Popen([py_spy, "record", "-p", str(stack.supervisor.pid(f"{args.engine}-0")),
                                 "--rate", str(args.rate), "--native", "--idle", "--threads", "--format", "raw",
                                 "-o", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)  # py-spy attaches before the first request
