@@ -45,7 +45,7 @@ from gateway.errors import (
     error_response,
 )
 from gateway.rollback import CanaryPolicy, PolicyError, RollbackController
-from gateway.routing import RoutingConfig, RoutingConfigError
+from gateway.route_types import RoutingConfig, RoutingConfigError
 from gateway.state import StateUnavailable
 from gateway.state.codec import config_from_dict, config_to_dict
 from gateway.stats import RequestStats

@@ -24,7 +24,7 @@ from starlette.routing import Route
 from gateway import api
 from gateway.admin import admin_routes
 from gateway.circuit_breaker import CircuitBreakers
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, load_routing_policy
 from gateway.decision_log import DecisionLog
 from gateway.engine_client import GrpcEngineClient
 from gateway.errors import QueueFull, http_exception_response
@@ -42,6 +42,7 @@ from gateway.openapi import openapi_json
 from gateway.pool_tracker import PoolTracker
 from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.rollback import RollbackController
+from gateway.routing import route
 from gateway.stats import RequestStats
 from gateway.timeouts import StreamWatchdog
 from gateway.workers import WorkerPool
@@ -55,6 +56,8 @@ class Gateway:
     def __init__(self, config: GatewayConfig, models: dict[str, ServedModel] | None = None, state=None,
                  tracer_provider=None, client_factory=None) -> None:
         self.config = config
+        # Duet's policy, or the one the config names (a benchmark baseline; gateway.config.load_routing_policy)
+        self.route = route if config.routing_policy is None else load_routing_policy(config.routing_policy)()
         self.admin_key = config.admin_key
         self.models = models if models is not None else load_models(config.model_paths)
         self.metrics = GatewayMetrics()

@@ -18,7 +18,9 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
     health: {poll_interval_s: 1.0}
     hashing: {max_blocks: 256}
     affinity_ttl_s: 600
-    routing: {reuse_threshold: 0.5, ...}    # defaults of gateway.routing.RoutingConfig
+    routing: {reuse_threshold: 0.5, ...}    # defaults of gateway.route_types.RoutingConfig
+    routing_policy: null          # "module:factory" of a policy run instead of Duet's (the benchmarks'
+                                  # baselines, loadtests/routing_baselines.py; docs/routing.md)
     pool_planner: {cooldown_s: 30, ...}     # defaults of gateway.pool_planner.PlannerConfig
     tracing: {enabled: false}
     timeouts: {first_token_s: 120, stall_s: 30, ...}   # gateway.timeouts.Timeouts (null: no limit)
@@ -29,7 +31,9 @@ Environment `DUET_API_KEYS` (comma separated) and `DUET_ADMIN_KEY` add to / over
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -37,7 +41,7 @@ import yaml
 
 from gateway.limits import KeyLimits, parse_key_limits
 from gateway.pool_planner import PlannerConfig
-from gateway.routing import Pool, RoutingConfig, RoutingConfigError, Variant
+from gateway.route_types import Pool, RoutingConfig, RoutingConfigError, Variant
 from gateway.timeouts import Timeouts
 
 
@@ -68,6 +72,7 @@ class GatewayConfig:
     max_hash_blocks: int = 256
     affinity_ttl_s: float = 600.0  # a session sticks to its worker this long after its last request
     routing: RoutingConfig = field(default_factory=RoutingConfig)
+    routing_policy: str | None = None  # None: gateway.routing.route; else "module:factory" (load_routing_policy)
     tracing: bool = False
     timeouts: Timeouts = field(default_factory=Timeouts)
     pool_planner: PlannerConfig = field(default_factory=PlannerConfig)
@@ -114,6 +119,21 @@ def routing_from_dict(d: dict) -> RoutingConfig:
         raise ConfigError(f"routing: {e}") from None
 
 
+def load_routing_policy(spec: str) -> Callable[[], Callable]:
+    """The factory `spec` ("module:name") names. Called once per gateway, it returns a callable with the
+    signature of gateway.routing.route, which the gateway then calls in its place: the seam through which
+    `duet bench` runs its baseline policies (loadtests/routing_baselines.py) behind a real gateway, while
+    the gateway itself holds Duet's policy alone. Raises ConfigError when `spec` names nothing callable."""
+    module, _, name = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), name) if module and name else None
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"routing_policy {spec!r}: {e}") from None
+    if not callable(factory):
+        raise ConfigError(f"routing_policy must be 'module:factory' naming a callable, got {spec!r}")
+    return factory
+
+
 def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
     if not isinstance(raw, dict):
         raise ConfigError("the config file must hold a mapping")
@@ -134,6 +154,9 @@ def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
     keys = parse_api_keys(auth.get("api_keys"))
     keys.update(parse_api_keys([k for k in os.environ.get("DUET_API_KEYS", "").split(",") if k]))
     health = _section(raw, "health")
+    policy = raw.get("routing_policy")
+    if policy is not None:
+        load_routing_policy(str(policy))
     try:
         return GatewayConfig(
             host=str(raw.get("host", "127.0.0.1")),
@@ -149,6 +172,7 @@ def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
             max_hash_blocks=int(_section(raw, "hashing").get("max_blocks", 256)),
             affinity_ttl_s=float(raw.get("affinity_ttl_s", 600.0)),
             routing=routing_from_dict(_section(raw, "routing")),
+            routing_policy=None if policy is None else str(policy),
             tracing=bool(_section(raw, "tracing").get("enabled", False)),
             timeouts=Timeouts(**_known(Timeouts, _section(raw, "timeouts"), "timeouts")).validate(),
             pool_planner=PlannerConfig(**_known(PlannerConfig, _section(raw, "pool_planner"),

@@ -1,7 +1,8 @@
 """One request's path through the gateway: tokens in, routed gRPC stream, text deltas out.
 
     prepare()  render + tokenize, check the context length, hash the prompt head
-    dispatch() route (gateway.routing.route), open the stream, wait for its first message;
+    dispatch() route (`gw.route`: gateway.routing.route unless the config names another policy),
+               open the stream, wait for its first message;
                a worker that fails before it is left out, the failed attempt recorded in the
                request stats (ok=False, its variant), and the request re-routed
                (at most `max_attempts` workers); the decision is recorded
@@ -27,15 +28,16 @@ from duet.hashing import block_hashes
 from duet.rpc import engine_pb2 as pb
 from duet.tokenizer import ChatTemplateError, TokenizerError
 from duet.tracing import inject_metadata
-from gateway import errors, routing
+from gateway import errors
 from gateway.engine_client import EngineCallError, GenerateStream
 from gateway.models import ServedModel
 from gateway.protocol import ApiRequest
+from gateway.route_types import NoCapableWorker, RouteDecision, RouteRequest, UnknownVariant
 from gateway.stops import StopMatcher
 from gateway.tools import render_chat
 
 _FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
-_SEQUENCE = itertools.count()  # routed requests of this process (the round_robin routing policy)
+_SEQUENCE = itertools.count()  # routed requests of this process (RouteRequest.sequence)
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ def to_pb(prep: Prepared) -> pb.GenerateRequest:
 
 @dataclass
 class Dispatched:
-    decision: routing.RouteDecision
+    decision: RouteDecision
     stream: GenerateStream
     messages: AsyncIterator
     first: pb.GenerateResponse
@@ -153,7 +155,7 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
     hashes = tuple(block_hashes(prep.prompt_ids, block_size, model_id, prep.cache_salt,
                                 max_blocks=gw.config.max_hash_blocks))
     api = prep.api
-    req = routing.RouteRequest(
+    req = RouteRequest(
         model=model_id, block_hashes=hashes, num_prompt_tokens=len(prep.prompt_ids),
         session_key=prep.session_key, user_key=api.user, required_capabilities=api.required_capabilities,
         variant_override=prep.variant_override, turn_count=api.turn_count, sequence=next(_SEQUENCE),
@@ -172,10 +174,10 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
             views = [v for v in gw.views() if v.worker_id not in excluded]
             t0 = time.perf_counter()
             try:
-                decision = routing.route(req, views, config, affinity, gw.seen, gw.index)
-            except routing.UnknownVariant as e:
+                decision = gw.route(req, views, config, affinity, gw.seen, gw.index)
+            except UnknownVariant as e:
                 raise errors.UnknownVariantError(str(e), "x-duet-variant") from None
-            except routing.NoCapableWorker as e:
+            except NoCapableWorker as e:
                 detail = f" (last worker error: {last_error})" if last_error else ""
                 raise errors.NoCapableWorker(f"{e}{detail}") from None
             gw.metrics.route_seconds.observe(time.perf_counter() - t0)

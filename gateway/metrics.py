@@ -2,7 +2,7 @@
 
 Each app owns its own registry, so several gateways in one test process do not collide.
 Latencies are histograms labelled by model, engine kind and canary variant; route decisions are
-counted by reason (the names of gateway.routing.REASONS).
+counted by reason (the names of gateway.route_types.REASONS).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from gateway.pool_planner import KINDS, PlannerConfig, PoolPlanner, WorkMeter, kind_work
-from gateway.routing import RouteDecision, WorkerView
+from gateway.route_types import RouteDecision, WorkerView
 
 
 def estimated_cached_tokens(decision: RouteDecision, block_size: int, prompt_tokens: int) -> int:

@@ -18,7 +18,7 @@ from duet.rpc import engine_pb2 as pb
 from gateway.engine_client import EngineCallError, EngineClient, GrpcEngineClient
 from gateway.metrics import GatewayMetrics
 from gateway.prefix_index import WorkerBlockIndex
-from gateway.routing import WorkerView
+from gateway.route_types import WorkerView
 
 log = logging.getLogger("duet.gateway.workers")
 

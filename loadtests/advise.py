@@ -3,8 +3,8 @@
 Replays a team's own trace (Mooncake JSONL, Azure CSV or an OpenAI request log: loadtests/traces.py)
 against the three deployments and recommends one, with the figures behind it:
 
-    all_paged    N engine_paged workers, cache-aware routing (the gateway's `cache_aware` policy)
-    all_prefix   N engine_prefix workers, cache-aware routing
+    all_paged    N engine_paged workers, the SGLang-style cache-aware routing (loadtests/routing_baselines.py)
+    all_prefix   N engine_prefix workers, the SGLang-style cache-aware routing
     duet         k engine_paged + (N - k) engine_prefix behind Duet's routing, for every k in 1..N-1
 
 `--simulate` replays it in the routing simulator (loadtests/simulate_routing.py: per-worker LRU block
@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway.routing import RoutingConfig
 from loadtests.mooncake import TraceRecord
+from loadtests.routing_baselines import SGLangCacheAware
 from loadtests.simulate_routing import DuetPolicy, ServiceModel, global_cache_hit_rate, simulate
 
 MARGIN = 0.05  # duet must beat the better homogeneous stack's goodput by 5% to be worth two engine kinds
@@ -53,8 +53,7 @@ class AdviseSettings:
 
 
 def _stack(records: list[TraceRecord], kinds: list[str], policy: str, s: AdviseSettings) -> dict:
-    config = RoutingConfig(policy=policy)
-    router = DuetPolicy(len(kinds), s.cache_blocks, config, kinds=kinds)
+    router = DuetPolicy(len(kinds), s.cache_blocks, kinds=kinds) if policy == "duet" else SGLangCacheAware(len(kinds))
     r = simulate(records, router, len(kinds), s.cache_blocks, s.service, s.time_scale, s.slo_ttft_s)
     r["workers"] = {"paged": kinds.count("paged"), "prefix": kinds.count("prefix")}
     return r
@@ -65,8 +64,8 @@ def simulate_all(records: list[TraceRecord], s: AdviseSettings) -> dict:
     `prefix_duet_routing` (one kind behind Duet's routing: what the routing alone is worth; shown, not
     recommended from)."""
     n = s.workers
-    out = {"all_paged": _stack(records, ["paged"] * n, "cache_aware", s),
-           "all_prefix": _stack(records, ["prefix"] * n, "cache_aware", s)}
+    out = {"all_paged": _stack(records, ["paged"] * n, "sglang_cache_aware", s),
+           "all_prefix": _stack(records, ["prefix"] * n, "sglang_cache_aware", s)}
     for k in range(1, n):
         out[f"duet_{k}"] = _stack(records, ["paged"] * k + ["prefix"] * (n - k), "duet", s)
     out["prefix_duet_routing"] = _stack(records, ["prefix"] * n, "duet", s)
@@ -163,15 +162,16 @@ def advise_local(trace: str, s: AdviseSettings, model: str | None = None, max_pr
                                      session_id=_session(rec)))
     encode = Tokenizer.from_dir(model_dir).encode
     slo = Slo(ttft_ms=1000 * s.slo_ttft_s, itl_ms=compare.Settings().itl_slo_ms)
-    stacks = {"all_paged": (["paged"] * s.workers, "cache_aware"),
-              "all_prefix": (["prefix"] * s.workers, "cache_aware"),
+    stacks = {"all_paged": (["paged"] * s.workers, "sglang_cache_aware"),
+              "all_prefix": (["prefix"] * s.workers, "sglang_cache_aware"),
               f"duet_{split['paged']}": (["paged"] * split["paged"] + ["prefix"] * split["prefix"], "duet")}
     results = {}
     for name, (kinds, policy) in stacks.items():
         sub = None if log_dir is None else Path(log_dir) / name
         if sub is not None:
             sub.mkdir(parents=True, exist_ok=True)
-        with ServingStack(model_dir, kinds, {"policy": policy}, compare.Settings().limits, 300.0, sub) as stack:
+        with ServingStack(model_dir, kinds, {}, compare.Settings().limits, 300.0, sub,
+                          gateway_extra=compare.gateway_policy(policy)) as stack:
             recs = asyncio.run(arun_open_loop(stack.url, model_dir.name, requests, encode))
         summary = summarize(recs, slo)
         results[name] = {"workers": {"paged": kinds.count("paged"), "prefix": kinds.count("prefix")},

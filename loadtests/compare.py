@@ -5,14 +5,15 @@ equal shares of the requests by default, `--mix` for others; Poisson arrivals of
 documents, open loop, seeded) runs against four stacks of the same size on the same checkpoint:
 
     all_paged     every worker engine_paged (prefix caching on where the engine has it:
-                  loadtests.stack.paged_prefix_caching_flags), the gateway's cache_aware policy -
-                  the vLLM deployment users run today
-    all_prefix    every worker engine_prefix, the gateway's cache_aware policy
+                  loadtests.stack.paged_prefix_caching_flags), behind the SGLang-style cache-aware
+                  policy (loadtests/routing_baselines.py) - the vLLM deployment users run today
+    all_prefix    every worker engine_prefix, behind the SGLang-style cache-aware policy
     duet_fixed    half engine_paged, half engine_prefix, the gateway's own routing
     duet_planner  starts as duet_fixed; the gateway's pool planner sets the split and a pool manager
                   (duet/pool_manager.py, in a thread of this process) switches workers' kinds
 
-All go through the real gateway (`RoutingConfig.policy` picks the policy) and real engine workers with
+All go through the real gateway (its config's `routing_policy` runs the baseline in place of Duet's
+routing, the same `sglang_cache_aware` policy `duet bench simulate-routing` replays) and real engine workers with
 identical limits (`loadtests.stack.EngineLimits`, one torch thread per worker), one after the other, at each of
 three rates, with repeats, on a random checkpoint of SmolLM2-135M's shape (the shape sets the timing).
 
@@ -51,13 +52,14 @@ from pathlib import Path
 
 from loadtests.client import RequestRecord, arun_benchmark
 from loadtests.report import Slo, summarize
+from loadtests.routing_baselines import SGLANG_ROUTING_POLICY
 from loadtests.stack import EngineLimits, ServingStack, paged_prefix_caching_flags
 from loadtests.workloads import SESSION_TURNS, BenchRequest, TokenSource, mix
 
 CONFIGS = {
     # name: (engine kinds of the workers, given the worker count; routing policy; pool planner on)
-    "all_paged": (lambda n: ["paged"] * n, "cache_aware", False),
-    "all_prefix": (lambda n: ["prefix"] * n, "cache_aware", False),
+    "all_paged": (lambda n: ["paged"] * n, "sglang_cache_aware", False),
+    "all_prefix": (lambda n: ["prefix"] * n, "sglang_cache_aware", False),
     "duet_fixed": (lambda n: ["paged"] * (n // 2) + ["prefix"] * (n - n // 2), "duet", False),
     "duet_planner": (lambda n: ["paged"] * (n // 2) + ["prefix"] * (n - n // 2), "duet", True),
 }
@@ -68,6 +70,11 @@ HEADLINE_REPEATS = {"light": 1, "medium": 3, "heavy": 1}
 # the planner at the gateway's defaults (rates over 30 s, at most one change every 30 s): with 20 s / 15 s, a
 # window held about four documents at the medium rate, and the split followed their Poisson noise
 PLANNER = {"window_s": 30.0, "cooldown_s": 30.0}
+
+
+def gateway_policy(policy: str) -> dict:
+    """The gateway config keys that run `policy` ("duet": none, the gateway's own routing)."""
+    return {} if policy == "duet" else {"routing_policy": SGLANG_ROUTING_POLICY}
 
 
 class CompareError(ValueError):
@@ -192,7 +199,7 @@ def run_config(name: str, model: Path, requests: list[BenchRequest], s: Settings
     kinds_of, policy, planner = CONFIGS[name]
     kinds = kinds_of(s.workers)
     t0 = time.monotonic()
-    with ServingStack(model, kinds, {"policy": policy}, s.limits, s.ready_timeout_s, log_dir,
+    with ServingStack(model, kinds, {}, s.limits, s.ready_timeout_s, log_dir, gateway_extra=gateway_policy(policy),
                       pool_planner=PLANNER if planner else None) as stack:
         started_s = time.monotonic() - t0
         done = threading.Event()

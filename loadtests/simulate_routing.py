@@ -25,7 +25,8 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
-from gateway.routing import RouteRequest, RoutingConfig, WorkerView, route
+from gateway.route_types import RouteRequest, RoutingConfig, WorkerView
+from gateway.routing import route
 from loadtests.mooncake import MOONCAKE_BLOCK_TOKENS, TraceRecord, session_key
 from loadtests.routing_baselines import (
     POLICY_NAMES,

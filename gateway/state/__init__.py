@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
-from gateway.routing import RoutingConfig
+from gateway.route_types import RoutingConfig
 
 
 class StateUnavailable(Exception):

@@ -12,7 +12,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.routing import RoutingConfig
+from gateway.route_types import RoutingConfig
 from gateway.state.codec import config_to_dict
 
 

@@ -25,9 +25,11 @@ ADMIN = {"Authorization": "Bearer adm"}
 
 def _stream(url: str, out: dict, i: int) -> None:
     body = {"model": MODEL, "prompt": f"stream {i}", "max_tokens": 150, "ignore_eos": True, "stream": True}
+    # Duet's routing sends a session to engine_prefix and a one-shot prompt to engine_paged: both workers stream
+    headers = {"x-session-id": f"session-{i}"} if i % 2 else {}
     events = []
     try:
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        with httpx.stream("POST", url + "/v1/completions", json=body, headers=headers, timeout=60) as r:
             out[i] = {"worker": r.headers.get("x-duet-worker"), "events": events}
             for line in r.iter_lines():
                 if line.startswith("data: "):
@@ -52,8 +54,6 @@ def test_kill_9_of_one_worker_cuts_only_its_streams_and_it_comes_back():
     up = Up("--sim", "--paged", "1", "--prefix", "1", "--sim-ms-per-token", "20", env={"DUET_ADMIN_KEY": "adm"})
     try:
         up.wait_ready(60)
-        r = httpx.put(f"{up.url}/admin/models/{MODEL}/routing", json={"policy": "round_robin"}, headers=ADMIN)
-        assert r.status_code == 200, r.text
         out: dict = {}
         threads = [threading.Thread(target=_stream, args=(up.url, out, i)) for i in range(8)]
         for t in threads:

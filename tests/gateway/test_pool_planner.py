@@ -112,7 +112,7 @@ def test_a_resized_fleet_moves_as_few_workers_as_it_takes():
 def test_running_requests_count_as_traffic_before_any_has_finished():
     from gateway.metrics import GatewayMetrics
     from gateway.pool_tracker import PoolTracker
-    from gateway.routing import WorkerView
+    from gateway.route_types import WorkerView
 
     def view(wid: str, kind: str, running: int) -> WorkerView:
         return WorkerView(worker_id=wid, model_id="m", engine_kind=kind, version="v1", capabilities=frozenset(),

@@ -1,4 +1,5 @@
-"""The routing policy, rule by rule and in order (gateway/routing.py, docs/routing.md)."""
+"""Duet's routing policy, rule by rule and in order (gateway/routing.py, docs/routing.md). The benchmarks'
+baseline policies are tested in tests/loadtests/test_routing_baselines.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 import pytest
 
 from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
-from gateway.routing import (
+from gateway.route_types import (
     REASONS,
     NoCapableWorker,
     Pool,
@@ -18,8 +19,8 @@ from gateway.routing import (
     UnknownVariant,
     Variant,
     WorkerView,
-    route,
 )
+from gateway.routing import route
 
 PAGED_CAPS = frozenset({"n", "beam_search", "logprobs"})
 PREFIX_CAPS = frozenset({"structured_output", "speculative", "logprobs"})
@@ -279,31 +280,10 @@ def test_replica_with_most_cached_blocks_wins():
     assert (d.worker_id, d.reason, d.cached_blocks) == ("b", "cache_match", 6)
 
 
-def test_cache_aware_load_penalty_trades_cached_blocks_against_queued_requests():
-    r = Router(RoutingConfig(policy="cache_aware", load_penalty=1.0, imbalance_abs=100))
-    r.index.add("a", (1, 2, 3))
-    pool = [worker("a", "prefix", running=5), worker("b", "prefix", running=0)]
-    assert r(req([1, 2, 3], ), pool, record=False).worker_id == "b"  # 3 - 5 < 0 - 0
-    pool = [worker("a", "prefix", running=2), worker("b", "prefix", running=0)]
-    assert r(req([1, 2, 3]), pool, record=False).worker_id == "a"  # 3 - 2 > 0
-
-
 def test_nothing_cached_anywhere_takes_the_least_loaded():
     pool = [worker("a", running=3), worker("b", running=1), worker("c", running=2)]
     d = Router()(req([5, 6]), pool)
     assert (d.worker_id, d.reason) == ("b", "least_load")
-
-
-def test_cache_aware_imbalance_guard_overrides_the_cache_match():
-    cfg = RoutingConfig(policy="cache_aware", imbalance_ratio=1.5, imbalance_abs=8, load_penalty=0.0)
-    r = Router(cfg)
-    r.index.add("hot", tuple(range(1, 101)))
-    pool = [worker("hot", "prefix", running=20), worker("cold", "prefix", running=2)]
-    d = r(req(range(1, 101)), pool, record=False)
-    assert (d.worker_id, d.reason) == ("cold", "imbalance")
-    # a small gap is not imbalance: the cache wins again
-    pool = [worker("hot", "prefix", running=9), worker("cold", "prefix", running=2)]
-    assert r(req(range(1, 101)), pool).worker_id == "hot"
 
 
 # 7. the whole pipeline, in order ----------------------------------------------------------
@@ -344,24 +324,3 @@ def test_waiting_weight_makes_a_queue_count_more_than_a_running_batch():
     pool = [worker("a", "prefix", running=4, num_waiting=2), worker("b", "prefix", running=7)]
     assert Router(RoutingConfig(waiting_weight=1.0))(req([5]), pool, record=False).worker_id == "a"  # 6 < 7
     assert Router(RoutingConfig(waiting_weight=4.0))(req([5]), pool, record=False).worker_id == "b"  # 12 > 7
-
-
-# baseline policies (duet bench compare) -----------------------------------------------------
-
-def test_round_robin_policy_takes_workers_in_turn_whatever_the_cache_or_session():
-    r = Router(RoutingConfig(policy="round_robin"))
-    picks = [r(req([1, 2, 3], session_key="s", turn_count=3, sequence=i), MIXED, affinity="x1") for i in range(8)]
-    assert [d.worker_id for d in picks] == ["p0", "p1", "x0", "x1"] * 2
-    assert {d.reason for d in picks} == {"round_robin"}
-
-
-def test_cache_aware_policy_ignores_affinity_and_engine_kind():
-    r = Router(RoutingConfig(policy="cache_aware"))
-    r.index.add("p1", (5, 6, 7))
-    d = r(req([5, 6, 7], session_key="s", turn_count=3), MIXED, affinity="x1")
-    assert (d.worker_id, d.reason) == ("p1", "cache_match")  # duet would keep x1 (affinity)
-
-
-def test_unknown_policy_is_refused():
-    with pytest.raises(RoutingConfigError, match="policy must be one of"):
-        RoutingConfig(policy="random").validate()

@@ -28,7 +28,9 @@ FAST_TIMEOUTS = {"stall_s": 1.5, "first_token_s": 1.5, "breaker_failures": 2, "b
 
 def _stream(url: str, out: dict, i: int) -> None:
     body = {"model": MODEL, "prompt": f"stream {i}", "max_tokens": 200, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+    # Duet's routing sends a session to engine_prefix and a one-shot prompt to engine_paged: both workers stream
+    headers = {"x-session-id": f"session-{i}"} if i % 2 else {}
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers=headers, timeout=60) as r:
         rec = out[i] = {"worker": r.headers.get("x-duet-worker"), "events": [], "t_end": None}
         for line in r.iter_lines():
             if line.startswith("data: "):
@@ -49,7 +51,7 @@ def _wait(predicate, timeout_s: float) -> bool:
 def test_a_frozen_worker_s_streams_end_after_the_stall_timeout_and_free_their_pages(tmp_path):
     sims = start_sims([Sim("paged", worker_id="frozen", ms_per_token=20), Sim("prefix", worker_id="ok",
                                                                                ms_per_token=20)], tmp_path)
-    gw = GatewayThread(gateway_config(sims, timeouts=FAST_TIMEOUTS, routing={"policy": "round_robin"})).start()
+    gw = GatewayThread(gateway_config(sims, timeouts=FAST_TIMEOUTS)).start()
     frozen = sims[0]
     try:
         out: dict = {}
