@@ -55,10 +55,6 @@ class ForwardBatch:
     def num_tokens(self) -> int:
         return self.input_ids.shape[0]
 
-    @property
-    def num_logits(self) -> int:
-        return self.logits_indices.shape[0]
-
 
 def _block_table(chunks: list[SeqChunk], page_size: int, device) -> Tensor:
     needed = [-(-c.end_pos // page_size) for c in chunks]

@@ -50,9 +50,6 @@ class KVPool:
     def num_tokens(self) -> int:
         return self.num_pages * self.page_size
 
-    def pages_for_tokens(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.page_size)
-
 
 class PageAllocator:
     """O(1) alloc/free of page ids 0..num_pages-1 from a free list.
@@ -72,13 +69,6 @@ class PageAllocator:
     @property
     def num_total(self) -> int:
         return self._num_total
-
-    @property
-    def num_used(self) -> int:
-        return self._num_total - len(self._free)
-
-    def can_alloc(self, n: int) -> bool:
-        return n <= len(self._free)
 
     def alloc(self, n: int) -> list[int]:
         """n distinct free pages; CapacityError (and nothing taken) when fewer than n are free."""

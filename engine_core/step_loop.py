@@ -90,10 +90,6 @@ class StepLoop:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._streams)
-
     async def drain(self, timeout: float) -> bool:
         """Refuse new requests, wait up to `timeout` s for those in flight; abort the rest.
         True when everything finished in time."""

@@ -106,14 +106,6 @@ class RadixCache:
         return node
 
     @property
-    def evictable_tokens(self) -> int:
-        return self.evictable_pages * self.page_size
-
-    @property
-    def protected_tokens(self) -> int:
-        return self.protected_pages * self.page_size
-
-    @property
     def cached_pages(self) -> int:
         return self.evictable_pages + self.protected_pages
 

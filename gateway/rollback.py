@@ -10,13 +10,12 @@ counts `duet_canary_rollbacks_total`, and keeps the event for the dashboard.
 
 A ramp is a list of (weight, hold_s) steps: the canary's share in percent (the baseline gets the rest).
 While the canary stays healthy the controller applies step i+1 once step i has held for its hold time;
-a rollback stops the ramp. `judge` is pure; `RollbackController.tick(now)` does the I/O and is driven by
-`run()` once a second (tests call `tick` with their own clock).
+a rollback stops the ramp. `judge` is pure; `RollbackController.tick(now)` does the I/O; the gateway's lifespan ticks it once a second
+(gateway/app.py; tests call `tick` with their own clock).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import math
@@ -264,9 +263,3 @@ class RollbackController:
         st.ramp_index, st.step_since = step_index, now
         if step_index > 0:
             self.ramp_steps_total.labels(model, policy.canary).inc()
-
-    async def run(self, interval_s: float = 1.0) -> None:
-        """Tick forever (cancel the task to stop)."""
-        while True:
-            await self.tick()
-            await asyncio.sleep(interval_s)
