@@ -88,8 +88,10 @@ def test_kill_9_of_one_worker_cuts_only_its_streams_and_it_comes_back():
                 break
             assert time.monotonic() < deadline, rows
             time.sleep(0.2)
-        served = {httpx.post(up.url + "/v1/completions", json={"model": MODEL, "prompt": f"after {i}",
-                                                               "max_tokens": 2}, timeout=30).headers["x-duet-worker"]
+        # a session (engine_prefix) and a one-shot prompt (engine_paged) each, as the streams were sent
+        served = {httpx.post(up.url + "/v1/completions", json={"model": MODEL, "prompt": f"after {i}", "max_tokens": 2},
+                             headers={"x-session-id": f"after-{i}"} if i % 2 else {},
+                             timeout=30).headers["x-duet-worker"]
                   for i in range(4)}
         assert served == {"paged-0", "prefix-0"}
         assert up.proc.poll() is None

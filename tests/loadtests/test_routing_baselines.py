@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import httpx
 import pytest
 
 from gateway.config import ConfigError, from_dict
@@ -17,6 +21,9 @@ from loadtests.routing_baselines import (
     SGLangRoute,
 )
 from loadtests.simulate_routing import SimWorker
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 CAPS = {"paged": frozenset({"n", "beam_search"}), "prefix": frozenset({"structured_output", "speculative"})}
 
@@ -97,3 +104,23 @@ def test_the_gateway_config_names_the_policy_and_refuses_what_names_nothing(tmp_
     # the gateway's own routing config has no benchmark policies
     with pytest.raises(ConfigError, match="unknown keys"):
         from_dict({"routing": {"policy": "cache_aware"}})
+
+
+@pytest.mark.timeout(120)
+def test_a_gateway_whose_config_names_the_baseline_routes_by_it(tmp_path):
+    sims = start_sims([Sim("prefix", worker_id="a"), Sim("prefix", worker_id="b")], tmp_path)
+    gw = GatewayThread(gateway_config(sims, routing_policy=SGLANG_ROUTING_POLICY)).start()
+    try:
+        prompt = "the same long document, " * 40
+        got = []
+        for session in ("one", "two"):  # two sessions: Duet's affinity has nothing to keep
+            r = httpx.post(gw.url + "/v1/completions", headers={"x-session-id": session}, timeout=30,
+                           json={"model": model_dir().name, "prompt": prompt, "max_tokens": 2})
+            assert r.status_code == 200, r.text
+            got.append((r.headers["x-duet-worker"], r.headers["x-duet-route-reason"]))
+        # nothing sent yet: the smallest tree; then the worker the prompt went to, by SGLang's cache match
+        assert got[0][1] == "smallest_tree" and got[1] == (got[0][0], "cache_match")
+    finally:
+        gw.stop()
+        for s in sims:
+            s.kill()
