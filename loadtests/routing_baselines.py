@@ -83,7 +83,6 @@ class ConsistentHash(RoundRobin):
 
 # the gateway adapter's route reasons (a metric label, like gateway.route_types.REASONS)
 SGLANG_REASONS = ("imbalance", "cache_match", "smallest_tree")
-SGLANG_ROUTING_POLICY = "loadtests.routing_baselines:sglang_cache_aware_route"  # the gateway config's value
 
 
 class CacheAwareTrees:
@@ -180,3 +179,7 @@ def sglang_cache_aware_route() -> SGLangRoute:
     """The gateway's `routing_policy` factory: one SGLangRoute (one set of trees) per gateway, at the
     sglang-router command line's defaults."""
     return SGLangRoute()
+
+
+# the gateway config's `routing_policy` value (this module's import name, wherever the module lives)
+SGLANG_ROUTING_POLICY = f"{__name__}:{sglang_cache_aware_route.__name__}"
