@@ -34,11 +34,12 @@ from pathlib import Path
 import grpc
 import httpx
 
+from duet.launcher import free_port
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
 from duet.supervisor import RestartPolicy
 from loadtests.chaos_load import Gateways, Tally, client_loop, fuzz_loop
-from loadtests.stack import ADMIN_KEY, ServingStack, free_port
+from loadtests.stack import ADMIN_KEY, ServingStack
 
 
 @dataclass(frozen=True)

@@ -6,68 +6,44 @@ batch limits, one torch thread each so that workers do not fight over the cores)
 `gateways` × `duet gateway --config` with the given `routing` section (and `gateway_extra` keys,
 e.g. a shared `redis` and `timeouts`), and waits until every gateway sees every worker healthy (its
 /admin/workers, not just /ready, which needs only one). The children run under a
-`duet.supervisor.Supervisor` (`self.supervisor`, for drills that kill and restart them); on exit it
-stops them all (SIGTERM, drain, SIGKILL after a grace period). A child that dies while starting
-raises `StackError` with the tail of its log.
+`duet.supervisor.Supervisor` (`self.supervisor`, for drills that kill and restart them) of the one
+stack launcher (duet/launcher.py, which also starts `duet up`); on exit it stops them all (SIGTERM,
+drain, SIGKILL after a grace period). A child that dies while starting raises `StackError` with the
+tail of its log.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-import yaml
+from duet.launcher import (
+    EngineLimits,
+    Launcher,
+    StackError,
+    WorkerSpec,
+    admin_workers,
+    free_port,
+    gateway_config,
+)
+from duet.supervisor import RestartPolicy
 
-from duet.supervisor import RestartPolicy, Supervisor
+__all__ = ["ADMIN_KEY", "EngineLimits", "ServingStack", "StackError", "free_port", "paged_prefix_caching_flags"]
 
 ADMIN_KEY = "bench-admin"  # the stack is private to the benchmark: a fixed key is enough
-
-
-class StackError(RuntimeError):
-    """The stack did not come up (a child exited, or not every worker got healthy in time)."""
-
-
-@dataclass(frozen=True)
-class EngineLimits:
-    """What every worker of every configuration gets, so that configurations differ only in
-    engine kinds and routing."""
-
-    kv_cache_tokens: int = 32768
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    page_size: int = 16
-    torch_threads: int = 1
-    paged_prefix_caching: bool = True  # engine_paged with prefix caching, where the engine has it (below)
-
-
-def _duet(*args: str) -> list[str]:
-    return [sys.executable, "-m", "duet.cli", *args]
+DEFAULT_LIMITS = EngineLimits()
 
 
 def paged_prefix_caching_flags() -> list[str]:
-    """`--enable-prefix-caching` when this checkout's `duet engine paged` takes it (the core branch adds
-    it), else nothing: the all-paged stack then runs without prefix caching, and says so in its JSON."""
-    cli = Path(__file__).resolve().parents[1] / "duet" / "cli.py"
-    return ["--enable-prefix-caching"] if "--enable-prefix-caching" in cli.read_text() else []
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """The flag a paged worker gets when its limits keep prefix caching on (duet.launcher.worker_argv
+    passes it, or --no-enable-prefix-caching when they turn it off); `duet engine paged` has it."""
+    return ["--enable-prefix-caching"]
 
 
 class ServingStack:
-    def __init__(self, model: str | Path, kinds: list[str], routing: dict, limits: EngineLimits = EngineLimits(),
+    def __init__(self, model: str | Path, kinds: list[str], routing: dict, limits: EngineLimits = DEFAULT_LIMITS,
                  ready_timeout_s: float = 300.0, log_dir: Path | None = None, gateways: int = 1,
                  gateway_extra: dict | None = None, policy: RestartPolicy | None = None,
                  pool_planner: dict | None = None) -> None:
@@ -77,7 +53,8 @@ class ServingStack:
         self.limits = limits
         self.ready_timeout_s = ready_timeout_s
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="duet-bench-"))
-        self.supervisor = Supervisor(self.log_dir, policy)
+        self.launcher = Launcher(self.log_dir, policy)
+        self.supervisor = self.launcher.supervisor
         self.num_gateways = gateways
         self.gateway_extra = dict(gateway_extra or {})
         self.url = ""
@@ -90,37 +67,32 @@ class ServingStack:
         try:
             self._start()
         except BaseException:
-            self.supervisor.shutdown()
+            self.launcher.shutdown()
             raise
         return self
 
     def __exit__(self, *exc) -> None:
-        self.supervisor.shutdown()
+        self.launcher.shutdown()
 
     def _start(self) -> None:
-        lim = self.limits
-        addresses = []
-        # the children inherit the environment: one torch thread per worker (the gateway has no torch)
+        # the gateways inherit the environment too; they have no torch, so the workers' thread count is enough
         saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-        os.environ.update(OMP_NUM_THREADS=str(lim.torch_threads), MKL_NUM_THREADS=str(lim.torch_threads))
+        os.environ.update(OMP_NUM_THREADS=str(self.limits.torch_threads), MKL_NUM_THREADS=str(self.limits.torch_threads))
         try:
             for i, kind in enumerate(self.kinds):
                 port = free_port()
                 self.start_worker(f"{kind}-{i}", kind, port)
                 self.slots.append((f"{kind}-{i}", kind, port))
-                addresses.append(f"127.0.0.1:{port}")
-                self.worker_addresses[f"{kind}-{i}"] = addresses[-1]
+                self.worker_addresses[f"{kind}-{i}"] = f"127.0.0.1:{port}"
+            addresses = list(self.worker_addresses.values())
             for g in range(self.num_gateways):
                 port = free_port()
-                config = {"host": "127.0.0.1", "port": port, "models": [{"path": str(self.model)}],
-                          "workers": [{"address": a} for a in addresses], "health": {"poll_interval_s": 0.5},
-                          "auth": {"admin_key": ADMIN_KEY}, "routing": self.routing, **self.gateway_extra}
+                config = gateway_config(self.model, addresses, port=port,
+                                        **{"auth": {"admin_key": ADMIN_KEY}, "routing": self.routing,
+                                           **self.gateway_extra})
                 if self.pool_planner is not None:
                     config["pool_planner"] = self.pool_planner
-                name = "gateway" if self.num_gateways == 1 else f"gateway-{g}"
-                path = self.log_dir / f"{name}.yaml"
-                path.write_text(yaml.safe_dump(config))
-                self.supervisor.start(name, _duet("gateway", "--config", str(path)))
+                self.launcher.start_gateway("gateway" if self.num_gateways == 1 else f"gateway-{g}", config)
                 self.urls.append(f"http://127.0.0.1:{port}")
         finally:
             for k, v in saved.items():
@@ -129,26 +101,17 @@ class ServingStack:
                 else:
                     os.environ[k] = v
         self.url = self.urls[0]
-        deadline = time.monotonic() + self.ready_timeout_s
-        while True:
-            if exited := [n for n in self.supervisor.names() if self.supervisor.pid(n) is None]:
-                raise StackError(f"{exited[0]} exited while starting:\n{self.supervisor.log_tail(exited[0])}")
+
+        def every_gateway_sees_every_worker() -> bool:
             views = [self.workers(u) for u in self.urls]
-            if all(len(rows) == len(self.kinds) and all(r["healthy"] for r in rows) for rows in views):
-                return
-            if time.monotonic() > deadline:
-                raise StackError(f"not every worker healthy after {self.ready_timeout_s:.0f}s; logs in {self.log_dir}")
-            time.sleep(0.25)
+            return all(len(rows) == len(self.kinds) and all(r["healthy"] for r in rows) for rows in views)
+
+        self.launcher.wait_until(every_gateway_sees_every_worker, self.ready_timeout_s,
+                                 what="not every worker healthy", interval_s=0.25)
 
     def start_worker(self, worker_id: str, kind: str, port: int) -> None:
-        lim = self.limits
-        extra = paged_prefix_caching_flags() if kind == "paged" and lim.paged_prefix_caching else []
-        self.supervisor.start(worker_id, _duet(
-            "engine", kind, "--model", str(self.model), "--port", str(port), "--worker-id", worker_id,
-            "--device", "cpu", "--page-size", str(lim.page_size), "--kv-cache-tokens", str(lim.kv_cache_tokens),
-            "--max-num-seqs", str(lim.max_num_seqs), "--max-num-batched-tokens", str(lim.max_num_batched_tokens),
-            *extra,
-        ), env={"OMP_NUM_THREADS": str(lim.torch_threads), "MKL_NUM_THREADS": str(lim.torch_threads)})
+        self.launcher.start_worker(worker_id, WorkerSpec(kind, self.model, port, worker_id, device="cpu",
+                                                         limits=self.limits))
 
     def pool_manager(self, should_stop):
         """A duet.pool_manager.PoolManager over this stack's workers (the planner stack); a switch stops
@@ -159,10 +122,4 @@ class ServingStack:
 
     def workers(self, url: str | None = None) -> list[dict]:
         """A gateway's view of its workers (GET /admin/workers); [] while it is not answering."""
-        req = urllib.request.Request((url or self.url) + "/admin/workers",
-                                     headers={"authorization": f"Bearer {ADMIN_KEY}"})
-        try:
-            with urllib.request.urlopen(req, timeout=5) as r:
-                return json.loads(r.read())["workers"]
-        except (urllib.error.URLError, OSError, ValueError, KeyError):
-            return []
+        return admin_workers(url or self.url, ADMIN_KEY)
