@@ -1,4 +1,4 @@
-"""Gateway overhead benchmark: `python -m loadtests.gateway_bench [--quick] --json`.
+"""Gateway overhead benchmark: `python -m loadtests.experiments.gateway_bench [--quick] --json`.
 
 Measures, with `duet engine sim` workers pacing 20 ms per token and one `duet gateway` process:
 
@@ -261,7 +261,7 @@ async def run(quick: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadtests.gateway_bench")
+    ap = argparse.ArgumentParser(prog="python -m loadtests.experiments.gateway_bench")
     ap.add_argument("--quick", action="store_true", help="fewer requests per stream")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)

@@ -23,7 +23,7 @@ import bisect
 import hashlib
 from collections import OrderedDict
 
-from loadtests.mooncake import MOONCAKE_BLOCK_TOKENS, TraceRecord, session_key
+from loadtests.traces.mooncake import MOONCAKE_BLOCK_TOKENS, TraceRecord, session_key
 
 POLICY_NAMES = ("round_robin", "least_load", "consistent_hash", "sglang_cache_aware", "duet")
 

@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 
 from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.routing import RouteRequest, RoutingConfig, WorkerView, route
-from loadtests.mooncake import MOONCAKE_BLOCK_TOKENS, TraceRecord, session_key
-from loadtests.routing_baselines import (
+from loadtests.experiments.routing_baselines import (
     POLICY_NAMES,
     ConsistentHash,
     LeastLoad,
     RoundRobin,
     SGLangCacheAware,
 )
+from loadtests.traces.mooncake import MOONCAKE_BLOCK_TOKENS, TraceRecord, session_key
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,7 @@ def run(
     service: ServiceModel = ServiceModel(), config: RoutingConfig | None = None, sessions: bool = True,
 ) -> dict:
     """The whole report: the global-cache reference and every policy's result."""
-    from loadtests.traces import load_any
+    from loadtests.traces.formats import load_any
 
     if num_workers < 1:
         raise ValueError(f"--workers must be >= 1, got {num_workers}")
