@@ -29,160 +29,209 @@ import json
 import os
 import secrets
 import signal
-import socket
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from duet import scale_out
-from duet.supervisor import Event, RestartPolicy, Supervisor
+from duet.launcher import (
+    Launcher,
+    SimOptions,
+    StackError,
+    WorkerSpec,
+    free_port,
+    gateway_config,
+    healthy_workers,
+)
+from duet.supervisor import Event, RestartPolicy
 
 SHUTDOWN_GRACE_S = 20.0
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _duet(*args: str) -> list[str]:
-    return [sys.executable, "-m", "duet.cli", *args]
+def _say(message: str, **kw) -> None:
+    print(f"duet up: {message}", file=sys.stderr, flush=True, **kw)
 
 
 def _report(event: Event) -> None:
-    print(f"duet up: {event.message}", file=sys.stderr, flush=True)
+    _say(event.message)
 
 
-def _all_healthy(url: str, expected: int) -> bool:
-    """The gateway sees `expected` healthy workers (its /ready alone says: at least one per model)."""
-    try:
-        with urllib.request.urlopen(url + "/ready", timeout=2) as r:
-            body = json.loads(r.read())
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-    return sum(body.get("healthy_workers", {}).values()) >= expected
+@dataclass(frozen=True)
+class _Plan:
+    """What `duet up` was asked to run, settled before anything starts."""
+
+    model: Path
+    host: str
+    port: int
+    paged: int
+    prefix: int
+    gateways: int
+    admin_key: str
+    admin_key_given: bool
+    threads: int  # torch threads per real worker
+
+    @property
+    def workers(self) -> int:
+        return self.paged + self.prefix
+
+    @property
+    def url(self) -> str:
+        return f"http://{'127.0.0.1' if self.host in ('0.0.0.0', '::') else self.host}:{self.port}"
+
+    @property
+    def gateway_names(self) -> list[str]:
+        return ["gateway"] if self.gateways == 1 else [f"gateway-{i}" for i in range(self.gateways)]
 
 
-def main(args: argparse.Namespace) -> int:
+def _plan(args: argparse.Namespace) -> _Plan | int:
+    """The plan, or an exit code after saying what is wrong."""
     from duet.model_pull import PullError, resolve_model
 
-    def announce(message: str) -> None:
-        print(f"duet up: {message}", file=sys.stderr, flush=True)
-
     try:
-        model = resolve_model(args.model, getattr(args, "dtype", "float32"), announce)
+        model = resolve_model(args.model, getattr(args, "dtype", "float32"), _say)
     except PullError as exc:
         print(f"duet up: {exc}", file=sys.stderr)
         return 2
-    log_dir = Path(tempfile.mkdtemp(prefix="duet-up-"))
-    stack = Supervisor(log_dir, RestartPolicy(stop_grace_s=SHUTDOWN_GRACE_S), on_event=_report)
-    stop = {"signal": None}
-
-    def on_signal(signum, frame) -> None:
-        stop["signal"] = signum
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    host = args.host
-    given_key = getattr(args, "admin_key", None) or os.environ.get("DUET_ADMIN_KEY")
-    admin_key = given_key or secrets.token_urlsafe(24)
-    addresses = []
-    gateways = getattr(args, "gateways", 1)
-    redis_url = args.redis
+    paged, prefix = args.paged, args.prefix
     planned = getattr(args, "workers", None)
     if planned is not None:
         if planned < 1:
             print("duet up: --workers must be >= 1", file=sys.stderr)
             return 2
-        args.paged, args.prefix = planned - planned // 2, planned // 2
-    slots: list[tuple[str, str, int]] = []  # (worker id, kind, port) per worker, in start order
+        paged, prefix = planned - planned // 2, planned // 2
+    given_key = getattr(args, "admin_key", None) or os.environ.get("DUET_ADMIN_KEY")
     # each worker gets its share of the cores: more busy torch threads than cores stall every parallel op
-    threads = max(1, len(os.sched_getaffinity(0)) // max(1, args.paged + args.prefix))
+    threads = max(1, len(os.sched_getaffinity(0)) // max(1, paged + prefix))
+    return _Plan(model, args.host, args.port, paged, prefix, getattr(args, "gateways", 1),
+                 given_key or secrets.token_urlsafe(24), bool(given_key), threads)
 
-    def start_worker(worker_id: str, kind: str, port: int) -> None:
-        common = ["--model", str(model), "--port", str(port), "--worker-id", worker_id]
-        if args.sim:
-            stack.start(worker_id, _duet("engine", "sim", *common, "--sim-as", kind,
-                                         "--sim-ms-per-token", str(args.sim_ms_per_token)))
+
+class _Up:
+    """The steps of one `duet up` run over one Launcher."""
+
+    def __init__(self, args: argparse.Namespace, plan: _Plan, launcher: Launcher) -> None:
+        self.args, self.plan, self.launcher = args, plan, launcher
+        self.slots: list[tuple[str, str, int]] = []  # (worker id, kind, port) per worker, in start order
+        self.gateway_ports: list[int] = []
+        self.stop_signal: int | None = None
+        self.gateways_down = False
+
+    def catch_signals(self) -> None:
+        def on_signal(signum, frame) -> None:
+            self.stop_signal = signum
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+
+    def start_worker(self, worker_id: str, kind: str, port: int) -> None:
+        """One worker (also the pool manager's way to start one as another kind on the same port)."""
+        a, model = self.args, self.plan.model
+        if a.sim:
+            spec = WorkerSpec("sim", model, port, worker_id,
+                              sim=SimOptions(as_kind=kind, ms_per_token=a.sim_ms_per_token))
         else:
-            stack.start(worker_id, _duet("engine", kind, *common, "--device", args.device, "--threads", str(threads)))
+            spec = WorkerSpec(kind, model, port, worker_id, device=a.device, threads=self.plan.threads)
+        self.launcher.start_worker(worker_id, spec)
 
-    try:
-        if gateways > 1 and not redis_url:  # replicas share state: a private redis-server (duet/scale_out.py)
-            redis_port = _free_port("127.0.0.1")
-            stack.start("redis", scale_out.redis_server_command(redis_port))
-            scale_out.wait_for_redis(redis_port)
-            redis_url = f"redis://127.0.0.1:{redis_port}/0"
-        for kind, count in (("paged", args.paged), ("prefix", args.prefix)):
+    def start_workers(self) -> None:
+        for kind, count in (("paged", self.plan.paged), ("prefix", self.plan.prefix)):
             for i in range(count):
-                port = _free_port("127.0.0.1")
-                start_worker(f"{kind}-{i}", kind, port)
-                slots.append((f"{kind}-{i}", kind, port))
-                addresses.append(f"127.0.0.1:{port}")
-        config = {"host": host, "port": args.port, "models": [{"path": str(model)}],
-                  "workers": [{"address": a} for a in addresses], "health": {"poll_interval_s": 0.5}}
-        if getattr(args, "pool_planner", None):
-            config["pool_planner"] = json.loads(args.pool_planner)
+                port = free_port()
+                self.start_worker(f"{kind}-{i}", kind, port)
+                self.slots.append((f"{kind}-{i}", kind, port))
+
+    def start_gateways(self, redis_url: str | None) -> None:
+        """One gateway on the public port, or N replicas on private ports behind `duet lb` on it."""
+        p = self.plan
+        extra = {}
+        if getattr(self.args, "pool_planner", None):
+            extra["pool_planner"] = json.loads(self.args.pool_planner)
         if redis_url:
-            config["redis"] = redis_url
-        gateway_ports = scale_out.gateway_ports(gateways, args.port, _free_port)
-        for i, port in enumerate(gateway_ports):
-            name = "gateway" if gateways == 1 else f"gateway-{i}"
-            config_path = log_dir / f"{name}.yaml"
-            config_path.write_text(yaml.safe_dump({**config, "port": port} if gateways == 1 else
-                                                  {**config, "host": "127.0.0.1", "port": port}))
-            stack.start(name, _duet("gateway", "--config", str(config_path)), env={"DUET_ADMIN_KEY": admin_key})
-        gateway_names = ["gateway"] if gateways == 1 else [f"gateway-{i}" for i in range(gateways)]
-        if gateways > 1:
-            stack.start("lb", _duet(*scale_out.balancer_args(host, args.port, gateway_ports)))
-        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{args.port}"
-        print(f"duet up: {args.paged} paged + {args.prefix} prefix {'sim ' if args.sim else ''}workers on "
-              f"{model.name}" + (f", {gateways} gateways behind duet lb" if gateways > 1 else "") +
-              f"; logs in {log_dir}", flush=True)
-        deadline = time.monotonic() + args.ready_timeout
-        must_be_ready = [url] if gateways == 1 else [*(f"http://127.0.0.1:{p}" for p in gateway_ports), url]
-        while not all(_all_healthy(u, args.paged + args.prefix) for u in must_be_ready):
-            if stop["signal"] is not None:
-                return 130
-            if exited := [n for n in stack.names() if stack.pid(n) is None]:  # a bad flag or model: fail fast
-                print(f"duet up: {exited[0]} exited while starting:\n{stack.log_tail(exited[0])}",
-                      file=sys.stderr, flush=True)
-                return 1
-            if time.monotonic() > deadline:
-                print(f"duet up: not ready after {args.ready_timeout:.0f}s; logs in {log_dir}", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
-        shown_key = "as given (--admin-key / DUET_ADMIN_KEY)" if given_key else admin_key
-        print(f"API:       {url}/v1\nDashboard: {url}/dashboard  (admin key: {shown_key})\n"
-              f"Metrics:   {url}/metrics\nCtrl-C to stop.", flush=True)
-        # from here on a child that exits is restarted (its streams end with an error event at the
-        # gateway, which retries requests not yet streaming elsewhere); only when every gateway has
-        # crash-looped does the stack end, since nothing can be served without one
-        fatal = {"gateways_down": False}
+            extra["redis"] = redis_url
+        addresses = [f"127.0.0.1:{port}" for _, _, port in self.slots]
+        self.gateway_ports = scale_out.gateway_ports(p.gateways, p.port, free_port)
+        host = p.host if p.gateways == 1 else "127.0.0.1"
+        for name, port in zip(p.gateway_names, self.gateway_ports, strict=True):
+            self.launcher.start_gateway(name, gateway_config(p.model, addresses, port=port, host=host, **extra),
+                                        env={"DUET_ADMIN_KEY": p.admin_key})
+        if p.gateways > 1:
+            self.launcher.start_balancer(p.host, p.port, self.gateway_ports)
 
-        def should_stop() -> bool:
-            for event in stack.poll():
-                if event.kind == "gave_up":
-                    print(stack.log_tail(event.name), file=sys.stderr, flush=True)
-                    fatal["gateways_down"] |= set(gateway_names) <= set(stack.given_up())
-            return stop["signal"] is not None or fatal["gateways_down"]
+    def shared_redis(self) -> str | None:
+        """--redis, or a private redis-server when gateway replicas must share state (duet/scale_out.py)."""
+        if self.plan.gateways > 1 and not self.args.redis:
+            return self.launcher.start_redis()
+        return self.args.redis
 
-        if planned is not None:  # the pool manager polls should_stop (and so the supervisor) while it waits
+    def announce(self) -> None:
+        p = self.plan
+        print(f"duet up: {p.paged} paged + {p.prefix} prefix {'sim ' if self.args.sim else ''}workers on "
+              f"{p.model.name}" + (f", {p.gateways} gateways behind duet lb" if p.gateways > 1 else "") +
+              f"; logs in {self.launcher.log_dir}", flush=True)
+
+    def wait_ready(self) -> int | None:
+        """None once every gateway (and the balancer's port) sees every worker healthy, else the exit code."""
+        p = self.plan
+        urls = [p.url] if p.gateways == 1 else [*(f"http://127.0.0.1:{port}" for port in self.gateway_ports), p.url]
+        try:
+            ready = self.launcher.wait_until(lambda: all(healthy_workers(u) >= p.workers for u in urls),
+                                             self.args.ready_timeout, abort=lambda: self.stop_signal is not None)
+        except StackError as exc:  # a bad flag or model: fail fast, with its log
+            _say(str(exc))
+            return 1
+        return None if ready else 130
+
+    def print_urls(self) -> None:
+        p = self.plan
+        shown_key = "as given (--admin-key / DUET_ADMIN_KEY)" if p.admin_key_given else p.admin_key
+        print(f"API:       {p.url}/v1\nDashboard: {p.url}/dashboard  (admin key: {shown_key})\n"
+              f"Metrics:   {p.url}/metrics\nCtrl-C to stop.", flush=True)
+
+    def should_stop(self) -> bool:
+        """Supervise once. From here on a child that exits is restarted (its streams end with an error event
+        at the gateway, which retries requests not yet streaming elsewhere); only when every gateway has
+        crash-looped does the stack end, since nothing can be served without one."""
+        sup = self.launcher.supervisor
+        for event in sup.poll():
+            if event.kind == "gave_up":
+                print(sup.log_tail(event.name), file=sys.stderr, flush=True)
+                self.gateways_down |= set(self.plan.gateway_names) <= set(sup.given_up())
+        return self.stop_signal is not None or self.gateways_down
+
+    def serve(self) -> int:
+        """Until Ctrl-C / SIGTERM (0) or every gateway has crash-looped (1)."""
+        if getattr(self.args, "workers", None) is not None:  # the pool manager polls should_stop while it waits
             import logging
 
             from duet.pool_manager import pool_manager_for
 
             logging.basicConfig(level=logging.INFO, format="duet up: %(message)s")  # each switch, one line
-            pool_manager_for(url, admin_key, slots, stack, start_worker, should_stop).run()
-        while not should_stop():
+            pool_manager_for(self.plan.url, self.plan.admin_key, self.slots, self.launcher.supervisor,
+                             self.start_worker, self.should_stop).run()
+        while not self.should_stop():
             time.sleep(0.2)
-        return 1 if fatal["gateways_down"] else 0
+        return 1 if self.gateways_down else 0
+
+
+def main(args: argparse.Namespace) -> int:
+    plan = _plan(args)
+    if isinstance(plan, int):
+        return plan
+    launcher = Launcher(Path(tempfile.mkdtemp(prefix="duet-up-")), RestartPolicy(stop_grace_s=SHUTDOWN_GRACE_S),
+                        on_event=_report)
+    up = _Up(args, plan, launcher)
+    up.catch_signals()
+    try:
+        redis_url = up.shared_redis()
+        up.start_workers()
+        up.start_gateways(redis_url)
+        up.announce()
+        if (code := up.wait_ready()) is not None:
+            return code
+        up.print_urls()
+        return up.serve()
     finally:
         print("duet up: shutting down", flush=True)
-        stack.shutdown()
+        launcher.shutdown()

@@ -16,7 +16,7 @@ def _add_simulate_routing(sub: argparse._SubParsersAction) -> None:
         "SGLang-style cache-aware policy and Duet's own routing (gateway.routing.route), over "
         "simulated workers with LRU block caches; reports block hit rates and load balance.",
     )
-    p.add_argument("--trace", required=True, help="Mooncake JSONL, Azure CSV or OpenAI request log (loadtests/traces.py)")
+    p.add_argument("--trace", required=True, help="Mooncake JSONL, Azure CSV or OpenAI request log (loadtests/traces/formats.py)")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--cache-blocks", type=int, default=2048, help="per-worker cache capacity in trace blocks (512 tokens)")
     p.add_argument("--time-scale", type=float, default=1.0,
@@ -34,7 +34,7 @@ def _add_simulate_routing(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_simulate_routing(args: argparse.Namespace) -> int:
-    from loadtests.simulate_routing import ServiceModel, format_table, run
+    from loadtests.experiments.simulate_routing import ServiceModel, format_table, run
 
     config = None
     if args.routing_config:
@@ -59,7 +59,7 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
         "engine_paged and all engine_prefix behind cache-aware routing, half of each behind Duet's routing, and "
         "Duet with the pool planner switching kinds; sends each the same mixed workload (multi-turn chats, agent "
         "loops, unrelated long documents; Poisson arrivals) at three rates with repeats, and reports goodput and "
-        "TTFT per traffic class (loadtests/compare.py). With no options: the headline run.",
+        "TTFT per traffic class (loadtests/experiments/compare.py). With no options: the headline run.",
     )
     p.add_argument("--model", default=None,
                    help="model directory (default: a random checkpoint of SmolLM2-135M's shape, made once)")
@@ -86,7 +86,7 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
 def _run_compare(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from loadtests import compare
+    from loadtests.experiments import compare
 
     s = compare.QUICK if args.quick else compare.Settings()
     given = {k: getattr(args, k) for k in ("model", "workers", "num_requests", "repeats", "max_prompt_tokens",
@@ -101,7 +101,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         s = replace(s, limits=replace(s.limits, kv_cache_tokens=args.kv_cache_tokens))
     if args.configs:
         s = replace(s, configs=tuple(c.strip() for c in args.configs.split(",") if c.strip()))
-    from loadtests.stack import StackError
+    from loadtests.experiments.stack import StackError
 
     try:
         result = compare.run(s, args.log_dir, progress=lambda line: print(line, file=sys.stderr, flush=True))
@@ -135,8 +135,8 @@ def _add_chaos(sub: argparse._SubParsersAction) -> None:
 def _run_chaos(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from loadtests.chaos import ChaosSettings, run
-    from loadtests.stack import StackError
+    from loadtests.experiments.chaos import ChaosSettings, run
+    from loadtests.experiments.stack import StackError
 
     s = replace(ChaosSettings(), soak_minutes=args.soak, seed=args.seed,
                 **{k: v for k, v in (("clients", args.clients), ("stall_s", args.stall_s)) if v is not None})
@@ -155,7 +155,7 @@ def _add_advise(sub: argparse._SubParsersAction) -> None:
         "advise", help="paged, prefix or both? replay your own trace against each deployment",
         description="Replays a trace (Mooncake JSONL, Azure CSV or an OpenAI request log of JSON lines) against "
         "all-paged, all-prefix and Duet (every split of the workers), in the routing simulator with --simulate "
-        "or for real on this machine, and recommends one, as markdown and a PNG chart (loadtests/advise.py).",
+        "or for real on this machine, and recommends one, as markdown and a PNG chart (loadtests/experiments/advise.py).",
     )
     p.add_argument("--trace", required=True, help="Mooncake JSONL, Azure CSV or OpenAI request log")
     p.add_argument("--simulate", action="store_true", help="the routing simulator (fast, any trace size)")
@@ -173,7 +173,7 @@ def _add_advise(sub: argparse._SubParsersAction) -> None:
 def _run_advise(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from loadtests import advise
+    from loadtests.experiments import advise
 
     workers = args.workers or (8 if args.simulate else 4)
     s = advise.AdviseSettings(workers=workers, cache_blocks=args.cache_blocks, time_scale=args.time_scale,
@@ -203,10 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
     _add_advise(sub)
-    from loadtests.bench_run import add_parser as add_run  # argparse only; the run imports lazily
+    from loadtests.experiments.bench_run import add_parser as add_run  # argparse only; the run imports lazily
 
     add_run(sub)
-    from loadtests.peer import add_parser as add_peer  # argparse only; the run imports lazily
+    from loadtests.experiments.peer import add_parser as add_peer  # argparse only; the run imports lazily
 
     add_peer(sub)
     return parser

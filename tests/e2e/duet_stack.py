@@ -7,14 +7,15 @@ gateway processes sharing Redis), torn down with the test.
     sims = start_sims([Sim("prefix"), Sim("paged", worker_id="p1", version="v2")], tmp)
     gw = GatewayThread(gateway_config(sims)).start()          # in-process gateway
     stack = LiveStack(tmp, [Sim("paged", worker_id="stable")], admin_key="k").start()  # all processes
+
+Command lines, ports and gateway configs come from the one stack launcher (duet/launcher.py); the
+processes here are plain children the tests hold (`.proc`), to freeze, kill or stop one at a time.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ import httpx
 import uvicorn
 import yaml
 
+from duet.launcher import SimOptions, WorkerSpec, duet_argv, free_port, worker_argv
+from duet.launcher import gateway_config as launcher_gateway_config
 from duet.model_make import default_model_dir
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
@@ -32,12 +35,6 @@ from gateway.app import build_app
 from gateway.config import from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def model_dir() -> Path:
@@ -64,17 +61,9 @@ class Sim:
         return f"127.0.0.1:{self.port}"
 
     def start(self, log_dir: Path) -> Sim:
-        args = [sys.executable, "-m", "duet.cli", "engine", "sim", "--model", str(model_dir()),
-                "--port", str(self.port), "--sim-as", self.kind, "--sim-ms-per-token", str(self.ms_per_token),
-                "--sim-fail-rate", str(self.fail_rate), "--version", self.version]
-        if self.worker_id is not None:
-            args += ["--worker-id", self.worker_id]
-        if self.prefill_ms_per_token is not None:
-            args += ["--sim-prefill-ms-per-token", str(self.prefill_ms_per_token)]
-        if self.capabilities is not None:
-            args += ["--sim-capabilities", self.capabilities]
-        if self.redis is not None:
-            args += ["--redis", self.redis]
+        args = worker_argv(WorkerSpec("sim", model_dir(), self.port, self.worker_id, self.version, self.redis,
+                                      sim=SimOptions(self.kind, self.ms_per_token, self.prefill_ms_per_token,
+                                                     self.fail_rate, capabilities=self.capabilities)))
         with open(log_dir / f"sim-{self.worker_id or self.port}.log", "wb") as log:
             self.proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
@@ -115,8 +104,7 @@ def start_sims(sims: list[Sim], log_dir: Path) -> list[Sim]:
 
 
 def gateway_config(sims: list[Sim], **extra) -> dict:
-    raw = {"host": "127.0.0.1", "port": free_port(), "models": [{"path": str(model_dir())}],
-           "workers": [{"address": s.address} for s in sims], "health": {"poll_interval_s": 0.2}}
+    raw = launcher_gateway_config(model_dir(), [s.address for s in sims], port=free_port(), poll_interval_s=0.2)
     raw.update(extra)
     return raw
 
@@ -159,7 +147,7 @@ class GatewayProcess:
         path.write_text(yaml.safe_dump(raw_config))
         self._log = tmp / f"{name}.log"
         with open(self._log, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "duet.cli", "gateway", "--config", str(path)],
+            self.proc = subprocess.Popen(duet_argv("gateway", "--config", str(path)),
                                          cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
 

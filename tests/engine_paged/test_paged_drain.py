@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -12,14 +11,9 @@ import urllib.request
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from duet.launcher import free_port
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def wait_serving(channel, proc, timeout=120.0):

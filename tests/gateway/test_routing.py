@@ -315,7 +315,7 @@ def test_route_decision_is_fast_for_an_8000_token_prompt():
             times.append(time.perf_counter() - t0)
     times.sort()
     # the median: a p99 on a shared 2-core CI box measures the OS scheduler, not route()
-    # (loadtests/gateway_bench.py reports the p99 on a quiet machine)
+    # (loadtests/experiments/gateway_bench.py reports the p99 on a quiet machine)
     p50 = times[len(times) // 2]
     assert p50 < 0.0005, f"route p50 {p50 * 1e3:.3f} ms"
 

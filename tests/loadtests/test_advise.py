@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.advise import recommend
-from loadtests.mooncake import TraceError
-from loadtests.traces import detect_format, load_any
+from loadtests.experiments.advise import recommend
+from loadtests.traces.formats import detect_format, load_any
+from loadtests.traces.mooncake import TraceError
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data"

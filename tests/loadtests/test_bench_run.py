@@ -17,10 +17,10 @@ from duet_stack import ROOT, GatewayThread, Sim, gateway_config, model_dir, star
 
 from duet.tokenizer import Tokenizer
 from loadtests.cli import main as bench_main
-from loadtests.client import run_benchmark
-from loadtests.report import BREAKDOWNS, LATENCIES, Slo, format_markdown, summarize, write_plots
-from loadtests.trace_workloads import mooncake
-from loadtests.workloads import BenchRequest, TokenSource, agent, build_workload, multi_turn
+from loadtests.load.client import run_benchmark
+from loadtests.load.report import BREAKDOWNS, LATENCIES, Slo, format_markdown, summarize, write_plots
+from loadtests.load.trace_workloads import mooncake
+from loadtests.load.workloads import BenchRequest, TokenSource, agent, build_workload, multi_turn
 
 MODEL = model_dir().name
 DATA = ROOT.parent / "shared" / "data"

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from loadtests.chaos import ChaosSettings, run
+from loadtests.experiments.chaos import ChaosSettings, run
 
 
 @pytest.mark.timeout(300)

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from duet.model_make import default_model_dir
-from loadtests.compare import CONFIGS, CompareError, Settings, parse_mix, run
+from loadtests.experiments.compare import CONFIGS, CompareError, Settings, parse_mix, run
 
 CLASSES = {"multi_turn", "agent", "long_doc"}
 
@@ -76,7 +76,7 @@ def test_bad_settings_are_refused_with_the_setting_named():
 
 def test_a_run_brings_rate_times_run_seconds_arrivals():
     # an arrival is a conversation's first turn or a document; later turns follow their parents
-    from loadtests.compare import workload
+    from loadtests.experiments.compare import workload
 
     s = Settings(max_prompt_tokens=256, max_tokens=6)
     for rate in (0.15, 0.30):

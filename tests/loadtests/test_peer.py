@@ -8,9 +8,9 @@ import importlib.metadata
 import pytest
 
 from loadtests.cli import main as bench_main
-from loadtests.peer import build_requests, combine, figures, ratios
-from loadtests.peer_vllm import write_version_dist_info
-from loadtests.workloads import TokenSource
+from loadtests.experiments.peer import build_requests, combine, figures, ratios
+from loadtests.experiments.peer_vllm import write_version_dist_info
+from loadtests.load.workloads import TokenSource
 
 
 def _summary(tok_s, ttft, tpot, ok=8, errors=0):

@@ -1,6 +1,6 @@
-"""loadtests/profile_served.py's reading of py-spy's raw profiles (the profiling itself needs py-spy and minutes)."""
+"""loadtests/profiles/profile_served.py's reading of py-spy's raw profiles (the profiling itself needs py-spy and minutes)."""
 
-from loadtests.profile_served import parse_raw, shares
+from loadtests.profiles.profile_served import parse_raw, shares
 
 STEP = "thread (11): duet-step-loop;Thread.run (threading.py:982);StepLoop._run (engine_core/step_loop.py:179)"
 LOOP = "thread (10): MainThread;BaseEventLoop.run_forever (asyncio/base_events.py:608)"

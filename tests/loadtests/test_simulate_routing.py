@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.mooncake import TraceError, TraceRecord, block_token_ids, load_trace, prompt_token_ids
-from loadtests.routing_baselines import POLICY_NAMES, RoundRobin
-from loadtests.simulate_routing import global_cache_hit_rate, simulate
+from loadtests.experiments.routing_baselines import POLICY_NAMES, RoundRobin
+from loadtests.experiments.simulate_routing import global_cache_hit_rate, simulate
+from loadtests.traces.mooncake import TraceError, TraceRecord, block_token_ids, load_trace, prompt_token_ids
 
 TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mooncake_conversation_trace.jsonl"
 needs_trace = pytest.mark.skipif(not TRACE.is_file(), reason=f"Mooncake trace not found at {TRACE}")

@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import ROOT, GatewayThread, free_port
+from duet_stack import ROOT, GatewayThread
+
+from duet.launcher import WorkerSpec, free_port, gateway_config, worker_argv
 
 
 class RealStack:
@@ -25,14 +27,12 @@ class RealStack:
         for kind in ("paged", "prefix"):
             ports[kind] = free_port()
             with open(self.log_dir / f"{kind}.log", "wb") as log:
+                argv = worker_argv(WorkerSpec(kind, self.model_dir, ports[kind], f"{kind}-real", device="cpu"))
                 self.procs[kind] = subprocess.Popen(
-                    [sys.executable, "-m", "duet.cli", "engine", kind, "--model", str(self.model_dir),
-                     "--port", str(ports[kind]), "--device", "cpu", "--kv-cache-tokens", "16384",
-                     "--worker-id", f"{kind}-real"],
+                    [*argv, "--kv-cache-tokens", "16384"],  # the KV budget alone: the other limits stay the engine's
                     cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         for kind, port in ports.items():
-            config = {"host": "127.0.0.1", "port": free_port(), "models": [{"path": str(self.model_dir)}],
-                      "workers": [{"address": f"127.0.0.1:{port}"}], "health": {"poll_interval_s": 0.2}}
+            config = gateway_config(self.model_dir, [f"127.0.0.1:{port}"], port=free_port(), poll_interval_s=0.2)
             try:
                 self.gateways[kind] = GatewayThread(config).start(timeout_s=240)
             except RuntimeError as exc:

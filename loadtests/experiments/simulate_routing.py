@@ -13,7 +13,7 @@ of all workers'.
 The "duet" policy is gateway.routing.route itself, called exactly as the gateway calls it:
 with the session affinity it recorded, a SeenBlocks table, and a WorkerBlockIndex fed by the
 decisions and corrected by the simulated workers' eviction (KV) events. Mooncake has no
-session field: loadtests.mooncake.session_key derives one (the conversation's first block),
+session field: loadtests.traces.mooncake.session_key derives one (the conversation's first block),
 and the turn count is the number of requests of that session so far.
 """
 
@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.route_types import RouteRequest, RoutingConfig, WorkerView
 from gateway.routing import route
-from loadtests.mooncake import MOONCAKE_BLOCK_TOKENS, TraceRecord, session_key
-from loadtests.routing_baselines import (
+from loadtests.experiments.routing_baselines import (
     POLICY_NAMES,
     ConsistentHash,
     LeastLoad,
     RoundRobin,
     SGLangCacheAware,
 )
+from loadtests.traces.mooncake import MOONCAKE_BLOCK_TOKENS, TraceRecord, session_key
 
 
 @dataclass(frozen=True)
@@ -244,7 +244,7 @@ def run(
     service: ServiceModel = ServiceModel(), config: RoutingConfig | None = None, sessions: bool = True,
 ) -> dict:
     """The whole report: the global-cache reference and every policy's result."""
-    from loadtests.traces import load_any
+    from loadtests.traces.formats import load_any
 
     if num_workers < 1:
         raise ValueError(f"--workers must be >= 1, got {num_workers}")

@@ -30,7 +30,7 @@ from collections.abc import Hashable, Sequence
 
 from gateway.route_types import RouteDecision, RouteRequest, RoutingConfig, WorkerView
 from gateway.routing import eligible
-from loadtests.mooncake import MOONCAKE_BLOCK_TOKENS, TraceRecord, session_key
+from loadtests.traces.mooncake import MOONCAKE_BLOCK_TOKENS, TraceRecord, session_key
 
 POLICY_NAMES = ("round_robin", "least_load", "consistent_hash", "sglang_cache_aware", "duet")
 

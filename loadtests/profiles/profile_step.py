@@ -1,6 +1,6 @@
 """Where one engine step's time goes: torch.profiler over a decode-heavy and a prefill-heavy step.
 
-    python -m loadtests.profile_step [--model DIR] [--threads N] [--top 15] [--steps 3]
+    python -m loadtests.profiles.profile_step [--model DIR] [--threads N] [--top 15] [--steps 3]
 
 Runs the model runner and the sampler directly (no scheduler, no gRPC) on a model of SmolLM2-135M's shape
 (the `smollm2` preset, random weights, made once) unless --model names another directory. The two steps are
@@ -74,7 +74,7 @@ def profile_step(name: str, runner, sampler, chunks, rows, steps: int, top: int)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtests.profile_step", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m loadtests.profiles.profile_step", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="model directory (default: the smollm2-shape checkpoint)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--steps", type=int, default=3, help="unprofiled steps timed per kind")

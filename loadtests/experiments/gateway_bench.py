@@ -1,4 +1,4 @@
-"""Gateway overhead benchmark: `python -m loadtests.gateway_bench [--quick] --json`.
+"""Gateway overhead benchmark: `python -m loadtests.experiments.gateway_bench [--quick] --json`.
 
 Measures, with `duet engine sim` workers pacing 20 ms per token and one `duet gateway` process:
 
@@ -23,27 +23,18 @@ import asyncio
 import json
 import os
 import random
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import grpc
-import yaml
 
+from duet.launcher import Launcher, SimOptions, WorkerSpec, free_port, gateway_config, listening
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
 
-ROOT = Path(__file__).resolve().parents[1]
 SIM_MS_PER_TOKEN = 20
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -51,21 +42,9 @@ def _pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
-def _spawn(args: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "duet.cli", *args], cwd=ROOT, stdout=open(log, "wb"),
-                            stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-
-
-async def _wait_port(port: int, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            _, w = await asyncio.open_connection("127.0.0.1", port)
-            w.close()
-            return
-        except OSError:
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"nothing listens on {port}")
+async def _wait_port(launcher: Launcher, port: int, timeout_s: float = 60.0) -> None:
+    await asyncio.to_thread(launcher.wait_until, lambda: listening(port), timeout_s, f"nothing listens on {port}",
+                            interval_s=0.1)
 
 
 def _stagger(k: int, concurrency: int, max_tokens: int) -> float:
@@ -231,14 +210,16 @@ async def run(quick: bool) -> dict:
 
     model_dir = default_model_dir()
     model = model_dir.name
-    tmp = Path(tempfile.mkdtemp(prefix="duet-gwbench-"))
-    sim_ports = [_free_port(), _free_port()]
-    gw_port = _free_port()
-    procs = [_spawn(["engine", "sim", "--model", str(model_dir), "--port", str(p), "--sim-as", "prefix",
-                     "--sim-ms-per-token", str(SIM_MS_PER_TOKEN)], tmp / f"sim{i}.log") for i, p in enumerate(sim_ports)]
+    # no restarts: a child that dies here is a failed run (nothing calls the supervisor's poll)
+    launcher = Launcher(Path(tempfile.mkdtemp(prefix="duet-gwbench-")))
+    sim_ports = [free_port(), free_port()]
+    gw_port = free_port()
+    for i, p in enumerate(sim_ports):
+        launcher.start_worker(f"sim{i}", WorkerSpec("sim", model_dir, p, sim=SimOptions(
+            as_kind="prefix", ms_per_token=SIM_MS_PER_TOKEN)))
     try:
         for p in sim_ports:
-            await _wait_port(p)
+            await _wait_port(launcher, p)
         prompt = "Summarize the benefits of paged attention for serving large language models."
         tok = Tokenizer.from_dir(model_dir)
         prompt_ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}]))
@@ -246,12 +227,9 @@ async def run(quick: bool) -> dict:
         max_tokens = 16
         result: dict = {"quick": quick, "sim_ms_per_token": SIM_MS_PER_TOKEN}
         # one-worker gateway for the overhead comparison (same worker as the direct client)
-        cfg = {"host": "127.0.0.1", "port": gw_port, "models": [{"path": str(model_dir)}],
-               "workers": [{"address": f"127.0.0.1:{sim_ports[0]}"}], "health": {"poll_interval_s": 1.0}}
-        (tmp / "gw1.yaml").write_text(yaml.safe_dump(cfg))
-        gw = _spawn(["gateway", "--config", str(tmp / "gw1.yaml")], tmp / "gw1.log")
-        procs.append(gw)
-        await _wait_port(gw_port)
+        launcher.start_gateway("gw1", gateway_config(model_dir, [f"127.0.0.1:{sim_ports[0]}"], port=gw_port,
+                                                     poll_interval_s=1.0))
+        await _wait_port(launcher, gw_port)
         await asyncio.sleep(1.5)  # the first health poll
         await gateway_ttfts(gw_port, model, prompt, 4, 1, 2)  # warm-up
         for conc, suffix in ((16, ""), (64, "_64")):
@@ -262,14 +240,12 @@ async def run(quick: bool) -> dict:
             result[f"overhead_ttft_p50_ms{suffix}"] = round((_pct(via, 0.5) - _pct(direct, 0.5)) * 1000, 3)
             result[f"overhead_ttft_p99_ms{suffix}"] = round((_pct(via, 0.99) - _pct(direct, 0.99)) * 1000, 3)
             result[f"ttft_errors{suffix}"] = errs
-        gw.terminate()
-        gw.wait(10)
+        launcher.supervisor.stop("gw1")
         # two workers behind one gateway for the 1,000-stream burst
-        cfg["workers"] = [{"address": f"127.0.0.1:{p}"} for p in sim_ports]
-        cfg["port"] = gw_port = _free_port()
-        (tmp / "gw2.yaml").write_text(yaml.safe_dump(cfg))
-        procs.append(_spawn(["gateway", "--config", str(tmp / "gw2.yaml")], tmp / "gw2.log"))
-        await _wait_port(gw_port)
+        gw_port = free_port()
+        launcher.start_gateway("gw2", gateway_config(model_dir, [f"127.0.0.1:{p}" for p in sim_ports], port=gw_port,
+                                                     poll_interval_s=1.0))
+        await _wait_port(launcher, gw_port)
         await asyncio.sleep(1.5)
         n = 1000
         errors, rps = await streams_burst(gw_port, model, n, 8 if quick else 16)
@@ -281,18 +257,11 @@ async def run(quick: bool) -> dict:
         result["cpu_count"] = os.cpu_count()
         return result
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        launcher.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadtests.gateway_bench")
+    ap = argparse.ArgumentParser(prog="python -m loadtests.experiments.gateway_bench")
     ap.add_argument("--quick", action="store_true", help="fewer requests per stream")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)

@@ -1,13 +1,13 @@
 """`duet bench advise --trace FILE`: paged, prefix, or both (and in what split), for this traffic?
 
-Replays a team's own trace (Mooncake JSONL, Azure CSV or an OpenAI request log: loadtests/traces.py)
+Replays a team's own trace (Mooncake JSONL, Azure CSV or an OpenAI request log: loadtests/traces/formats.py)
 against the three deployments and recommends one, with the figures behind it:
 
     all_paged    N engine_paged workers, the SGLang-style cache-aware routing (loadtests/routing_baselines.py)
     all_prefix   N engine_prefix workers, the SGLang-style cache-aware routing
     duet         k engine_paged + (N - k) engine_prefix behind Duet's routing, for every k in 1..N-1
 
-`--simulate` replays it in the routing simulator (loadtests/simulate_routing.py: per-worker LRU block
+`--simulate` replays it in the routing simulator (loadtests/experiments/simulate_routing.py: per-worker LRU block
 caches, FIFO prefill, batched decode; seconds for a whole trace). The simulated engines differ only in
 the kind routing sees, so there the comparison measures what routing by kind does to caches and
 queues (documents kept off the session workers' caches, sessions kept together); all_paged and
@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadtests.mooncake import TraceRecord
-from loadtests.routing_baselines import SGLangCacheAware
-from loadtests.simulate_routing import DuetPolicy, ServiceModel, global_cache_hit_rate, simulate
+from loadtests.experiments.routing_baselines import SGLangCacheAware
+from loadtests.experiments.simulate_routing import DuetPolicy, ServiceModel, global_cache_hit_rate, simulate
+from loadtests.traces.mooncake import TraceRecord
 
 MARGIN = 0.05  # duet must beat the better homogeneous stack's goodput by 5% to be worth two engine kinds
 PREFIX_REUSE = 0.10  # token share repeating an earlier prefix above which prefix caching is the better bet
@@ -114,7 +114,7 @@ def recommend(results: dict, reuse: float) -> dict:
 
 
 def advise_simulated(trace: str, s: AdviseSettings) -> dict:
-    from loadtests.traces import detect_format, load_any
+    from loadtests.traces.formats import detect_format, load_any
 
     s.validate()
     records = load_any(trace)
@@ -135,11 +135,11 @@ def advise_local(trace: str, s: AdviseSettings, model: str | None = None, max_pr
     import asyncio
 
     from duet.tokenizer import Tokenizer
-    from loadtests import compare
-    from loadtests.report import Slo, summarize
-    from loadtests.stack import ServingStack
-    from loadtests.traces import detect_format, load_any
-    from loadtests.workloads import BenchRequest, TokenSource
+    from loadtests.experiments import compare
+    from loadtests.experiments.stack import ServingStack
+    from loadtests.load.report import Slo, summarize
+    from loadtests.load.workloads import BenchRequest, TokenSource
+    from loadtests.traces.formats import detect_format, load_any
 
     s.validate()
     records = load_any(trace)[: s.limit or 200]
@@ -189,13 +189,13 @@ def advise_local(trace: str, s: AdviseSettings, model: str | None = None, max_pr
 
 
 async def arun_open_loop(url: str, model: str, requests, encode):
-    from loadtests.client import arun_benchmark
+    from loadtests.load.client import arun_benchmark
 
     return await arun_benchmark(url, model, requests, encode=encode, progress=False)
 
 
 def _session(rec: TraceRecord) -> str | None:
-    from loadtests.mooncake import session_key
+    from loadtests.traces.mooncake import session_key
 
     return session_key(rec)
 

@@ -4,7 +4,7 @@
                    [--rate R | --concurrency C] [--time-scale X] [--slo-ttft-ms MS] [--slo-itl-ms MS]
                    [--out DIR] [--json]
 
-Prints the markdown table (or, with --json, the summary object of loadtests/report.py); with --out
+Prints the markdown table (or, with --json, the summary object of loadtests/load/report.py); with --out
 also writes summary.json, summary.md, records.jsonl (one line per request) and the PNG plots there.
 Exit status 0; 1 when no request succeeded (the first error is printed); 2 for bad arguments.
 """
@@ -17,7 +17,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from loadtests.workloads import WORKLOADS
+from loadtests.load.workloads import WORKLOADS
 
 DEFAULT_MAX_PROMPT_TOKENS = 4096  # synthetic prompts beyond this only slow a CPU run down
 
@@ -72,9 +72,9 @@ def _max_prompt_tokens(args: argparse.Namespace, model_dir) -> int:
 def main(args: argparse.Namespace) -> int:
     from duet.model_dir import read_model_dir
     from duet.tokenizer import Tokenizer
-    from loadtests.client import run_benchmark
-    from loadtests.report import Slo, format_markdown, summarize, write_plots
-    from loadtests.workloads import TokenSource, build_workload, parse_shares
+    from loadtests.load.client import run_benchmark
+    from loadtests.load.report import Slo, format_markdown, summarize, write_plots
+    from loadtests.load.workloads import TokenSource, build_workload, parse_shares
 
     if args.rate is not None and args.concurrency is not None:
         raise ValueError("give --rate or --concurrency, not both")

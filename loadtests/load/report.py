@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loadtests.client import RequestRecord
+from loadtests.load.client import RequestRecord
 
 BREAKDOWNS = {"by_class": "traffic_class", "by_engine": "engine", "by_variant": "variant",
               "by_route_reason": "route_reason"}
