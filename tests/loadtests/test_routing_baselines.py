@@ -12,7 +12,6 @@ import pytest
 from gateway.config import ConfigError, from_dict
 from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.route_types import RouteRequest, RoutingConfig, WorkerView
-from loadtests.traces.mooncake import TraceRecord
 from loadtests.experiments.routing_baselines import (
     SGLANG_REASONS,
     SGLANG_ROUTING_POLICY,
@@ -21,6 +20,7 @@ from loadtests.experiments.routing_baselines import (
     SGLangRoute,
 )
 from loadtests.experiments.simulate_routing import SimWorker
+from loadtests.traces.mooncake import TraceRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
