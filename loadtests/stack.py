@@ -27,6 +27,7 @@ from typing import Self
 
 import yaml
 
+from duet.engine_config import ENGINE_DEFAULTS
 from duet.supervisor import RestartPolicy, Supervisor
 
 ADMIN_KEY = "bench-admin"  # the stack is private to the benchmark: a fixed key is enough
@@ -42,9 +43,9 @@ class EngineLimits:
     engine kinds and routing."""
 
     kv_cache_tokens: int = 32768
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    page_size: int = 16
+    max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs
+    max_num_batched_tokens: int = ENGINE_DEFAULTS.max_num_batched_tokens
+    page_size: int = ENGINE_DEFAULTS.page_size
     torch_threads: int = 1
     paged_prefix_caching: bool = True  # engine_paged with prefix caching, where the engine has it (below)
 
@@ -54,10 +55,8 @@ def _duet(*args: str) -> list[str]:
 
 
 def paged_prefix_caching_flags() -> list[str]:
-    """`--enable-prefix-caching` when this checkout's `duet engine paged` takes it (the core branch adds
-    it), else nothing: the all-paged stack then runs without prefix caching, and says so in its JSON."""
-    cli = Path(__file__).resolve().parents[1] / "duet" / "cli.py"
-    return ["--enable-prefix-caching"] if "--enable-prefix-caching" in cli.read_text() else []
+    """`--enable-prefix-caching`: `duet engine paged` takes it (duet.engine_config.PagedConfig)."""
+    return ["--enable-prefix-caching"]
 
 
 def free_port() -> int:
