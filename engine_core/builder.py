@@ -3,14 +3,13 @@
 Both engine kinds build through `load_runtime(config)` and add only their scheduler (engine_paged/worker.py,
 engine_prefix/worker.py); the offline LLM (engine_core/llm.py) sizes its own pool and builds through
 `build_runtime`. `resolve_device` is the one reading of `--device` for every kind: `auto` is CUDA when a
-device is visible, else the CPU; CUDA asked for where none is visible is a `DeviceError`. `serve` is what
-`duet engine paged|prefix` runs: device and thread checks before the port opens, then the shared worker.
+device is visible, else the CPU; CUDA asked for where none is visible is a `DeviceError` (engine_core.worker's
+`serve` checks it before the port opens).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +19,6 @@ from duet.model_dir import ModelDir, read_model_dir
 from engine_core.kv_pool import KVPool, pages_for_budget
 from engine_core.model_runner import ModelRunner
 from engine_core.sampler import Sampler
-from engine_core.worker import EngineParts, run_worker
 
 
 class DeviceError(ValueError):
@@ -76,17 +74,3 @@ def load_runtime(config: EngineConfig, seed: int | None = None) -> Runtime:
                                  kv_cache_memory_gb=config.kv_cache_memory_gb)
     return build_runtime(model_dir, device=config.device, page_size=config.page_size, num_pages=num_pages,
                          seed=seed)
-
-
-def serve(config: EngineConfig, build: Callable[[], EngineParts]) -> int:
-    """`duet engine paged|prefix`: a bad device or thread count fails before the port opens; then the shared
-    worker (engine_core/worker.py) serves until SIGTERM."""
-    from engine_core.threads import configure_torch_threads
-
-    try:
-        resolve_device(config.device)
-        configure_torch_threads(config.threads)
-    except ValueError as exc:
-        raise SystemExit(f"duet engine: {exc}") from None
-    return run_worker(build, host=config.host, port=config.port, drain_timeout=config.drain_timeout,
-                      metrics_port=config.metrics_port, redis_url=config.redis)

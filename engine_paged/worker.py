@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 
 from duet.engine_config import ENGINE_DEFAULTS, PagedConfig
-from engine_core.builder import load_runtime, serve
+from engine_core.builder import load_runtime
 from engine_core.kv_pool import KVPool, PageAllocator
 from engine_core.request import EngineSpec
 from engine_core.sampler import Sampler
-from engine_core.worker import EngineParts
+from engine_core.worker import EngineParts, serve
 from engine_paged.block_manager import BlockManager
 from engine_paged.prefix_cache import PrefixCache
 from engine_paged.scheduler import PagedScheduler, SchedulerConfig

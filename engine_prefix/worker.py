@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from duet.engine_config import PrefixConfig
-from engine_core.builder import load_runtime, serve
+from engine_core.builder import load_runtime
 from engine_core.kv_pool import PageAllocator
 from engine_core.request import EngineSpec
-from engine_core.worker import EngineParts
+from engine_core.worker import EngineParts, serve
 from engine_prefix.policy import Policy
 from engine_prefix.scheduler import PrefixScheduler, PrefixSchedulerConfig
 from engine_prefix.speculative import NgramConfig

@@ -68,6 +68,8 @@ def extra_sampling(body: dict, n: int) -> dict:
     priority = body.get("priority")
     if priority is not None:
         lo, hi = PRIORITY_RANGE
+        if isinstance(priority, float) and priority.is_integer():
+            priority = int(priority)  # 2.0 is an integer in JSON Schema (gateway/openapi.py says integer)
         if isinstance(priority, bool) or not isinstance(priority, int) or not lo <= priority <= hi:
             raise InvalidRequest(f"'priority' must be an integer between {lo} and {hi} (lower is scheduled "
                                  f"first), got {priority!r}", "priority")

@@ -83,6 +83,6 @@ def test_priority_reaches_the_generate_request_and_needs_no_capability():
 
     r = parse_completion({"model": "m", "prompt": "x", "priority": -7})
     assert r.sampling.priority == -7 and r.required_capabilities == frozenset()
-    assert chat().sampling.priority == 0
+    assert chat().sampling.priority == 0 and chat(priority=3.0).sampling.priority == 3
     prep = Prepared(r, None, "rid", [1, 2], "x", 4, "", None, None)
     assert to_pb(prep).priority == -7
