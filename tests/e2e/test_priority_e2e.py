@@ -28,6 +28,9 @@ from engine_prefix.worker import build_engine as build_prefix
 
 LOW, HIGH = 10, -10
 QUEUED = 3  # low-priority requests queued before the high-priority one
+# each queued request decodes this many tokens alone: responses come back that many steps apart, far more
+# than the HTTP path's jitter, so the order the client sees them finish is the order they were admitted
+QUEUED_TOKENS = 48
 
 
 def build(kind: str, policy: str):
@@ -60,7 +63,7 @@ async def finish_order(kind: str, policy: str) -> list[str]:
     done: list[str] = []
 
     async def complete(name: str, priority: int) -> None:
-        await client.completions.create(model=model, prompt=f"request {name}", max_tokens=24, temperature=0,
+        await client.completions.create(model=model, prompt=f"request {name}", max_tokens=QUEUED_TOKENS, temperature=0,
                                         extra_body={"ignore_eos": True, "priority": priority})
         done.append(name)
 
