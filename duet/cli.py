@@ -6,67 +6,46 @@ from __future__ import annotations
 import argparse
 import sys
 
+ENGINE_KIND_HELP = {
+    "paged": "engine_paged: paged KV, continuous batching, automatic prefix caching",
+    "prefix": "engine_prefix: radix cache, cache-aware scheduling, structured output, n-gram speculation",
+    "sim": "a model-free worker with configurable timing and a simulated prefix cache (load tests)",
+}
+
 
 def _add_engine_parser(sub: argparse._SubParsersAction) -> None:
+    from duet.engine_config import KINDS, add_flags
+
     p = sub.add_parser("engine", help="run one engine worker (gRPC)")
-    p.add_argument("kind", choices=["paged", "prefix", "sim"])
-    p.add_argument("--model", help="model directory (Hugging Face format), .gguf file or pullable name; "
-                                   "sim: only its tokenizer is read")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="dtype a .gguf or pulled model is dequantized to")
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--page-size", type=int, default=16)
-    budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--kv-cache-tokens", type=int, help="KV cache capacity in tokens")
-    budget.add_argument("--kv-cache-memory-gb", type=float, help="KV cache capacity in GiB")
-    p.add_argument("--version", default="v1", help="deploy label, used by canary pools")
-    p.add_argument("--worker-id", default=None, help="defaults to host:port")
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads of this worker (default: OMP_NUM_THREADS, else every core it may use)")
-    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish requests on SIGTERM")
-    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus metrics port (off if unset)")
-    p.add_argument("--speculative", choices=["off", "ngram"], default="off", help="prefix engine only")
-    p.add_argument("--num-draft-tokens", type=int, default=4)
-    p.add_argument("--schedule-policy", default=None, help="prefix engine: lpm, dfs-weight or fcfs")
-    p.add_argument("--redis", default=None, help="register this worker in Redis (heartbeats)")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                   help="paged engine: automatic prefix caching of full KV pages (default: on, as in vLLM)")
-    # sim timing
-    p.add_argument("--sim-ms-per-token", type=float, default=20.0, help="sim: decode time per token")
-    p.add_argument("--sim-prefill-ms-per-token", type=float, default=0.05, help="sim: prefill time per uncached token")
-    p.add_argument("--sim-fail-rate", type=float, default=0.0, help="sim: fraction of requests that fail")
-    p.add_argument("--sim-cache-blocks", type=int, default=4096, help="sim: simulated prefix cache size")
-    p.add_argument("--sim-as", choices=["paged", "prefix"], default="prefix", help="sim: engine kind to pose as")
-    p.add_argument("--sim-capabilities", default=None, help="sim: comma-separated capabilities (default per kind)")
-    p.set_defaults(func=_run_engine)
+    kinds = p.add_subparsers(dest="kind", required=True, metavar="{paged,prefix,sim}")
+    for kind, config_class in KINDS.items():
+        kp = kinds.add_parser(kind, help=ENGINE_KIND_HELP[kind], description=ENGINE_KIND_HELP[kind],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        add_flags(kp, config_class)  # only the flags this kind reads: another kind's flag is an error
+        kp.set_defaults(func=_run_engine, config_class=config_class, kind_parser=kp)
 
 
 def _run_engine(args: argparse.Namespace) -> int:
-    if args.model:
+    import dataclasses
+
+    from duet.engine_config import from_args
+
+    config = from_args(args.config_class, args)
+    if config.engine.model:
         from duet.model_pull import PullError, resolve_model
 
         try:
-            args.model = str(resolve_model(args.model, args.dtype))
+            model = str(resolve_model(config.engine.model, config.engine.dtype))
         except PullError as exc:
             raise SystemExit(f"duet engine: {exc}") from exc
-    if args.kind in ("paged", "prefix"):
-        from engine_core.threads import configure_torch_threads
-
-        try:
-            configure_torch_threads(args.threads)
-        except ValueError as exc:
-            raise SystemExit(f"duet engine: {exc}") from exc
+        config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, model=model))
     if args.kind == "paged":
         from engine_paged.worker import main
     elif args.kind == "prefix":
         from engine_prefix.worker import main
     else:
-        from loadtests.sim_engine import main
-    return main(args) or 0
+        from duet.sim_worker import main
+    return main(config) or 0
 
 
 def _run_model_make(args: argparse.Namespace) -> int:
@@ -209,7 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # an engine kind names its own usage: the flag may be another kind's
+        getattr(args, "kind_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     return args.func(args)
 
 

@@ -32,6 +32,7 @@ from typing import Self
 import yaml
 
 from duet import scale_out
+from duet.engine_config import ENGINE_DEFAULTS
 from duet.supervisor import Event, RestartPolicy, Supervisor
 
 
@@ -57,9 +58,9 @@ class EngineLimits:
     every worker the same, so configurations differ only in engine kinds and routing)."""
 
     kv_cache_tokens: int = 32768
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    page_size: int = 16
+    max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs
+    max_num_batched_tokens: int = ENGINE_DEFAULTS.max_num_batched_tokens
+    page_size: int = ENGINE_DEFAULTS.page_size
     torch_threads: int = 1
     paged_prefix_caching: bool = True  # engine_paged's automatic prefix caching (--[no-]enable-prefix-caching)
 

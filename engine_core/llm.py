@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
+from duet.engine_config import ENGINE_DEFAULTS
+from engine_core.builder import build_runtime, new_pool, resolve_device
 from engine_core.engine_core import EngineCore
 from engine_core.errors import CapacityError, InvalidRequestError
 from engine_core.kv_pool import KVPool, pages_for_budget, torch_dtype
-from engine_core.model_runner import ModelRunner
 from engine_core.request import FinishReason, Request, StepOutput, TokenLogprob
-from engine_core.sampler import Sampler
 from engine_core.sampling_params import SamplingParams
 
 
@@ -52,7 +52,8 @@ class RequestOutput:
 
 class LLM:
     def __init__(self, model_dir, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
-                 page_size: int = 16, kv_cache_tokens: int | None = None, max_num_batched_tokens: int = 2048,
+                 page_size: int = ENGINE_DEFAULTS.page_size, kv_cache_tokens: int | None = None,
+                 max_num_batched_tokens: int = ENGINE_DEFAULTS.max_num_batched_tokens,
                  max_model_len: int | None = None, seed: int | None = None, max_num_seqs: int = 256,
                  enable_prefix_caching: bool = True):
         """model_dir: a checkpoint path or a duet.model_dir.ModelDir. kv_cache_tokens None sizes the KV pool
@@ -61,7 +62,7 @@ class LLM:
 
         self.model_dir = model_dir if isinstance(model_dir, ModelDir) else read_model_dir(model_dir)
         self.config = self.model_dir.config
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.dtype = torch_dtype(dtype or self.config.dtype)
         self.page_size = page_size
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -71,8 +72,9 @@ class LLM:
                                  self.config.max_position_embeddings)
         self._fixed_pool = kv_cache_tokens is not None
         num_pages = pages_for_budget(self.config, page_size, kv_cache_tokens=kv_cache_tokens or page_size)
-        self.runner = ModelRunner(self.model_dir, self._new_pool(num_pages), self.device, self.dtype)
-        self.sampler = Sampler(self.config.vocab_size, self.config.eos_token_ids, self.runner.device, seed)
+        runtime = build_runtime(self.model_dir, device=self.device, page_size=page_size, num_pages=num_pages,
+                                dtype=self.dtype, seed=seed)
+        self.runner, self.sampler = runtime.runner, runtime.sampler
         self.scheduler = self._paged_scheduler(num_pages)
         self.core = EngineCore(self.scheduler, self.runner)
         self.tokenizer = _load_tokenizer(self.model_dir.path)
@@ -84,9 +86,7 @@ class LLM:
         return self.scheduler.bm
 
     def _new_pool(self, num_pages: int) -> KVPool:
-        c = self.config
-        return KVPool(c.num_hidden_layers, num_pages, self.page_size, c.num_key_value_heads, c.head_dim,
-                      self.dtype, self.device)
+        return new_pool(self.model_dir, num_pages, self.page_size, self.device, self.dtype)
 
     def _paged_scheduler(self, num_pages: int):
         # the one upward import of engine_core (see the module docstring): lazy, so no import cycle

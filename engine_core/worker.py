@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from duet.engine_config import EngineConfig
 from duet.registry import Registration, advertised_address, worker_info
 from duet.rpc import engine_pb2, engine_pb2_grpc
 from engine_core.metrics import EngineMetrics
@@ -130,6 +131,21 @@ class Worker:
         clean = await self.shutdown()
         log.info("drained (%s), exiting", "clean" if clean else "timed out, requests aborted")
         return 0
+
+
+def serve(config: EngineConfig, build: Callable[[], EngineParts]) -> int:
+    """`duet engine paged|prefix`: a bad device or thread count fails before the port opens; then `run_worker`
+    with the config's address, drain timeout, metrics port and registry."""
+    from engine_core.builder import resolve_device
+    from engine_core.threads import configure_torch_threads
+
+    try:
+        resolve_device(config.device)
+        configure_torch_threads(config.threads)
+    except ValueError as exc:  # DeviceError included
+        raise SystemExit(f"duet engine: {exc}") from None
+    return run_worker(build, host=config.host, port=config.port, drain_timeout=config.drain_timeout,
+                      metrics_port=config.metrics_port, redis_url=config.redis)
 
 
 def run_worker(build: Callable[[], EngineParts], *, host: str, port: int, drain_timeout: float,

@@ -26,6 +26,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from duet.engine_config import ENGINE_DEFAULTS
 from engine_core.errors import CapacityError, InvalidRequestError
 from engine_core.forward_batch import SeqChunk
 from engine_core.request import FinishReason, KvEvent, LoadStats, Request, StepOutput
@@ -40,8 +41,8 @@ class SchedulerConfig:
     max_model_len: int
     vocab_size: int
     eos_token_ids: tuple[int, ...]
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs
+    max_num_batched_tokens: int = ENGINE_DEFAULTS.max_num_batched_tokens
     priority: bool = False  # honour Request.priority (lower first)
 
 

@@ -1,18 +1,21 @@
-"""`duet engine paged`: load a checkpoint, size the KV pool, and serve it through the shared
-worker (engine_core.worker) with the paged scheduler. Automatic prefix caching is on unless
-`--no-enable-prefix-caching`; its KV events hash blocks of one page (GetInfo's hash_block_size)."""
+"""`duet engine paged`: the paged scheduler over the runtime engine_core.builder assembles, served by the
+shared worker (engine_core.worker). Automatic prefix caching is on unless `--no-enable-prefix-caching`; its KV
+events hash blocks of one page (GetInfo's hash_block_size). `--schedule-policy priority` admits by a request's
+`priority` (lower first, FCFS among equals); `fcfs` ignores it.
+
+``build_engine(config)`` assembles the parts (tests and benchmarks call it in-process); ``main(config)`` is the CLI.
+"""
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
-from engine_core.kv_pool import KVPool, PageAllocator, pages_for_budget
-from engine_core.model_runner import ModelRunner
+from duet.engine_config import ENGINE_DEFAULTS, PagedConfig
+from engine_core.builder import load_runtime
+from engine_core.kv_pool import KVPool, PageAllocator
 from engine_core.request import EngineSpec
 from engine_core.sampler import Sampler
-from engine_core.worker import EngineParts, run_worker
+from engine_core.worker import EngineParts, serve
 from engine_paged.block_manager import BlockManager
 from engine_paged.prefix_cache import PrefixCache
 from engine_paged.scheduler import PagedScheduler, SchedulerConfig
@@ -20,19 +23,12 @@ from engine_paged.scheduler import PagedScheduler, SchedulerConfig
 CAPABILITIES = ("n", "beam_search", "logprobs")
 
 
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device is visible")
-    return device
-
-
 def build_scheduler(pool: KVPool, sampler: Sampler, *, max_model_len: int, eos_token_ids: tuple[int, ...],
-                    vocab_size: int, model_id: str, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
+                    vocab_size: int, model_id: str, max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs,
+                    max_num_batched_tokens: int = ENGINE_DEFAULTS.max_num_batched_tokens,
                     priority: bool = False, enable_prefix_caching: bool = True,
                     watermark: float = 0.01) -> PagedScheduler:
-    """The paged scheduler over `pool` (the worker, the offline LLM and the benchmarks build it here)."""
+    """The paged scheduler over `pool` (the worker and the offline LLM build it here)."""
 
     def copy_pages(pairs: list[tuple[int, int]]) -> None:
         src = torch.tensor([s for s, _ in pairs], device=pool.device)
@@ -50,53 +46,26 @@ def build_scheduler(pool: KVPool, sampler: Sampler, *, max_model_len: int, eos_t
     return PagedScheduler(config, block_manager, sampler, copy_pages)
 
 
-def build_engine(model: str, *, device: str = "cpu", page_size: int = 16, kv_cache_tokens: int | None = None,
-                 kv_cache_memory_gb: float | None = None, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 2048, priority: bool = False, version: str = "v1",
-                 worker_id: str = "paged-0", enable_prefix_caching: bool = True,
-                 seed: int | None = None) -> EngineParts:
+def build_engine(config: PagedConfig, seed: int | None = None) -> EngineParts:
     """Everything a paged worker runs, built in the calling thread (the worker calls it off the event loop)."""
-    from duet.model_dir import read_model_dir
-
-    model_dir = read_model_dir(model)
-    config = model_dir.config
-    num_pages = pages_for_budget(config, page_size, kv_cache_tokens=kv_cache_tokens,
-                                 kv_cache_memory_gb=kv_cache_memory_gb)
-    pool = KVPool(config.num_hidden_layers, num_pages, page_size, config.num_key_value_heads, config.head_dim,
-                  config.dtype, device)
-    runner = ModelRunner(model_dir, pool, device)
-    max_model_len = config.max_position_embeddings
-    # the sampler's device is the one every per-request generator is made on (the logits' device)
-    sampler = Sampler(config.vocab_size, config.eos_token_ids, runner.device, seed)
-    scheduler = build_scheduler(pool, sampler, max_model_len=max_model_len, eos_token_ids=tuple(config.eos_token_ids),
-                                vocab_size=config.vocab_size, model_id=model_dir.model_id, max_num_seqs=max_num_seqs,
-                                max_num_batched_tokens=max_num_batched_tokens, priority=priority,
-                                enable_prefix_caching=enable_prefix_caching)
-    spec = EngineSpec(engine_kind="paged", model_id=model_dir.model_id, version=version, page_size=page_size,
-                      max_model_len=max_model_len, capabilities=CAPABILITIES,
-                      kv_capacity_tokens=num_pages * page_size, kv_total_pages=num_pages,
-                      vocab_size=config.vocab_size, worker_id=worker_id,
-                      hash_block_size=page_size if enable_prefix_caching else 0)
-    return EngineParts(scheduler, runner, spec)
+    engine = config.engine
+    rt = load_runtime(engine, seed)
+    model = rt.model_dir.config
+    max_model_len = model.max_position_embeddings
+    scheduler = build_scheduler(rt.pool, rt.sampler, max_model_len=max_model_len,
+                                eos_token_ids=tuple(model.eos_token_ids), vocab_size=model.vocab_size,
+                                model_id=rt.model_dir.model_id, max_num_seqs=engine.max_num_seqs,
+                                max_num_batched_tokens=engine.max_num_batched_tokens,
+                                priority=config.schedule_policy == "priority",
+                                enable_prefix_caching=config.enable_prefix_caching)
+    num_pages = rt.pool.num_pages
+    spec = EngineSpec(engine_kind="paged", model_id=rt.model_dir.model_id, version=engine.version,
+                      page_size=engine.page_size, max_model_len=max_model_len, capabilities=CAPABILITIES,
+                      kv_capacity_tokens=num_pages * engine.page_size, kv_total_pages=num_pages,
+                      vocab_size=model.vocab_size, worker_id=engine.worker_label,
+                      hash_block_size=engine.page_size if config.enable_prefix_caching else 0)
+    return EngineParts(scheduler, rt.runner, spec)
 
 
-def main(args: argparse.Namespace) -> int:
-    if not args.model:
-        from duet.model_make import default_model_dir
-
-        args.model = str(default_model_dir())
-    policy = getattr(args, "schedule_policy", None) or "fcfs"
-    if policy not in ("fcfs", "priority"):
-        raise SystemExit(f"--schedule-policy {policy!r}: the paged engine knows fcfs and priority")
-    device = resolve_device(args.device)
-    worker_id = args.worker_id or f"{args.host}:{args.port}"
-
-    def build() -> EngineParts:
-        return build_engine(args.model, device=device, page_size=args.page_size,
-                            kv_cache_tokens=args.kv_cache_tokens, kv_cache_memory_gb=args.kv_cache_memory_gb,
-                            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                            priority=policy == "priority", version=args.version, worker_id=worker_id,
-                            enable_prefix_caching=getattr(args, "enable_prefix_caching", True))
-
-    return run_worker(build, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
-                      metrics_port=args.metrics_port, redis_url=getattr(args, "redis", None))
+def main(config: PagedConfig) -> int:
+    return serve(config.engine, lambda: build_engine(config))

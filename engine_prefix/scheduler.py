@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from duet.engine_config import ENGINE_DEFAULTS
 from engine_core.errors import CapacityError, InvalidRequestError
 from engine_core.request import FinishReason, KvEvent, LoadStats, Request, StepOutput
 from engine_core.sampler import Sampler, SampleRow
@@ -36,9 +37,9 @@ from engine_prefix.structured import GrammarCache, apply_masks, constraint_key
 
 @dataclass(frozen=True)
 class PrefixSchedulerConfig:
-    page_size: int = 16
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    page_size: int = ENGINE_DEFAULTS.page_size
+    max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs
+    max_num_batched_tokens: int = ENGINE_DEFAULTS.max_num_batched_tokens
     max_model_len: int = 2048
     policy: Policy = Policy.LPM
     fcfs_fallback_queue: int = 128

@@ -1,22 +1,20 @@
 """`duet engine prefix`: one engine_prefix worker (radix cache, cache-aware scheduling, structured output,
-n-gram speculation) on the shared serving loop of engine_core.
+n-gram speculation): the prefix scheduler over the runtime engine_core.builder assembles, served by the shared
+worker (engine_core.worker). A request's `priority` orders admission under `--schedule-policy fcfs` (lower
+first, then arrival) and breaks ties in `lpm` and `dfs-weight` (engine_prefix/policy.py).
 
-``build_engine`` assembles the parts (tests and benchmarks call it in-process); ``main(args)`` is the CLI.
+``build_engine(config)`` assembles the parts (tests and benchmarks call it in-process); ``main(config)`` is the CLI.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-import torch
-
-from duet.model_dir import read_model_dir
-from engine_core.kv_pool import KVPool, PageAllocator, pages_for_budget
-from engine_core.model_runner import ModelRunner
+from duet.engine_config import PrefixConfig
+from engine_core.builder import load_runtime
+from engine_core.kv_pool import PageAllocator
 from engine_core.request import EngineSpec
-from engine_core.sampler import Sampler
-from engine_core.worker import EngineParts, run_worker
+from engine_core.worker import EngineParts, serve
 from engine_prefix.policy import Policy
 from engine_prefix.scheduler import PrefixScheduler, PrefixSchedulerConfig
 from engine_prefix.speculative import NgramConfig
@@ -26,61 +24,30 @@ from engine_prefix.structured import GrammarCache, tokenizer_info
 HASH_BLOCK_SIZE = 16
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def build_engine(model: str | Path, *, device: str = "cpu", page_size: int = 16, kv_cache_tokens: int | None = None,
-                 kv_cache_memory_gb: float | None = None, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 2048, schedule_policy: str | None = None,
-                 num_draft_tokens: int | None = None, version: str = "v1", worker_id: str = "prefix-0",
-                 seed: int | None = None) -> EngineParts:
-    """Load the model and build the scheduler. ``num_draft_tokens`` None: no speculation."""
-    model_dir = read_model_dir(model)
-    cfg = model_dir.config
-    dev = resolve_device(device)
-    num_pages = pages_for_budget(cfg, page_size, kv_cache_tokens=kv_cache_tokens,
-                                 kv_cache_memory_gb=kv_cache_memory_gb)
-    pool = KVPool(cfg.num_hidden_layers, num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim, cfg.dtype, dev)
-    runner = ModelRunner(model_dir, pool, dev)
+def build_engine(config: PrefixConfig, seed: int | None = None) -> EngineParts:
+    """Load the model and build the scheduler (with the n-gram drafter when `--speculative ngram`)."""
+    engine = config.engine
+    rt = load_runtime(engine, seed)
+    model_dir, cfg = rt.model_dir, rt.model_dir.config
     grammars = None
     if (Path(model_dir.path) / "tokenizer.json").is_file():
         grammars = GrammarCache(tokenizer_info(model_dir.path, cfg.vocab_size, cfg.eos_token_ids))
-    spec_cfg = NgramConfig(num_draft_tokens) if num_draft_tokens else None
+    spec_cfg = NgramConfig(config.draft_tokens) if config.draft_tokens else None
     max_model_len = cfg.max_position_embeddings
-    config = PrefixSchedulerConfig(page_size=page_size, max_num_seqs=max_num_seqs,
-                                   max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                                   policy=Policy.parse(schedule_policy), speculative=spec_cfg)
-    # the sampler's device (the runner's, where the logits are) is the one every generator is made on
-    sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, runner.device, seed)
-    scheduler = PrefixScheduler(config, PageAllocator(num_pages), sampler,
+    sched_config = PrefixSchedulerConfig(page_size=engine.page_size, max_num_seqs=engine.max_num_seqs,
+                                         max_num_batched_tokens=engine.max_num_batched_tokens,
+                                         max_model_len=max_model_len, policy=Policy.parse(config.schedule_policy),
+                                         speculative=spec_cfg)
+    num_pages = rt.pool.num_pages
+    scheduler = PrefixScheduler(sched_config, PageAllocator(num_pages), rt.sampler,
                                 model_id=model_dir.model_id, vocab_size=cfg.vocab_size,
                                 eos_token_ids=cfg.eos_token_ids, grammars=grammars, hash_block_size=HASH_BLOCK_SIZE)
     capabilities = ["logprobs"] + (["structured_output"] if grammars else []) + (["speculative"] if spec_cfg else [])
-    spec = EngineSpec("prefix", model_dir.model_id, version, page_size, max_model_len, tuple(capabilities),
-                      num_pages * page_size, num_pages, cfg.vocab_size, worker_id, hash_block_size=HASH_BLOCK_SIZE)
-    return EngineParts(scheduler, runner, spec)
+    spec = EngineSpec("prefix", model_dir.model_id, engine.version, engine.page_size, max_model_len,
+                      tuple(capabilities), num_pages * engine.page_size, num_pages, cfg.vocab_size,
+                      engine.worker_label, hash_block_size=HASH_BLOCK_SIZE)
+    return EngineParts(scheduler, rt.runner, spec)
 
 
-def main(args: argparse.Namespace) -> int:
-    if args.model is None:
-        from duet.model_make import default_model_dir
-
-        args.model = str(default_model_dir())
-    try:
-        Policy.parse(args.schedule_policy)  # a typo fails before the model loads
-    except ValueError as exc:
-        raise SystemExit(f"--schedule-policy: {exc}") from None
-
-    def build() -> EngineParts:
-        return build_engine(
-            args.model, device=args.device, page_size=args.page_size, kv_cache_tokens=args.kv_cache_tokens,
-            kv_cache_memory_gb=args.kv_cache_memory_gb, max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens, schedule_policy=args.schedule_policy,
-            num_draft_tokens=args.num_draft_tokens if args.speculative == "ngram" else None,
-            version=args.version, worker_id=args.worker_id or f"{args.host}:{args.port}")
-
-    return run_worker(build, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
-                      metrics_port=args.metrics_port, redis_url=getattr(args, "redis", None))
+def main(config: PrefixConfig) -> int:
+    return serve(config.engine, lambda: build_engine(config))

@@ -8,8 +8,13 @@ OpenAI clients send them in the body (the official SDK's `extra_body`), as vLLM 
     regex / guided_regex: str    the output matches this regular expression (structured output)
     guided_choice: [str, ...]    the output is exactly one of these strings (a regex of the escaped choices)
     speculative: bool            per request: true asks for speculative decoding, false turns it off
+    priority: int                admission order in the engine, lower first (default 0), as in vLLM; honoured by
+                                 workers started with a priority schedule policy (`duet engine paged
+                                 --schedule-policy priority`, `duet engine prefix --schedule-policy fcfs`),
+                                 ignored by the others
 
-Each maps to an engine capability that routing honours (see `ApiRequest.required_capabilities`).
+The first five map to an engine capability that routing honours (see `ApiRequest.required_capabilities`);
+priority needs none (every engine kind can order by it).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from gateway.errors import InvalidRequest
 
 MAX_BEAM_WIDTH = 64
 MAX_CHOICES = 256
+PRIORITY_RANGE = (-(1 << 31), (1 << 31) - 1)  # GenerateRequest.priority is an int32
 _REGEX_SPECIAL = set("\\.^$|?*+()[]{}/")
 
 
@@ -29,7 +35,7 @@ def choice_regex(choices: list[str]) -> str:
 
 
 def extra_sampling(body: dict, n: int) -> dict:
-    """The Sampling fields these parameters set: beam_width, length_penalty, regex, speculative."""
+    """The Sampling fields these parameters set: beam_width, length_penalty, regex, speculative, priority."""
     out: dict = {}
     beam = body.get("use_beam_search")
     if beam is not None and not isinstance(beam, bool):
@@ -59,6 +65,15 @@ def extra_sampling(body: dict, n: int) -> dict:
         if not isinstance(speculative, bool):
             raise InvalidRequest(f"'speculative' must be a boolean, got {speculative!r}", "speculative")
         out["speculative"] = speculative
+    priority = body.get("priority")
+    if priority is not None:
+        lo, hi = PRIORITY_RANGE
+        if isinstance(priority, float) and priority.is_integer():
+            priority = int(priority)  # 2.0 is an integer in JSON Schema (gateway/openapi.py says integer)
+        if isinstance(priority, bool) or not isinstance(priority, int) or not lo <= priority <= hi:
+            raise InvalidRequest(f"'priority' must be an integer between {lo} and {hi} (lower is scheduled "
+                                 f"first), got {priority!r}", "priority")
+        out["priority"] = priority
     return out
 
 

@@ -128,7 +128,7 @@ def to_pb(prep: Prepared) -> pb.GenerateRequest:
     if s.speculative is not None:
         sp.speculative = s.speculative
     return pb.GenerateRequest(request_id=prep.request_id, prompt_token_ids=prep.prompt_ids,
-                              sampling=sp, cache_salt=prep.cache_salt)
+                              sampling=sp, cache_salt=prep.cache_salt, priority=s.priority)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from gateway.extra_params import PRIORITY_RANGE
 from gateway.protocol import CHAT_ROLES, MAX_N, MAX_STOP_STRINGS, MAX_TOKEN_ID
 
 _INT31 = 1 << 31
@@ -36,6 +37,7 @@ _SAMPLING = {
     "stop_token_ids": {"type": "array", "items": _num(0, MAX_TOKEN_ID - 1, integer=True)},
     "ignore_eos": {"type": "boolean"},
     "min_tokens": _num(0, _INT31, integer=True),
+    "priority": _num(*PRIORITY_RANGE, integer=True),
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
     "user": {"type": "string"},

@@ -47,6 +47,7 @@ class Sampling:
     length_penalty: float = 1.0
     regex: str | None = None
     speculative: bool | None = None
+    priority: int = 0  # lower is admitted first by an engine scheduling by priority
 
 
 @dataclass(frozen=True)

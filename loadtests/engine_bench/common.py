@@ -34,6 +34,17 @@ def bench_device() -> str:
     return os.environ.get("DUET_BENCH_DEVICE", "cpu")
 
 
+def prefix_engine(model_dir, num_draft_tokens: int | None):
+    """engine_prefix on the bench device with an 8,192-token KV budget; speculation when `num_draft_tokens`."""
+    from duet.engine_config import EngineConfig, PrefixConfig
+    from engine_prefix.worker import build_engine
+
+    engine = EngineConfig(model=str(model_dir), device=bench_device(), kv_cache_tokens=8192)
+    if num_draft_tokens is None:
+        return build_engine(PrefixConfig(engine))
+    return build_engine(PrefixConfig(engine, speculative="ngram", num_draft_tokens=num_draft_tokens))
+
+
 @dataclass(frozen=True)
 class Workload:
     prompts: list[list[int]]

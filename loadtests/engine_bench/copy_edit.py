@@ -12,7 +12,7 @@ tokens the model accepted.
 from __future__ import annotations
 
 from engine_core.request import Request
-from loadtests.engine_bench.common import bench_device, greedy
+from loadtests.engine_bench.common import greedy, prefix_engine
 
 PARAGRAPH = (
     "The old lighthouse stood at the edge of the cliff for more than a hundred years. Every night its "
@@ -37,13 +37,13 @@ def copy_edit_prompts(model_dir) -> list[list[int]]:
             for t in TASKS]
 
 
-def speculative_on_text(model_dir, quick: bool, run_timed, build_engine) -> dict:
-    """`run_timed(scheduler, runner, requests)` and `build_engine(model, **kw)` come from the prefix bench."""
+def speculative_on_text(model_dir, quick: bool, run_timed) -> dict:
+    """`run_timed(scheduler, runner, requests)` comes from the prefix bench."""
     prompts = copy_edit_prompts(model_dir)[: 2 if quick else None]
     max_tokens = 64 if quick else 128
     tokens_out, seconds, outputs, result = {}, {}, {}, {}
     for k in (None, 4):
-        parts = build_engine(str(model_dir), device=bench_device(), kv_cache_tokens=8192, num_draft_tokens=k)
+        parts = prefix_engine(model_dir, k)
         total_tokens, total_s, outs = 0, 0.0, []
         for i, prompt in enumerate(prompts):
             run_timed(parts.scheduler, parts.runner, [Request(f"warm{i}", prompt, greedy(2))])

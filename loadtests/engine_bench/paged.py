@@ -42,10 +42,12 @@ SIZES = {
 }
 
 
-def _engine(checkpoint, **kw):
+def _engine(checkpoint, enable_prefix_caching: bool = True, **kw):
+    from duet.engine_config import EngineConfig, PagedConfig
     from engine_paged.worker import build_engine
 
-    return build_engine(str(checkpoint), device=bench_device(), **kw)
+    return build_engine(PagedConfig(EngineConfig(model=str(checkpoint), device=bench_device(), **kw),
+                                    enable_prefix_caching=enable_prefix_caching))
 
 
 def _requests(work: Workload, prefix: str, **kw) -> list[Request]:

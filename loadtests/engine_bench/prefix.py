@@ -25,7 +25,7 @@ from pathlib import Path
 
 from engine_core.request import Request
 from engine_core.sampling_params import SamplingParams
-from loadtests.engine_bench.common import bench_checkpoint, bench_device, drive, greedy
+from loadtests.engine_bench.common import bench_checkpoint, bench_device, drive, greedy, prefix_engine
 
 KV_TOKENS = 65536
 SCHEMA = {
@@ -65,6 +65,7 @@ def run_timed(scheduler, runner, requests: list[Request]) -> tuple[dict[str, flo
 
 
 def _shared_prefix(ckpt, quick: bool, vocab: int) -> dict:
+    from duet.engine_config import ENGINE_DEFAULTS, EngineConfig, PagedConfig, PrefixConfig
     from engine_paged.worker import build_engine as build_paged
     from engine_prefix.worker import build_engine as build_prefix
 
@@ -74,10 +75,14 @@ def _shared_prefix(ckpt, quick: bool, vocab: int) -> dict:
     result: dict = {"shared_prefix_workload": f"{groups}x{per_group} requests, {head}+{question} prompt, {out} out"}
     ttfts = {}
     outputs = {}
-    paged_no_cache = functools.partial(build_paged, enable_prefix_caching=False)
-    for kind, build in (("prefix", build_prefix), ("paged", build_paged), ("paged_no_cache", paged_no_cache)):
-        parts = build(str(ckpt), device=bench_device(), kv_cache_tokens=KV_TOKENS, max_num_seqs=64,
-                      max_num_batched_tokens=2048)
+    engine = EngineConfig(model=str(ckpt), device=bench_device(), kv_cache_tokens=KV_TOKENS,
+                          max_num_seqs=ENGINE_DEFAULTS.max_num_seqs,
+                          max_num_batched_tokens=ENGINE_DEFAULTS.max_num_batched_tokens)
+    paged_no_cache = functools.partial(build_paged, PagedConfig(engine, enable_prefix_caching=False))
+    for kind, build in (("prefix", functools.partial(build_prefix, PrefixConfig(engine))),
+                        ("paged", functools.partial(build_paged, PagedConfig(engine))),
+                        ("paged_no_cache", paged_no_cache)):
+        parts = build()
         reqs = [Request(f"{kind}{i}", p, greedy(out)) for i, p in enumerate(prompts)]
         ttft, tokens, secs = run_timed(parts.scheduler, parts.runner, reqs)
         ttfts[kind] = statistics.median(ttft.values())
@@ -102,11 +107,12 @@ def _shared_prefix(ckpt, quick: bool, vocab: int) -> dict:
 def _structured(ckpt, quick: bool) -> dict:
     import jsonschema
 
+    from duet.engine_config import EngineConfig, PrefixConfig
     from duet.tokenizer import Tokenizer
     from engine_prefix.worker import build_engine
 
     n = 16 if quick else 50
-    parts = build_engine(str(ckpt), device=bench_device(), kv_cache_tokens=16384)
+    parts = build_engine(PrefixConfig(EngineConfig(model=str(ckpt), device=bench_device(), kv_cache_tokens=16384)))
     schema = json.dumps(SCHEMA)
     reqs = [Request(f"s{i}", [10 + i, 11, 12, 13], SamplingParams(max_tokens=128, temperature=1.0, seed=i,
                                                                   json_schema=schema)) for i in range(n)]
@@ -123,7 +129,6 @@ def _structured(ckpt, quick: bool) -> dict:
 
 
 def _speculative(ckpt, quick: bool, vocab: int) -> dict:
-    from engine_prefix.worker import build_engine
 
     rng = random.Random(1)
     doc = [rng.randrange(4, vocab) for _ in range(200)]
@@ -134,7 +139,7 @@ def _speculative(ckpt, quick: bool, vocab: int) -> dict:
     out = 48 if quick else 128
     rates, result = {}, {}
     for k in (None, 4):
-        parts = build_engine(str(ckpt), device=bench_device(), kv_cache_tokens=8192, num_draft_tokens=k)
+        parts = prefix_engine(ckpt, num_draft_tokens=k)
         run_timed(parts.scheduler, parts.runner, [Request("warm", prompt, greedy(4))])  # prompt cached for both
         _, tokens, secs = run_timed(parts.scheduler, parts.runner, [Request("r", prompt, greedy(out))])
         rates[k] = len(tokens["r"]) / secs
@@ -160,11 +165,10 @@ def run(quick: bool = False, model: str | None = None) -> dict:
     result.update(_shared_prefix(ckpt, quick, vocab))
     result.update(_structured(ckpt, quick))
     if model:  # a trained model: speculation on a copy/edit load of real text
-        from engine_prefix.worker import build_engine
         from loadtests.engine_bench.copy_edit import speculative_on_text
 
         result["model"] = ckpt.name
-        result.update(speculative_on_text(ckpt, quick, run_timed, build_engine))
+        result.update(speculative_on_text(ckpt, quick, run_timed))
     else:
         result.update(_speculative(ckpt, quick, vocab))
     result["wall_s"] = round(time.perf_counter() - start, 1)

@@ -31,6 +31,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from duet.engine_config import ENGINE_DEFAULTS
 from loadtests.load.workloads import BenchRequest, TokenSource
 
 
@@ -43,9 +44,9 @@ class Load:
 
 LOADS = {"unique": Load(0, 512, 128), "shared_prefix": Load(768, 64, 64)}
 ENGINES = ("paged", "prefix")
-# the same limits for both sides (Duet's workers get them through loadtests.experiments.stack.EngineLimits)
-MAX_NUM_SEQS = 64
-MAX_NUM_BATCHED_TOKENS = 2048
+# the same limits for both sides (Duet's workers get them through duet.launcher.EngineLimits)
+MAX_NUM_SEQS = ENGINE_DEFAULTS.max_num_seqs
+MAX_NUM_BATCHED_TOKENS = ENGINE_DEFAULTS.max_num_batched_tokens
 KV_CACHE_TOKENS = 32768
 
 

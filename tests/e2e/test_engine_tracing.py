@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from duet_stack import GatewayThread, Sim, gateway_config, model_dir
 
+from duet.engine_config import EngineConfig, PagedConfig
 from engine_core.worker import Worker
 from engine_paged.worker import build_engine
 
@@ -27,8 +28,9 @@ async def test_engine_span_is_the_child_of_the_gateways_grpc_client_span():
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     model = model_dir()
-    worker = Worker(lambda: build_engine(str(model), kv_cache_tokens=2048, page_size=16,
-                                         max_num_batched_tokens=256, worker_id="traced-paged"),
+    config = PagedConfig(EngineConfig(model=str(model), kv_cache_tokens=2048, page_size=16,
+                                      max_num_batched_tokens=256, worker_id="traced-paged"))
+    worker = Worker(lambda: build_engine(config),
                     port=0, drain_timeout=5, tracer_provider=provider)
     port = await worker.start()
     # the gateway runs its own event loop in a thread; this loop keeps serving the engine meanwhile

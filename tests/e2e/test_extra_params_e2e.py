@@ -13,6 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from duet_stack import GatewayThread, Sim, gateway_config, model_dir
 
+from duet.engine_config import EngineConfig, PagedConfig, PrefixConfig
 from engine_core.worker import Worker
 from engine_paged.worker import build_engine as build_paged
 from engine_prefix.worker import build_engine as build_prefix
@@ -22,8 +23,11 @@ from engine_prefix.worker import build_engine as build_prefix
 async def stack():
     model = model_dir()
     workers = [
-        Worker(lambda: build_paged(str(model), kv_cache_tokens=2048, worker_id="paged-w"), port=0, drain_timeout=5),
-        Worker(lambda: build_prefix(str(model), kv_cache_tokens=2048, num_draft_tokens=4, worker_id="prefix-w"),
+        Worker(lambda: build_paged(PagedConfig(EngineConfig(model=str(model), kv_cache_tokens=2048,
+                                                            worker_id="paged-w"))), port=0, drain_timeout=5),
+        Worker(lambda: build_prefix(PrefixConfig(EngineConfig(model=str(model), kv_cache_tokens=2048,
+                                                              worker_id="prefix-w"),
+                                                 speculative="ngram", num_draft_tokens=4)),
                port=0, drain_timeout=5),
     ]
     ports = [await w.start() for w in workers]

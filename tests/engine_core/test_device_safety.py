@@ -38,13 +38,16 @@ def seeded(n=1, **kw) -> SamplingParams:
 
 
 def test_every_generator_of_both_engines_and_the_llm_is_on_the_logits_device(monkeypatch, hf_checkpoints):
+    from duet.engine_config import EngineConfig, PagedConfig, PrefixConfig
     from engine_paged.worker import build_engine as build_paged
     from engine_prefix.worker import build_engine as build_prefix
 
     checkpoint = str(hf_checkpoints["llama"][0])
     made = record_generators(monkeypatch)
-    for build, params in ((build_paged, seeded(n=3)), (build_prefix, seeded())):
-        parts = build(checkpoint, device="cpu:0", kv_cache_tokens=512)
+    engine = EngineConfig(model=checkpoint, device="cpu:0", kv_cache_tokens=512)
+    for build, config, params in ((build_paged, PagedConfig(engine), seeded(n=3)),
+                                  (build_prefix, PrefixConfig(engine), seeded())):
+        parts = build(config)
         assert parts.scheduler.sampler.device == DEVICE
         core = EngineCore(parts.scheduler, parts.runner)
         core.add(Request("r", [5, 6, 7, 8], params))

@@ -9,6 +9,7 @@ import random
 import grpc
 import pytest
 
+from duet.engine_config import EngineConfig, PagedConfig
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc
 from engine_core.llm import LLM
@@ -19,8 +20,8 @@ from engine_paged.worker import build_engine
 
 @pytest.fixture
 async def engine(tiny_checkpoint):
-    build = lambda: build_engine(str(tiny_checkpoint), kv_cache_tokens=8192, page_size=16,
-                                 max_num_batched_tokens=256)
+    build = lambda: build_engine(PagedConfig(EngineConfig(model=str(tiny_checkpoint), kv_cache_tokens=8192,
+                                                          page_size=16, max_num_batched_tokens=256)))
     worker = Worker(build, port=0, drain_timeout=5)
     port = await worker.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -137,8 +138,9 @@ async def test_outputs_are_the_same_with_caching_on_and_off(tiny_checkpoint):
     prompts = [rng.choice(heads) + [rng.randrange(3, 1000) for _ in range(rng.randint(1, 40))] for _ in range(8)]
     results = {}
     for caching in (True, False):
-        worker = Worker(functools.partial(build_engine, str(tiny_checkpoint), kv_cache_tokens=4096, page_size=16,
-                                          enable_prefix_caching=caching), port=0, drain_timeout=5)
+        config = PagedConfig(EngineConfig(model=str(tiny_checkpoint), kv_cache_tokens=4096, page_size=16),
+                             enable_prefix_caching=caching)
+        worker = Worker(functools.partial(build_engine, config), port=0, drain_timeout=5)
         port = await worker.start()
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = engine_pb2_grpc.EngineStub(channel)

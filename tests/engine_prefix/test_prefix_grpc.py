@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 from tokenizers import Tokenizer
 
+from duet.engine_config import EngineConfig, PagedConfig, PrefixConfig
 from duet.hashing import block_hashes
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc
@@ -29,8 +30,8 @@ async def _start(build):
 
 @pytest.fixture
 async def engine(tiny_checkpoint):
-    worker, channel, stub = await _start(lambda: build_engine(str(tiny_checkpoint), kv_cache_tokens=8192,
-                                                              max_num_batched_tokens=256))
+    worker, channel, stub = await _start(lambda: build_engine(PrefixConfig(EngineConfig(
+        model=str(tiny_checkpoint), kv_cache_tokens=8192, max_num_batched_tokens=256))))
     stub.worker = worker
     yield stub
     await channel.close()
@@ -79,7 +80,8 @@ async def test_shared_prefixes_match_llm_generate_alone_and_engine_paged(engine,
 
     from engine_paged.worker import build_engine as build_paged
 
-    worker, channel, paged = await _start(lambda: build_paged(str(tiny_checkpoint), kv_cache_tokens=8192))
+    worker, channel, paged = await _start(lambda: build_paged(PagedConfig(EngineConfig(
+        model=str(tiny_checkpoint), kv_cache_tokens=8192))))
     try:
         got = await asyncio.gather(*[collect(paged, request(f"p{i}", p, **greedy)) for i, p in enumerate(prompts)])
         assert [r[0] for r in got] == want
@@ -169,9 +171,9 @@ async def test_speculation_on_and_off_give_identical_greedy_output(tiny_checkpoi
     prompts = [text + text[:8], text[10:] + text[10:20], [7, 8, 9] * 20]
     greedy = {"max_tokens": 40, "temperature": 0.0, "ignore_eos": True}
     outputs = []
-    for k in (None, 4):
-        worker, channel, stub = await _start(lambda k=k: build_engine(str(tiny_checkpoint), kv_cache_tokens=4096,
-                                                                      num_draft_tokens=k))
+    for speculative in ("off", "ngram"):
+        worker, channel, stub = await _start(lambda s=speculative: build_engine(PrefixConfig(
+            EngineConfig(model=str(tiny_checkpoint), kv_cache_tokens=4096), speculative=s, num_draft_tokens=4)))
         try:
             results = await asyncio.gather(*[collect(stub, request(f"r{i}", p, **greedy))
                                              for i, p in enumerate(prompts)])
@@ -185,8 +187,8 @@ async def test_speculation_on_and_off_give_identical_greedy_output(tiny_checkpoi
 
 
 async def test_a_request_can_turn_speculation_off(tiny_checkpoint):
-    worker, channel, stub = await _start(lambda: build_engine(str(tiny_checkpoint), kv_cache_tokens=4096,
-                                                              num_draft_tokens=4))
+    worker, channel, stub = await _start(lambda: build_engine(PrefixConfig(
+        EngineConfig(model=str(tiny_checkpoint), kv_cache_tokens=4096), speculative="ngram", num_draft_tokens=4)))
     try:
         greedy = {"max_tokens": 30, "temperature": 0.0, "ignore_eos": True}
         off = await collect(stub, request("off", [7, 8, 9] * 20, speculative=False, **greedy))

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from duet.engine_config import EngineConfig, PrefixConfig
 from engine_core.kv_pool import PageAllocator
 from engine_core.llm import LLM
 from engine_core.request import FinishReason, Request
@@ -22,7 +23,7 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
 class Driver:
     def __init__(self, checkpoint, **kw):
-        parts = build_engine(str(checkpoint), **kw)
+        parts = build_engine(PrefixConfig(EngineConfig(model=str(checkpoint), **kw)))
         self.s, self.runner = parts.scheduler, parts.runner
         self.tokens: dict[str, list[int]] = {}
         self.first: dict[str, object] = {}

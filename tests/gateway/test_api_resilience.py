@@ -111,7 +111,7 @@ def test_span_tree_http_route_grpc_client_engine(tmp_path):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    from loadtests.sim_engine import SimConfig, serve
+    from duet.sim_worker import SimSpec, serve
 
     port, stop, ready = free_port(), None, threading.Event()
     loop = asyncio.new_event_loop()
@@ -123,7 +123,7 @@ def test_span_tree_http_route_grpc_client_engine(tmp_path):
         started = asyncio.Event()
 
         async def main():
-            task = asyncio.ensure_future(serve(SimConfig(model_id=MODEL, worker_id="traced-sim", ms_per_token=1.0), "127.0.0.1", port,
+            task = asyncio.ensure_future(serve(SimSpec(model_id=MODEL, worker_id="traced-sim", ms_per_token=1.0), "127.0.0.1", port,
                                                ready=started, stop=stop, tracer_provider=provider))
             await started.wait()
             ready.set()

@@ -38,6 +38,10 @@ def test_beam_search_takes_its_width_from_best_of_or_n():
     ({"regex": "a+", "guided_choice": ["a"]}, "guided_choice", "not several"),
     ({"regex": "a+", "response_format": {"type": "json_object"}}, "regex", "not both"),
     ({"speculative": "on"}, "speculative", "boolean"),
+    ({"priority": "high"}, "priority", "integer between"),
+    ({"priority": 1.5}, "priority", "integer between"),
+    ({"priority": True}, "priority", "integer between"),
+    ({"priority": 1 << 31}, "priority", "integer between"),
 ])
 def test_bad_extra_parameters_are_named(body, field, needle):
     with pytest.raises(InvalidRequest) as err:
@@ -72,3 +76,13 @@ def test_a_forced_tool_call_and_a_regex_cannot_both_constrain_the_output():
 def test_a_role_that_is_not_a_string_is_a_400_not_a_crash():
     with pytest.raises(InvalidRequest, match="role"):
         parse_chat({"model": "m", "messages": [{"role": ["user"], "content": "hi"}]})
+
+
+def test_priority_reaches_the_generate_request_and_needs_no_capability():
+    from gateway.generation import Prepared, to_pb
+
+    r = parse_completion({"model": "m", "prompt": "x", "priority": -7})
+    assert r.sampling.priority == -7 and r.required_capabilities == frozenset()
+    assert chat().sampling.priority == 0 and chat(priority=3.0).sampling.priority == 3
+    prep = Prepared(r, None, "rid", [1, 2], "x", 4, "", None, None)
+    assert to_pb(prep).priority == -7

@@ -7,12 +7,13 @@ shows pages coming back on abort or cancel, and serves grpc.health.v1. Token ids
 a seeded RNG (the request's seed, else a hash of the prompt) over the model's vocabulary.
 
 It is light: one coroutine per stream and no per-token work beyond an RNG draw, so one process can
-hold thousands of concurrent streams for gateway load tests.
+hold thousands of concurrent streams for gateway load tests. Torch-free: `duet up --sim` and the gateway's
+tests run it where no engine could. `SimSpec` is what one sim worker is (model facts, timing, cache size);
+`spec_for` reads it from `duet engine sim`'s flags (duet.engine_config.SimConfig) and the model directory.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import logging
@@ -26,6 +27,7 @@ from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry import trace
 
+from duet.engine_config import SimConfig
 from duet.hashing import block_hashes
 from duet.registry import Registration, advertised_address, worker_info
 from duet.rpc import engine_pb2 as pb
@@ -40,21 +42,24 @@ DEFAULT_CAPABILITIES = {
 }
 
 
+_FLAGS = SimConfig()  # the defaults of `duet engine sim`'s flags
+
+
 @dataclass(frozen=True)
-class SimConfig:
+class SimSpec:
     model_id: str = "sim"
-    engine_kind: str = "prefix"
-    version: str = "v1"
+    engine_kind: str = _FLAGS.sim_as
+    version: str = _FLAGS.engine.version
     worker_id: str = "sim"
-    page_size: int = 16
+    page_size: int = _FLAGS.engine.page_size
     max_model_len: int = 4096
     vocab_size: int = 256
     excluded_ids: frozenset[int] = frozenset()  # special tokens the sim never samples
-    capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES["prefix"]
-    ms_per_token: float = 20.0
-    prefill_ms_per_token: float = 0.05
-    fail_rate: float = 0.0
-    cache_blocks: int = 4096
+    capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES[_FLAGS.sim_as]
+    ms_per_token: float = _FLAGS.sim_ms_per_token
+    prefill_ms_per_token: float = _FLAGS.sim_prefill_ms_per_token
+    fail_rate: float = _FLAGS.sim_fail_rate
+    cache_blocks: int = _FLAGS.sim_cache_blocks
 
 
 class SimCache:
@@ -109,7 +114,7 @@ class SimCache:
 class SimEngine(pb_grpc.EngineServicer):
     """The Engine service over simulated time; `aborted` counts aborts and cancels (tests read it)."""
 
-    def __init__(self, config: SimConfig, tracer_provider=None) -> None:
+    def __init__(self, config: SimSpec, tracer_provider=None) -> None:
         self.config = config
         self.tracer = trace.get_tracer("duet.sim", tracer_provider=tracer_provider)
         self.cache = SimCache(config.cache_blocks)
@@ -239,28 +244,29 @@ def _prompt_seed(prompt: list[int]) -> int:
     return int.from_bytes(digest, "little")
 
 
-def config_from_args(args: argparse.Namespace) -> SimConfig:
-    kind = getattr(args, "sim_as", None) or "prefix"
-    caps = getattr(args, "sim_capabilities", None)
-    capabilities = tuple(c for c in caps.split(",") if c) if caps is not None else DEFAULT_CAPABILITIES[kind]
+def spec_for(config: SimConfig) -> SimSpec:
+    """The sim worker `duet engine sim`'s flags describe; with a model, its vocabulary, context and ids."""
+    engine = config.engine
+    kind = config.sim_as
+    capabilities = config.sim_capabilities if config.sim_capabilities is not None else DEFAULT_CAPABILITIES[kind]
     extra = {}
-    if args.model:
+    if engine.model:
         from duet.model_dir import read_model_dir
 
-        md = read_model_dir(args.model)
+        md = read_model_dir(engine.model)
         c = md.config
         special = set(c.eos_token_ids) | ({c.bos_token_id} if c.bos_token_id is not None else set())
         extra = {"model_id": md.model_id, "max_model_len": c.max_position_embeddings,
                  "vocab_size": c.vocab_size, "excluded_ids": frozenset(special)}
-    return SimConfig(
-        engine_kind=kind, version=args.version, worker_id=args.worker_id or f"{args.host}:{args.port}",
-        page_size=args.page_size, capabilities=capabilities, ms_per_token=args.sim_ms_per_token,
-        prefill_ms_per_token=args.sim_prefill_ms_per_token, fail_rate=args.sim_fail_rate,
-        cache_blocks=args.sim_cache_blocks, **extra,
+    return SimSpec(
+        engine_kind=kind, version=engine.version, worker_id=engine.worker_label, page_size=engine.page_size,
+        capabilities=tuple(capabilities), ms_per_token=config.sim_ms_per_token,
+        prefill_ms_per_token=config.sim_prefill_ms_per_token, fail_rate=config.sim_fail_rate,
+        cache_blocks=config.sim_cache_blocks, **extra,
     )
 
 
-async def serve(config: SimConfig, host: str, port: int, ready: asyncio.Event | None = None,
+async def serve(config: SimSpec, host: str, port: int, ready: asyncio.Event | None = None,
                 stop: asyncio.Event | None = None, tracer_provider=None, engine_out: list | None = None,
                 redis_url: str | None = None) -> None:
     """Runs the sim worker until `stop` is set (or SIGTERM/SIGINT when run as a process)."""
@@ -291,16 +297,17 @@ async def serve(config: SimConfig, host: str, port: int, ready: asyncio.Event | 
     await server.stop(grace=1.0)
 
 
-def main(args: argparse.Namespace) -> int:
+def main(config: SimConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = config_from_args(args)
+    spec = spec_for(config)
+    engine = config.engine
 
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(config, args.host, args.port, stop=stop, redis_url=getattr(args, "redis", None))
+        await serve(spec, engine.host, engine.port, stop=stop, redis_url=engine.redis)
 
     asyncio.run(run())
     return 0

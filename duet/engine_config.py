@@ -1,0 +1,163 @@
+"""What one engine worker is told at its start: `duet engine paged|prefix|sim` as frozen dataclasses.
+
+`EngineConfig` holds the settings every engine kind shares (model, device, KV budget, batch limits, where it
+listens, how it drains); `PagedConfig`, `PrefixConfig` and `SimConfig` each hold an `EngineConfig` plus only the
+fields that kind reads, and name in `SHARED` the shared fields it reads (the sim reads no device, KV budget,
+batch limits, threads, drain or metrics). Each default is written here once: the engines' builders, the
+schedulers, the offline LLM and the benchmarks read `ENGINE_DEFAULTS`.
+
+Every field is also its command-line flag (`max_num_seqs` is `--max-num-seqs`, its help in the field's
+metadata), so a new setting is one line here and a kind's subcommand takes exactly the flags of its fields:
+a flag another kind reads is an argparse error. No torch here: the CLI imports this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+PAGED_POLICIES = ("fcfs", "priority")
+PREFIX_POLICIES = ("lpm", "dfs-weight", "fcfs")  # engine_prefix.policy.Policy (a test keeps them equal)
+DTYPES = ("float32", "bfloat16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def setting(default: Any, help: str, **flag: Any) -> Any:
+    """A config field and its flag: `flag` holds argparse keywords (type, choices, required, metavar) and
+    `group`, the name of a mutually exclusive group it belongs to."""
+    return field(default=default, metadata={"help": help, **flag})
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(c for c in text.split(",") if c)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = setting(None, "model directory (Hugging Face format), .gguf file or pullable name "
+                                      "(default: the tiny random model; sim: only its config is read)", type=str)
+    dtype: str = setting("float32", "dtype a .gguf or pulled model is dequantized to", choices=DTYPES)
+    device: str = setting("auto", "where the model runs (cuda with no CUDA device is an error)", choices=DEVICES)
+    threads: int | None = setting(None, "torch CPU threads of this worker (default: OMP_NUM_THREADS, else every "
+                                        "core it may use)", type=int)
+    page_size: int = setting(16, "tokens per KV page", type=int)
+    kv_cache_tokens: int | None = setting(None, "KV cache capacity in tokens", type=int, group="kv budget")
+    kv_cache_memory_gb: float | None = setting(None, "KV cache capacity in GiB", type=float, group="kv budget")
+    max_num_seqs: int = setting(64, "most requests running at once", type=int)
+    max_num_batched_tokens: int = setting(2048, "most tokens one step computes", type=int)
+    host: str = setting("127.0.0.1", "address the gRPC server listens on", type=str)
+    port: int = setting(0, "gRPC port", type=int, required=True)
+    worker_id: str | None = setting(None, "worker id (default: host:port)", type=str)
+    version: str = setting("v1", "deploy label, used by canary pools", type=str)
+    drain_timeout: float = setting(30.0, "seconds to finish requests on SIGTERM", type=float)
+    metrics_port: int | None = setting(None, "Prometheus metrics port (off if unset)", type=int)
+    redis: str | None = setting(None, "register this worker in Redis (heartbeats)", type=str)
+
+    @property
+    def worker_label(self) -> str:
+        """The worker id GetInfo and the registry report."""
+        return self.worker_id or f"{self.host}:{self.port}"
+
+
+ENGINE_DEFAULTS = EngineConfig()
+
+
+@dataclass(frozen=True)
+class PagedConfig:
+    """`duet engine paged`: vLLM-style paged KV with automatic prefix caching."""
+
+    SHARED: ClassVar[tuple[str, ...]] = tuple(f.name for f in dataclasses.fields(EngineConfig))
+    engine: EngineConfig = EngineConfig()
+    enable_prefix_caching: bool = setting(True, "automatic prefix caching of full KV pages (default: on, as in vLLM)")
+    schedule_policy: str = setting("fcfs", "admission order: fcfs, or priority (a request's `priority`, lower "
+                                           "first, then arrival)", choices=PAGED_POLICIES)
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
+
+
+@dataclass(frozen=True)
+class PrefixConfig:
+    """`duet engine prefix`: SGLang-style radix cache, cache-aware scheduling, n-gram speculation."""
+
+    SHARED: ClassVar[tuple[str, ...]] = PagedConfig.SHARED
+    engine: EngineConfig = EngineConfig()
+    schedule_policy: str = setting("lpm", "admission order: lpm (longest cached prefix first), dfs-weight, or fcfs "
+                                          "(a request's `priority`, lower first, then arrival)",
+                                   choices=PREFIX_POLICIES)
+    speculative: str = setting("off", "n-gram (prompt lookup) speculative decoding", choices=("off", "ngram"))
+    num_draft_tokens: int = setting(4, "draft tokens per step with --speculative ngram", type=int)
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
+
+    @property
+    def draft_tokens(self) -> int | None:
+        """Draft tokens per step; None: no speculation."""
+        return self.num_draft_tokens if self.speculative == "ngram" else None
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """`duet engine sim`: the model-free worker (duet/sim_worker.py); it reads only these shared fields."""
+
+    SHARED: ClassVar[tuple[str, ...]] = ("model", "dtype", "host", "port", "worker_id", "version", "page_size",
+                                         "redis")
+    engine: EngineConfig = EngineConfig()
+    sim_ms_per_token: float = setting(20.0, "decode time per token (ms)", type=float)
+    sim_prefill_ms_per_token: float = setting(0.05, "prefill time per uncached prompt token (ms)", type=float)
+    sim_fail_rate: float = setting(0.0, "fraction of requests that fail before their first token", type=float)
+    sim_cache_blocks: int = setting(4096, "simulated prefix cache size, in blocks", type=int)
+    sim_as: str = setting("prefix", "engine kind to pose as", choices=("paged", "prefix"))
+    sim_capabilities: tuple[str, ...] | None = setting(None, "comma-separated capabilities (default: the posed "
+                                                             "kind's)", type=_names, metavar="CAP,...")
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
+
+
+KindConfig = PagedConfig | PrefixConfig | SimConfig
+KINDS: dict[str, type[KindConfig]] = {"paged": PagedConfig, "prefix": PrefixConfig, "sim": SimConfig}
+
+
+def _check_choices(config) -> None:
+    for f in dataclasses.fields(config):
+        choices = f.metadata.get("choices")
+        if choices is not None and getattr(config, f.name) not in choices:
+            raise ValueError(f"{f.name}={getattr(config, f.name)!r}: choose one of {', '.join(choices)}")
+
+
+def _own_fields(cls) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if f.name != "engine"]
+
+
+def _add_flag(parser, groups: dict, f: dataclasses.Field) -> None:
+    meta = dict(f.metadata)
+    target = parser
+    if (group := meta.pop("group", None)) is not None:
+        if group not in groups:
+            groups[group] = parser.add_mutually_exclusive_group()
+        target = groups[group]
+    if isinstance(f.default, bool):
+        meta["action"] = argparse.BooleanOptionalAction
+    elif "type" not in meta and "choices" not in meta:
+        meta["type"] = type(f.default)
+    target.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=f.default, **meta)
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type[KindConfig]) -> None:
+    """The flags of one kind: the shared fields it reads, then its own."""
+    groups: dict = {}
+    shared = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    for name in cls.SHARED:
+        _add_flag(parser, groups, shared[name])
+    for f in _own_fields(cls):
+        _add_flag(parser, groups, f)
+
+
+def from_args(cls: type[KindConfig], args: argparse.Namespace) -> KindConfig:
+    """The config a kind's parsed flags describe (flags it does not take keep their defaults)."""
+    engine = EngineConfig(**{name: getattr(args, name) for name in cls.SHARED})
+    return cls(engine=engine, **{f.name: getattr(args, f.name) for f in _own_fields(cls)})

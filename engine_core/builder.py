@@ -1,0 +1,76 @@
+"""The one place an engine's runtime is assembled: device, model, KV pool, model runner and sampler.
+
+Both engine kinds build through `load_runtime(config)` and add only their scheduler (engine_paged/worker.py,
+engine_prefix/worker.py); the offline LLM (engine_core/llm.py) sizes its own pool and builds through
+`build_runtime`. `resolve_device` is the one reading of `--device` for every kind: `auto` is CUDA when a
+device is visible, else the CPU; CUDA asked for where none is visible is a `DeviceError` (engine_core.worker's
+`serve` checks it before the port opens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from duet.engine_config import EngineConfig
+from duet.model_dir import ModelDir, read_model_dir
+from engine_core.kv_pool import KVPool, pages_for_budget
+from engine_core.model_runner import ModelRunner
+from engine_core.sampler import Sampler
+
+
+class DeviceError(ValueError):
+    """The device asked for is not there (e.g. `--device cuda` on a machine without CUDA)."""
+
+
+def resolve_device(name: str | torch.device) -> torch.device:
+    if str(name) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(f"--device {name}: no CUDA device is visible")
+    return device
+
+
+@dataclass
+class Runtime:
+    """What every engine kind runs on; its scheduler is the kind's own."""
+
+    model_dir: ModelDir
+    runner: ModelRunner  # owns the KV pool (runner.kv_pool)
+    sampler: Sampler  # on the runner's device, where the logits are: every generator is made there
+
+    @property
+    def pool(self) -> KVPool:
+        return self.runner.kv_pool
+
+
+def new_pool(model_dir: ModelDir, num_pages: int, page_size: int, device: torch.device,
+             dtype: torch.dtype | str | None = None) -> KVPool:
+    c = model_dir.config
+    return KVPool(c.num_hidden_layers, num_pages, page_size, c.num_key_value_heads, c.head_dim, dtype or c.dtype,
+                  device)
+
+
+def build_runtime(model_dir: ModelDir, *, device: str | torch.device, page_size: int, num_pages: int,
+                  dtype: torch.dtype | str | None = None, seed: int | None = None) -> Runtime:
+    """Pool, runner (weights loaded) and sampler for `model_dir` on `device` (resolved here)."""
+    dev = resolve_device(device)
+    runner = ModelRunner(model_dir, new_pool(model_dir, num_pages, page_size, dev, dtype), dev, dtype)
+    c = model_dir.config
+    return Runtime(model_dir, runner, Sampler(c.vocab_size, c.eos_token_ids, runner.device, seed))
+
+
+def load_runtime(config: EngineConfig, seed: int | None = None) -> Runtime:
+    """The runtime a worker's config describes: its model (the tiny default when none), KV budget, device."""
+    if config.model is None:
+        from duet.model_make import default_model_dir
+
+        config = dataclasses.replace(config, model=str(default_model_dir()))
+    model_dir = read_model_dir(config.model)
+    num_pages = pages_for_budget(model_dir.config, config.page_size, kv_cache_tokens=config.kv_cache_tokens,
+                                 kv_cache_memory_gb=config.kv_cache_memory_gb)
+    return build_runtime(model_dir, device=config.device, page_size=config.page_size, num_pages=num_pages,
+                         seed=seed)
