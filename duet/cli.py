@@ -18,6 +18,7 @@ def _add_engine_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="split the model over N ranks (devices)")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--kv-cache-tokens", type=int, help="KV cache capacity in tokens")
     budget.add_argument("--kv-cache-memory-gb", type=float, help="KV cache capacity in GiB")
@@ -167,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--admin-key", default=None,
                     help="admin API / dashboard key (or DUET_ADMIN_KEY); default: a random one, printed")
     up.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    up.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks (devices) per engine worker")
     up.add_argument("--sim", action="store_true", help="model-free sim workers instead of real engines (tests)")
     up.add_argument("--sim-ms-per-token", type=float, default=20.0, help="with --sim: decode time per token")
     up.add_argument("--gateways", type=int, default=1,

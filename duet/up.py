@@ -111,7 +111,8 @@ def main(args: argparse.Namespace) -> int:
             stack.start(worker_id, _duet("engine", "sim", *common, "--sim-as", kind,
                                          "--sim-ms-per-token", str(args.sim_ms_per_token)))
         else:
-            stack.start(worker_id, _duet("engine", kind, *common, "--device", args.device, "--threads", str(threads)))
+            stack.start(worker_id, _duet("engine", kind, *common, "--device", args.device, "--threads", str(threads),
+                                         "--tensor-parallel-size", str(getattr(args, "tensor_parallel_size", 1))))
 
     try:
         if gateways > 1 and not redis_url:  # replicas share state: a private redis-server (duet/scale_out.py)

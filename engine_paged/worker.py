@@ -31,15 +31,10 @@ def resolve_device(device: str) -> str:
 def build_scheduler(pool: KVPool, sampler: Sampler, *, max_model_len: int, eos_token_ids: tuple[int, ...],
                     vocab_size: int, model_id: str, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                     priority: bool = False, enable_prefix_caching: bool = True,
-                    watermark: float = 0.01) -> PagedScheduler:
-    """The paged scheduler over `pool` (the worker, the offline LLM and the benchmarks build it here)."""
-
-    def copy_pages(pairs: list[tuple[int, int]]) -> None:
-        src = torch.tensor([s for s, _ in pairs], device=pool.device)
-        dst = torch.tensor([d for _, d in pairs], device=pool.device)
-        for caches in (pool.k_caches, pool.v_caches):
-            for cache in caches:
-                cache[dst] = cache[src]
+                    watermark: float = 0.01, copy_pages=None) -> PagedScheduler:
+    """The paged scheduler over `pool` (the worker, the offline LLM and the benchmarks build it here).
+    `copy_pages` defaults to copying within `pool`; tensor parallelism passes one that copies on every rank."""
+    copy_pages = copy_pages or pool.copy_pages
 
     cache = PrefixCache(model_id, pool.page_size) if enable_prefix_caching else None
     block_manager = BlockManager(PageAllocator(pool.num_pages), pool.page_size, watermark=watermark,
@@ -54,24 +49,32 @@ def build_engine(model: str, *, device: str = "cpu", page_size: int = 16, kv_cac
                  kv_cache_memory_gb: float | None = None, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 2048, priority: bool = False, version: str = "v1",
                  worker_id: str = "paged-0", enable_prefix_caching: bool = True,
-                 seed: int | None = None) -> EngineParts:
+                 seed: int | None = None, tensor_parallel_size: int = 1) -> EngineParts:
     """Everything a paged worker runs, built in the calling thread (the worker calls it off the event loop)."""
     from duet.model_dir import read_model_dir
 
     model_dir = read_model_dir(model)
     config = model_dir.config
-    num_pages = pages_for_budget(config, page_size, kv_cache_tokens=kv_cache_tokens,
-                                 kv_cache_memory_gb=kv_cache_memory_gb)
-    pool = KVPool(config.num_hidden_layers, num_pages, page_size, config.num_key_value_heads, config.head_dim,
-                  config.dtype, device)
-    runner = ModelRunner(model_dir, pool, device)
+    if tensor_parallel_size > 1:
+        from engine_core.parallel import start_tensor_parallel
+
+        runner = start_tensor_parallel(model_dir, tensor_parallel_size, device=device, page_size=page_size,
+                                       kv_cache_tokens=kv_cache_tokens, kv_cache_memory_gb=kv_cache_memory_gb)
+        pool = runner.kv_pool
+    else:
+        pool = KVPool(config.num_hidden_layers, pages_for_budget(config, page_size, kv_cache_tokens=kv_cache_tokens,
+                                                                 kv_cache_memory_gb=kv_cache_memory_gb),
+                      page_size, config.num_key_value_heads, config.head_dim, config.dtype, device)
+        runner = ModelRunner(model_dir, pool, device)
+    num_pages = pool.num_pages
     max_model_len = config.max_position_embeddings
     # the sampler's device is the one every per-request generator is made on (the logits' device)
     sampler = Sampler(config.vocab_size, config.eos_token_ids, runner.device, seed)
     scheduler = build_scheduler(pool, sampler, max_model_len=max_model_len, eos_token_ids=tuple(config.eos_token_ids),
                                 vocab_size=config.vocab_size, model_id=model_dir.model_id, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, priority=priority,
-                                enable_prefix_caching=enable_prefix_caching)
+                                enable_prefix_caching=enable_prefix_caching,
+                                copy_pages=runner.copy_pages if tensor_parallel_size > 1 else None)
     spec = EngineSpec(engine_kind="paged", model_id=model_dir.model_id, version=version, page_size=page_size,
                       max_model_len=max_model_len, capabilities=CAPABILITIES,
                       kv_capacity_tokens=num_pages * page_size, kv_total_pages=num_pages,
@@ -96,7 +99,8 @@ def main(args: argparse.Namespace) -> int:
                             kv_cache_tokens=args.kv_cache_tokens, kv_cache_memory_gb=args.kv_cache_memory_gb,
                             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                             priority=policy == "priority", version=args.version, worker_id=worker_id,
-                            enable_prefix_caching=getattr(args, "enable_prefix_caching", True))
+                            enable_prefix_caching=getattr(args, "enable_prefix_caching", True),
+                            tensor_parallel_size=getattr(args, "tensor_parallel_size", 1))
 
     return run_worker(build, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
                       metrics_port=args.metrics_port, redis_url=getattr(args, "redis", None))

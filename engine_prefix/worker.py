@@ -36,15 +36,23 @@ def build_engine(model: str | Path, *, device: str = "cpu", page_size: int = 16,
                  kv_cache_memory_gb: float | None = None, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 2048, schedule_policy: str | None = None,
                  num_draft_tokens: int | None = None, version: str = "v1", worker_id: str = "prefix-0",
-                 seed: int | None = None) -> EngineParts:
+                 seed: int | None = None, tensor_parallel_size: int = 1) -> EngineParts:
     """Load the model and build the scheduler. ``num_draft_tokens`` None: no speculation."""
     model_dir = read_model_dir(model)
     cfg = model_dir.config
     dev = resolve_device(device)
-    num_pages = pages_for_budget(cfg, page_size, kv_cache_tokens=kv_cache_tokens,
-                                 kv_cache_memory_gb=kv_cache_memory_gb)
-    pool = KVPool(cfg.num_hidden_layers, num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim, cfg.dtype, dev)
-    runner = ModelRunner(model_dir, pool, dev)
+    if tensor_parallel_size > 1:
+        from engine_core.parallel import start_tensor_parallel
+
+        runner = start_tensor_parallel(model_dir, tensor_parallel_size, device=dev, page_size=page_size,
+                                       kv_cache_tokens=kv_cache_tokens, kv_cache_memory_gb=kv_cache_memory_gb)
+        num_pages = runner.kv_pool.num_pages
+    else:
+        num_pages = pages_for_budget(cfg, page_size, kv_cache_tokens=kv_cache_tokens,
+                                     kv_cache_memory_gb=kv_cache_memory_gb)
+        pool = KVPool(cfg.num_hidden_layers, num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim, cfg.dtype,
+                      dev)
+        runner = ModelRunner(model_dir, pool, dev)
     grammars = None
     if (Path(model_dir.path) / "tokenizer.json").is_file():
         grammars = GrammarCache(tokenizer_info(model_dir.path, cfg.vocab_size, cfg.eos_token_ids))
@@ -80,7 +88,8 @@ def main(args: argparse.Namespace) -> int:
             kv_cache_memory_gb=args.kv_cache_memory_gb, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, schedule_policy=args.schedule_policy,
             num_draft_tokens=args.num_draft_tokens if args.speculative == "ngram" else None,
-            version=args.version, worker_id=args.worker_id or f"{args.host}:{args.port}")
+            version=args.version, worker_id=args.worker_id or f"{args.host}:{args.port}",
+            tensor_parallel_size=getattr(args, "tensor_parallel_size", 1))
 
     return run_worker(build, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
                       metrics_port=args.metrics_port, redis_url=getattr(args, "redis", None))
