@@ -116,5 +116,4 @@ def _serve(args: RankArgs, conn) -> None:
             runner.copy_pages(payload)
         else:
             assert kind == "stop", kind
-            dist.destroy_process_group()
-            return
+            return  # the process's exit closes the group's sockets; rank 0 destroys the group
