@@ -26,14 +26,14 @@ from engine_core.parallel.plan import ShardPlan
 class Collectives:
     """torch.distributed calls over the default process group, with their time added up.
 
-    `sync_timing`: on CUDA the collectives are asynchronous, so a timed wrapper synchronizes the device around
+    `sync_timing`: on CUDA the collectives are asynchronous, so the wrapper then synchronizes the device around
     each one (slower; only the benchmark turns it on). On CPU (gloo) the calls block and the timing is exact."""
 
-    def __init__(self, rank: int, world_size: int, device: torch.device, sync_timing: bool = False) -> None:
+    def __init__(self, rank: int, world_size: int, device: torch.device) -> None:
         self.rank = rank
         self.world_size = world_size
         self.device = device
-        self.sync_timing = sync_timing and device.type == "cuda"
+        self.sync_timing = False
         self.all_reduce_seconds = 0.0
         self.all_reduce_calls = 0
         self.gather_seconds = 0.0

@@ -51,7 +51,6 @@ class RankArgs:
     timeout_s: float
     threads: int
     parent_pid: int
-    sync_timing: bool
 
 
 def backend_for(device: torch.device) -> str:
@@ -100,8 +99,7 @@ def _serve(args: RankArgs, conn) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     model_dir = read_model_dir(Path(args.model_path), args.model_id)
-    runner = ShardRunner(model_dir, args.tp_size, args.rank, args.num_pages, args.page_size, device, args.dtype,
-                         args.sync_timing)
+    runner = ShardRunner(model_dir, args.tp_size, args.rank, args.num_pages, args.page_size, device, args.dtype)
     conn.send("ready")
     if conn.recv() != "join":
         return

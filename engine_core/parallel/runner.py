@@ -94,8 +94,12 @@ class TensorParallelRunner:
             for conn in self._conns:
                 conn.send_bytes(message)
             return local(payload)
-        except Exception as exc:  # the ranks are out of step now: nothing can run on this group again
+        except Exception as exc:  # noqa: BLE001 (any failure leaves the ranks out of step for good)
             self._fatal(f"tensor-parallel {kind} failed on rank 0: {exc!r}")
+
+    def time_collectives_exactly(self) -> None:
+        """On CUDA, synchronize around each all-reduce so its time is its own (slower; the benchmark's choice)."""
+        self.shard.comm.sync_timing = self.device.type == "cuda"
 
     def stats(self) -> dict:
         """Seconds rank 0 spent in forward, in all-reduces and in the logits gather (the benchmark reads them)."""
@@ -157,13 +161,11 @@ def _kill(processes) -> None:
 
 def start_tensor_parallel(model_dir, tp_size: int, *, device: str | torch.device = "cpu", page_size: int = 16,
                           kv_cache_tokens: int | None = None, kv_cache_memory_gb: float | None = None,
-                          dtype: str | None = None, timeout_s: float | None = None,
-                          sync_timing: bool = False) -> TensorParallelRunner:
+                          dtype: str | None = None, timeout_s: float | None = None) -> TensorParallelRunner:
     """Start ranks 1..tp_size-1, load rank 0 here, and return rank 0's Runner once the group has run a token.
 
     The KV budget is per rank: a memory budget counts only the rank's KV heads (kv_cache_memory_gb on each
-    device); every rank gets the same number of pages. `sync_timing` makes the all-reduce timing exact on CUDA
-    (the benchmark)."""
+    device); every rank gets the same number of pages."""
     config = model_dir.config
     check_divisible(config, tp_size)
     devices = _rank_devices(device, tp_size)
@@ -179,14 +181,14 @@ def start_tensor_parallel(model_dir, tp_size: int, *, device: str | torch.device
     for rank in range(1, tp_size):
         ours, theirs = ctx.Pipe()
         args = RankArgs(str(model_dir.path), model_dir.model_id, tp_size, rank, num_pages, page_size,
-                        str(devices[rank]), dtype, store.port, timeout_s, threads, os.getpid(), sync_timing)
+                        str(devices[rank]), dtype, store.port, timeout_s, threads, os.getpid())
         p = ctx.Process(target=rank_main, args=(args, theirs), name=f"duet-tp-rank{rank}", daemon=True)
         p.start()
         theirs.close()
         processes.append(p)
         conns.append(ours)
     try:
-        shard = ShardRunner(model_dir, tp_size, 0, num_pages, page_size, devices[0], dtype, sync_timing)
+        shard = ShardRunner(model_dir, tp_size, 0, num_pages, page_size, devices[0], dtype)
         _wait_ready(processes, conns)
         for conn in conns:
             conn.send("join")

@@ -21,12 +21,12 @@ from engine_core.parallel.plan import local_config, shard_plan
 
 class ShardRunner:
     def __init__(self, model_dir, tp_size: int, rank: int, num_pages: int, page_size: int,
-                 device: torch.device, dtype: torch.dtype | str | None = None, sync_timing: bool = False) -> None:
+                 device: torch.device, dtype: torch.dtype | str | None = None) -> None:
         self.config = model_dir.config
         self.plan = shard_plan(self.config, tp_size, rank)
         self.device = device
         self.dtype = torch_dtype(dtype or self.config.dtype)
-        self.comm = Collectives(rank, tp_size, device, sync_timing)
+        self.comm = Collectives(rank, tp_size, device)
         local = local_config(self.config, self.plan)
         self.model = load_model(local, model_dir.weight_files, device, self.dtype,
                                 prepare=lambda m: shard_layers(m, self.plan, self.comm), shard=self.plan.shard)
