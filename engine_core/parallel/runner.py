@@ -172,6 +172,8 @@ def start_tensor_parallel(model_dir, tp_size: int, *, device: str | torch.device
     timeout_s = timeout_s or float(os.environ.get("DUET_TP_TIMEOUT_S", DEFAULT_TIMEOUT_S))
     num_pages = pages_for_budget(local_config(config, shard_plan(config, tp_size, 0)), page_size,
                                  kv_cache_tokens=kv_cache_tokens, kv_cache_memory_gb=kv_cache_memory_gb, dtype=dtype)
+    if devices[0].type == "cuda":
+        torch.cuda.set_device(devices[0])  # NCCL binds rank 0 to the current device
     threads = max(1, torch.get_num_threads() // tp_size)  # the worker's share of the cores, split over its ranks
     torch.set_num_threads(threads)
     store = dist.TCPStore("127.0.0.1", 0, tp_size, is_master=True, timeout=timedelta(seconds=timeout_s),

@@ -1,9 +1,13 @@
 """Tensor parallelism on CPU (gloo): the split is refused when it cannot divide, every rank holds exactly its
-part, and a model split over 2 or 3 ranks gives the logits (fp32 tolerance) and greedy tokens of one rank."""
+part, and a model split over 2 or 3 ranks gives the logits (fp32 tolerance) and greedy tokens of one rank.
+
+`make gpu-check` runs the parity tests again on GPUs (DUET_TP_TEST_DEVICE=cuda: NCCL, one GPU per rank); a
+test that needs more GPUs than are visible is skipped there."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -16,7 +20,9 @@ from engine_core.model_runner import ModelRunner
 from engine_core.parallel import TensorParallelError, check_divisible, start_tensor_parallel
 from engine_core.parallel.plan import ShardPlan, local_config, shard_plan
 
-ATOL = 1e-5  # fp32; the all-reduce sums partial products in another order than one matmul does
+DEVICE = os.environ.get("DUET_TP_TEST_DEVICE", "cpu")
+# fp32; the all-reduce sums partial products in another order than one matmul does (GPU GEMMs reorder more)
+ATOL = 1e-5 if DEVICE == "cpu" else 1e-4
 
 
 def test_a_split_that_does_not_divide_is_refused_naming_both_numbers(tmp_path):
@@ -59,7 +65,13 @@ def test_ranks_hold_disjoint_slices_that_make_up_the_whole_model(tmp_path):
 def _reference(path):
     md = read_model_dir(path)
     c = md.config
-    return ModelRunner(md, KVPool(c.num_hidden_layers, 32, 16, c.num_key_value_heads, c.head_dim, "float32", "cpu"))
+    pool = KVPool(c.num_hidden_layers, 32, 16, c.num_key_value_heads, c.head_dim, "float32", DEVICE)
+    return ModelRunner(md, pool, DEVICE)
+
+
+def _skip_without_devices(tp: int) -> None:
+    if DEVICE == "cuda" and torch.cuda.device_count() < tp:
+        pytest.skip(f"TP={tp} on CUDA needs {tp} GPUs, {torch.cuda.device_count()} visible")
 
 
 def _greedy_run(runner, prompts: list[list[int]], steps: int) -> tuple[list[torch.Tensor], list[list[int]]]:
@@ -79,11 +91,12 @@ def _greedy_run(runner, prompts: list[list[int]], steps: int) -> tuple[list[torc
 
 
 def _assert_same_as_one_rank(path, tp: int, steps: int) -> None:
+    _skip_without_devices(tp)
     md = read_model_dir(path)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, min(md.config.vocab_size, 256), (n,), generator=g).tolist() for n in (23, 9)]
     want_logits, want_tokens = _greedy_run(_reference(path), prompts, steps)
-    runner = start_tensor_parallel(md, tp, device="cpu", page_size=16, kv_cache_tokens=32 * 16)
+    runner = start_tensor_parallel(md, tp, device=DEVICE, page_size=16, kv_cache_tokens=32 * 16)
     try:
         assert runner.kv_pool.num_kv_heads == max(1, md.config.num_key_value_heads // tp)
         got_logits, got_tokens = _greedy_run(runner, prompts, steps)
