@@ -137,6 +137,7 @@ class TensorParallelRunner:
         if self._closing:
             return
         self._closing = True
+        atexit.unregister(self.close)  # and let the shard's memory go with the runner
         stop = pickle.dumps(("stop", None))
         for conn in self._conns:
             try:
