@@ -111,6 +111,7 @@ class TensorParallelRunner:
     def serve(self) -> None:
         """From now on any fault takes the worker down; a daemon thread waits for a rank to exit."""
         self._serving = True
+
         def run() -> None:
             sentinels = {p.sentinel: p for p in self._processes}
             ready = wait(list(sentinels))
