@@ -34,7 +34,8 @@ bench: setup
 	$(PY) -m engine_core.kernels.bench --json
 
 # On a CUDA machine: the kernel tests compiled for real (no TRITON_INTERPRET, tensors on the GPU; the tests
-# that are about CPU tensors deselected), the kernel bench and the engine bench on the GPU.
+# that are about CPU tensors deselected), the kernel bench and the engine bench on the GPU, and with 2 or more
+# GPUs the tensor-parallel parity tests over NCCL (TP=3 on the smollm2 shape needs 3).
 # Without CUDA it says so and runs nothing (exit 0).
 GPU_DESELECT := not test_cpu_report_has_reference_timings and not test_cpu_tensors_use_the_reference \
 	and not test_forcing_triton_on_cpu
@@ -46,6 +47,9 @@ gpu-check: setup
 		env -u TRITON_INTERPRET DUET_KERNEL_TEST_DEVICE=cuda $(PY) -m pytest -q tests/kernels -k "$(GPU_DESELECT)"; \
 		env -u TRITON_INTERPRET $(PY) -m engine_core.kernels.bench --json; \
 		env -u TRITON_INTERPRET $(PY) -m loadtests.engine_bench paged --quick --json --device cuda; \
+		if [ "$$($(PY) -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then \
+			env -u TRITON_INTERPRET DUET_TP_TEST_DEVICE=cuda $(PY) -m pytest -q tests/engine_core/test_tensor_parallel.py; \
+		else echo "gpu-check: tensor-parallel parity SKIPPED - it needs 2 or more GPUs"; fi; \
 	fi
 
 clean:

@@ -30,7 +30,10 @@ def _run_engine(args: argparse.Namespace) -> int:
 
     from duet.engine_config import from_args
 
-    config = from_args(args.config_class, args)
+    try:
+        config = from_args(args.config_class, args)
+    except ValueError as exc:  # a value no flag's type or choices catch (e.g. --tensor-parallel-size 0)
+        args.kind_parser.error(str(exc))
     if config.engine.model:
         from duet.model_pull import PullError, resolve_model
 
@@ -146,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--admin-key", default=None,
                     help="admin API / dashboard key (or DUET_ADMIN_KEY); default: a random one, printed")
     up.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    up.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks (devices) per engine worker")
     up.add_argument("--sim", action="store_true", help="model-free sim workers instead of real engines (tests)")
     up.add_argument("--sim-ms-per-token", type=float, default=20.0, help="with --sim: decode time per token")
     up.add_argument("--gateways", type=int, default=1,

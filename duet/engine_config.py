@@ -3,8 +3,8 @@
 `EngineConfig` holds the settings every engine kind shares (model, device, KV budget, batch limits, where it
 listens, how it drains); `PagedConfig`, `PrefixConfig` and `SimConfig` each hold an `EngineConfig` plus only the
 fields that kind reads, and name in `SHARED` the shared fields it reads (the sim reads no device, KV budget,
-batch limits, threads, drain or metrics). Each default is written here once: the engines' builders, the
-schedulers, the offline LLM and the benchmarks read `ENGINE_DEFAULTS`.
+batch limits, threads, tensor parallelism, drain or metrics). Each default is written here once: the engines'
+builders, the schedulers, the offline LLM and the benchmarks read `ENGINE_DEFAULTS`.
 
 Every field is also its command-line flag (`max_num_seqs` is `--max-num-seqs`, its help in the field's
 metadata), so a new setting is one line here and a kind's subcommand takes exactly the flags of its fields:
@@ -47,6 +47,8 @@ class EngineConfig:
     kv_cache_memory_gb: float | None = setting(None, "KV cache capacity in GiB", type=float, group="kv budget")
     max_num_seqs: int = setting(64, "most requests running at once", type=int)
     max_num_batched_tokens: int = setting(2048, "most tokens one step computes", type=int)
+    tensor_parallel_size: int = setting(1, "split the model over N ranks, one process and device each "
+                                           "(torch.distributed: NCCL on GPUs, gloo on CPU)", type=int)
     host: str = setting("127.0.0.1", "address the gRPC server listens on", type=str)
     port: int = setting(0, "gRPC port", type=int, required=True)
     worker_id: str | None = setting(None, "worker id (default: host:port)", type=str)
@@ -54,6 +56,10 @@ class EngineConfig:
     drain_timeout: float = setting(30.0, "seconds to finish requests on SIGTERM", type=float)
     metrics_port: int | None = setting(None, "Prometheus metrics port (off if unset)", type=int)
     redis: str | None = setting(None, "register this worker in Redis (heartbeats)", type=str)
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}: must be 1 or more")
 
     @property
     def worker_label(self) -> str:

@@ -89,6 +89,7 @@ class WorkerSpec:
     redis: str | None = None
     device: str | None = None  # real engines only
     threads: int | None = None  # real engines only
+    tensor_parallel_size: int = 1  # real engines only: ranks (devices) the worker splits its model over
     limits: EngineLimits | None = None  # real engines only
     sim: SimOptions | None = None  # sim only
 
@@ -104,14 +105,16 @@ def worker_argv(spec: WorkerSpec) -> list[str]:
     argv = duet_argv("engine", spec.kind, "--model", str(spec.model), "--port", str(spec.port))
     argv += _flags([("--worker-id", spec.worker_id), ("--version", spec.version), ("--redis", spec.redis)])
     if spec.kind == "sim":
-        assert spec.limits is None and spec.device is None and spec.threads is None, "a sim reads no engine limits"
+        assert spec.limits is None and spec.device is None and spec.threads is None and \
+            spec.tensor_parallel_size == 1, "a sim reads no engine limits"
         sim = spec.sim or SimOptions()
         return argv + _flags([("--sim-as", sim.as_kind), ("--sim-ms-per-token", sim.ms_per_token),
                               ("--sim-prefill-ms-per-token", sim.prefill_ms_per_token),
                               ("--sim-fail-rate", sim.fail_rate), ("--sim-cache-blocks", sim.cache_blocks),
                               ("--sim-capabilities", sim.capabilities)])
     assert spec.sim is None, "sim options on a real engine worker"
-    argv += _flags([("--device", spec.device), ("--threads", spec.threads)])
+    argv += _flags([("--device", spec.device), ("--threads", spec.threads),
+                    ("--tensor-parallel-size", spec.tensor_parallel_size if spec.tensor_parallel_size > 1 else None)])
     lim = spec.limits
     if lim is not None:
         argv += _flags([("--page-size", lim.page_size), ("--kv-cache-tokens", lim.kv_cache_tokens),

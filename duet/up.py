@@ -101,6 +101,9 @@ def _plan(args: argparse.Namespace) -> _Plan | int:
             print("duet up: --workers must be >= 1", file=sys.stderr)
             return 2
         paged, prefix = planned - planned // 2, planned // 2
+    if getattr(args, "tensor_parallel_size", 1) < 1:
+        print("duet up: --tensor-parallel-size must be >= 1", file=sys.stderr)
+        return 2
     given_key = getattr(args, "admin_key", None) or os.environ.get("DUET_ADMIN_KEY")
     # each worker gets its share of the cores: more busy torch threads than cores stall every parallel op
     threads = max(1, len(os.sched_getaffinity(0)) // max(1, paged + prefix))
@@ -132,7 +135,8 @@ class _Up:
             spec = WorkerSpec("sim", model, port, worker_id,
                               sim=SimOptions(as_kind=kind, ms_per_token=a.sim_ms_per_token))
         else:
-            spec = WorkerSpec(kind, model, port, worker_id, device=a.device, threads=self.plan.threads)
+            spec = WorkerSpec(kind, model, port, worker_id, device=a.device, threads=self.plan.threads,
+                              tensor_parallel_size=getattr(a, "tensor_parallel_size", 1))
         self.launcher.start_worker(worker_id, spec)
 
     def start_workers(self) -> None:

@@ -5,11 +5,16 @@ engine_prefix/worker.py); the offline LLM (engine_core/llm.py) sizes its own poo
 `build_runtime`. `resolve_device` is the one reading of `--device` for every kind: `auto` is CUDA when a
 device is visible, else the CPU; CUDA asked for where none is visible is a `DeviceError` (engine_core.worker's
 `serve` checks it before the port opens).
+
+`--tensor-parallel-size N` > 1 is chosen here too: `load_runtime` starts the ranks
+(engine_core.parallel.start_tensor_parallel) and its runtime's runner is rank 0's TensorParallelRunner, whose
+`copy_pages` copies on every rank; the engine workers see only `Runtime` and stay free of tensor parallelism.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,8 +44,14 @@ class Runtime:
     """What every engine kind runs on; its scheduler is the kind's own."""
 
     model_dir: ModelDir
-    runner: ModelRunner  # owns the KV pool (runner.kv_pool)
+    runner: ModelRunner  # or TensorParallelRunner (rank 0); either owns the KV pool (runner.kv_pool)
     sampler: Sampler  # on the runner's device, where the logits are: every generator is made there
+    # copy-on-write of KV pages: None is within runner.kv_pool; tensor parallelism copies on every rank's pool
+    copy_pages: Callable[[list[tuple[int, int]]], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.copy_pages is None:
+            self.copy_pages = self.pool.copy_pages
 
     @property
     def pool(self) -> KVPool:
@@ -70,7 +81,21 @@ def load_runtime(config: EngineConfig, seed: int | None = None) -> Runtime:
 
         config = dataclasses.replace(config, model=str(default_model_dir()))
     model_dir = read_model_dir(config.model)
+    if config.tensor_parallel_size > 1:
+        return _tensor_parallel_runtime(model_dir, config, seed)
     num_pages = pages_for_budget(model_dir.config, config.page_size, kv_cache_tokens=config.kv_cache_tokens,
                                  kv_cache_memory_gb=config.kv_cache_memory_gb)
     return build_runtime(model_dir, device=config.device, page_size=config.page_size, num_pages=num_pages,
                          seed=seed)
+
+
+def _tensor_parallel_runtime(model_dir: ModelDir, config: EngineConfig, seed: int | None) -> Runtime:
+    """Ranks 1..N-1 started as processes, rank 0 loaded here; the KV budget is per rank (its own KV heads)."""
+    from engine_core.parallel import start_tensor_parallel  # torch.distributed only for a worker that splits
+
+    runner = start_tensor_parallel(model_dir, config.tensor_parallel_size, device=resolve_device(config.device),
+                                   page_size=config.page_size, kv_cache_tokens=config.kv_cache_tokens,
+                                   kv_cache_memory_gb=config.kv_cache_memory_gb)
+    c = model_dir.config
+    return Runtime(model_dir, runner, Sampler(c.vocab_size, c.eos_token_ids, runner.device, seed),
+                   copy_pages=runner.copy_pages)

@@ -50,6 +50,14 @@ class KVPool:
     def num_tokens(self) -> int:
         return self.num_pages * self.page_size
 
+    def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy the K/V of page src into page dst in every layer, for each (src, dst) (copy-on-write)."""
+        src = torch.tensor([s for s, _ in pairs], device=self.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.device)
+        for caches in (self.k_caches, self.v_caches):
+            for cache in caches:
+                cache[dst] = cache[src]
+
 
 class PageAllocator:
     """O(1) alloc/free of page ids 0..num_pages-1 from a free list.

@@ -7,6 +7,8 @@ exactly the positions the chunks asked for, so a long prefill chunk costs one lm
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -28,6 +30,26 @@ def _column_major_linear_weights(model: torch.nn.Module) -> None:
             module.weight.data = module.weight.data.t().contiguous().t()
 
 
+def load_model(config, weight_files, device: torch.device, dtype: torch.dtype,
+               prepare: Callable[[DecoderModel], None] | None = None,
+               shard: Callable[[str, Tensor], Tensor] | None = None) -> DecoderModel:
+    """The decoder for `config` with its weights from `weight_files`, ready to run on `device`.
+
+    Tensor parallelism (engine_core.parallel) passes a per-rank `config`, `prepare` (swaps in the sharded layers
+    while the model is still on the meta device) and `shard` (cuts each checkpoint tensor to this rank's part)."""
+    # build on the meta device: random init is wasted work, every parameter comes from the checkpoint
+    with torch.device("meta"):
+        model = DecoderModel(config)
+        if prepare is not None:
+            prepare(model)
+    model = model.to_empty(device=device).to(dtype).eval()
+    load_weights(model, weight_files, shard)
+    if device.type == "cpu":
+        _column_major_linear_weights(model)
+    model.build_rope_cache(device)
+    return model
+
+
 class ModelRunner:
     def __init__(self, model_dir, kv_pool: KVPool, device: torch.device | str = "cpu",
                  dtype: torch.dtype | str | None = None):
@@ -36,14 +58,7 @@ class ModelRunner:
         self.dtype = torch_dtype(dtype or self.config.dtype)
         self.kv_pool = kv_pool
         self.max_model_len = self.config.max_position_embeddings
-        # build on the meta device: random init is wasted work, every parameter comes from the checkpoint
-        with torch.device("meta"):
-            model = DecoderModel(self.config)
-        self.model = model.to_empty(device=self.device).to(self.dtype).eval()
-        load_weights(self.model, model_dir.weight_files)
-        if self.device.type == "cpu":
-            _column_major_linear_weights(self.model)
-        self.model.build_rope_cache(self.device)
+        self.model = load_model(self.config, model_dir.weight_files, self.device, self.dtype)
 
     @property
     def vocab_size(self) -> int:

@@ -8,12 +8,13 @@ lm_head.weight of a tied-embedding model (the head is the embedding).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 from safetensors import safe_open
-from torch import nn
+from torch import Tensor, nn
 
 from engine_core.errors import WeightsError
 
@@ -66,8 +67,11 @@ def _skipped(name: str, model: nn.Module) -> bool:
     return name == "lm_head.weight" and model.config.tie_word_embeddings
 
 
-def load_weights(model: nn.Module, weight_files) -> None:
-    """Fill every parameter of `model` from the safetensors files (cast to the parameter's dtype and device)."""
+def load_weights(model: nn.Module, weight_files, shard: Callable[[str, Tensor], Tensor] | None = None) -> None:
+    """Fill every parameter of `model` from the safetensors files (cast to the parameter's dtype and device).
+
+    `shard(name, tensor)`, when given, cuts each checkpoint tensor to this process's part before the shape check
+    (tensor parallelism: engine_core.parallel.plan); the model is then built with the per-rank sizes."""
     layout = checkpoint_layout(model)
     params = dict(model.named_parameters())
     loaded: set[str] = set()
@@ -87,6 +91,8 @@ def load_weights(model: nn.Module, weight_files) -> None:
                 param = params[target.param]
                 expected = (target.rows, *param.shape[1:])
                 tensor = f.get_tensor(name)
+                if shard is not None:
+                    tensor = shard(name, tensor)
                 if tuple(tensor.shape) != expected:
                     raise WeightsError(f"{path.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
                                        f"config.json implies {expected}")

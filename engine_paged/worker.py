@@ -8,7 +8,7 @@ events hash blocks of one page (GetInfo's hash_block_size). `--schedule-policy p
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
 
 from duet.engine_config import ENGINE_DEFAULTS, PagedConfig
 from engine_core.builder import load_runtime
@@ -27,15 +27,11 @@ def build_scheduler(pool: KVPool, sampler: Sampler, *, max_model_len: int, eos_t
                     vocab_size: int, model_id: str, max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs,
                     max_num_batched_tokens: int = ENGINE_DEFAULTS.max_num_batched_tokens,
                     priority: bool = False, enable_prefix_caching: bool = True,
-                    watermark: float = 0.01) -> PagedScheduler:
-    """The paged scheduler over `pool` (the worker and the offline LLM build it here)."""
-
-    def copy_pages(pairs: list[tuple[int, int]]) -> None:
-        src = torch.tensor([s for s, _ in pairs], device=pool.device)
-        dst = torch.tensor([d for _, d in pairs], device=pool.device)
-        for caches in (pool.k_caches, pool.v_caches):
-            for cache in caches:
-                cache[dst] = cache[src]
+                    watermark: float = 0.01,
+                    copy_pages: Callable[[list[tuple[int, int]]], None] | None = None) -> PagedScheduler:
+    """The paged scheduler over `pool` (the worker and the offline LLM build it here). `copy_pages` defaults to
+    copying within `pool`; the worker passes its runtime's (tensor parallelism: one that copies on every rank)."""
+    copy_pages = copy_pages or pool.copy_pages
 
     cache = PrefixCache(model_id, pool.page_size) if enable_prefix_caching else None
     block_manager = BlockManager(PageAllocator(pool.num_pages), pool.page_size, watermark=watermark,
@@ -57,7 +53,7 @@ def build_engine(config: PagedConfig, seed: int | None = None) -> EngineParts:
                                 model_id=rt.model_dir.model_id, max_num_seqs=engine.max_num_seqs,
                                 max_num_batched_tokens=engine.max_num_batched_tokens,
                                 priority=config.schedule_policy == "priority",
-                                enable_prefix_caching=config.enable_prefix_caching)
+                                enable_prefix_caching=config.enable_prefix_caching, copy_pages=rt.copy_pages)
     num_pages = rt.pool.num_pages
     spec = EngineSpec(engine_kind="paged", model_id=rt.model_dir.model_id, version=engine.version,
                       page_size=engine.page_size, max_model_len=max_model_len, capabilities=CAPABILITIES,

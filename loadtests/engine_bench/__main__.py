@@ -10,7 +10,8 @@ import json
 import os
 import sys
 
-MODES = {"paged": "loadtests.engine_bench.paged", "prefix": "loadtests.engine_bench.prefix"}
+MODES = {"paged": "loadtests.engine_bench.paged", "prefix": "loadtests.engine_bench.prefix",
+         "tp": "loadtests.engine_bench.tp"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None,
                         help="prefix mode: a model directory, .gguf or pullable name instead of the random "
                              "`bench` checkpoint (e.g. smollm2-135m-instruct)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=None,
+                        help="tp mode: ranks the model is split over (default 1)")
+    parser.add_argument("--preset", default=None, choices=["bench", "smollm2"],
+                        help="tp mode: the random checkpoint's shape (default bench; smollm2 for TP 3)")
     args = parser.parse_args(argv)
+    if args.mode != "tp" and (args.tensor_parallel_size is not None or args.preset is not None):
+        parser.error("--tensor-parallel-size and --preset are for the tp mode")
     if args.device:
         os.environ["DUET_BENCH_DEVICE"] = args.device
     import torch
@@ -39,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode != "prefix":
             parser.error("--model is for the prefix mode")
         result = module.run(args.quick, model=str(resolve_model(args.model)))
+    elif args.mode == "tp":
+        result = module.run(args.quick, tensor_parallel_size=args.tensor_parallel_size or 1,
+                            preset=args.preset or "bench")
     else:
         result = module.run(args.quick)
     if args.json:

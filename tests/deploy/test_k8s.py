@@ -271,6 +271,28 @@ def test_external_redis_component(tmp_path):
             kubernetes_validate.validate(d, KUBERNETES_VERSION, strict=True)
 
 
+def test_tensor_parallel_component_gives_each_worker_its_gpus(tmp_path):
+    """The documented patch for tensor parallelism: the gpu overlay plus components/tensor-parallel, where each
+    engine worker asks for 2 GPUs (requests and limits) and is told to split its model over 2 ranks."""
+    root = Path(os.path.relpath(K8S, tmp_path))
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [str(root / "overlays" / "gpu")], "components": [str(root / "components" / "tensor-parallel")]}))
+    out = subprocess.run([_kubectl(), "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    engines = _engines(docs)
+    assert len(engines) == 2
+    for d in engines:
+        c = d["spec"]["template"]["spec"]["containers"][0]
+        assert c["resources"]["requests"]["nvidia.com/gpu"] == c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+        assert _arg(c["args"], "--tensor-parallel-size", {}) == "2" and _arg(c["args"], "--device", {}) == "cuda"
+    for d in docs:
+        if d["kind"] not in CRD_KINDS:
+            kubernetes_validate.validate(d, KUBERNETES_VERSION, strict=True)
+
+
 def test_the_model_is_pullable_and_served_under_its_name(rendered):
     from duet.model_registry import PULLABLE
 

@@ -31,6 +31,7 @@ def parse(*argv: str):
     (["sim", "--device", "cpu"], "--device"),
     (["sim", "--kv-cache-tokens", "64"], "--kv-cache-tokens"),
     (["sim", "--max-num-batched-tokens", "64"], "--max-num-batched-tokens"),
+    (["sim", "--tensor-parallel-size", "2"], "--tensor-parallel-size"),
     (["paged", "--sim-ms-per-token", "3"], "--sim-ms-per-token"),
 ])
 def test_a_flag_the_kind_does_not_read_is_a_usage_error(argv, flag, capsys):
@@ -42,7 +43,8 @@ def test_a_flag_the_kind_does_not_read_is_a_usage_error(argv, flag, capsys):
 
 
 @pytest.mark.parametrize("argv", [["paged", "--schedule-policy", "lpm"], ["prefix", "--schedule-policy", "priority"],
-                                  ["paged", "--kv-cache-tokens", "64", "--kv-cache-memory-gb", "1"], ["prefix"]])
+                                  ["paged", "--kv-cache-tokens", "64", "--kv-cache-memory-gb", "1"], ["prefix"],
+                                  ["paged", "--tensor-parallel-size", "0"], ["prefix", "--tensor-parallel-size", "-1"]])
 def test_bad_or_missing_values_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["engine", *argv] + (["--port", "1"] if len(argv) > 1 else []))
@@ -66,6 +68,13 @@ def test_flags_become_the_kinds_config():
     sim = parse("sim", "--port", "7", "--host", "0.0.0.0", "--sim-as", "paged", "--sim-capabilities", "n,logprobs")
     assert (sim.sim_as, sim.sim_capabilities, sim.engine.worker_label) == ("paged", ("n", "logprobs"), "0.0.0.0:7")
     assert parse("sim", "--port", "7", "--sim-capabilities", "").sim_capabilities == ()
+
+
+def test_the_tensor_parallel_size_reaches_paged_and_prefix_configs():
+    assert parse("paged", "--port", "7", "--tensor-parallel-size", "2").engine.tensor_parallel_size == 2
+    assert parse("prefix", "--port", "7", "--tensor-parallel-size", "3").engine.tensor_parallel_size == 3
+    with pytest.raises(ValueError, match="tensor_parallel_size=0"):
+        EngineConfig(tensor_parallel_size=0)
 
 
 def test_a_config_built_in_code_refuses_an_unknown_choice():

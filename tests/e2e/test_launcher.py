@@ -73,3 +73,11 @@ def test_each_kind_gets_only_the_flags_it_reads():
     assert paged[3:5] == ["engine", "paged"] and prefix[3:5] == ["engine", "prefix"]
     assert sim[3:5] == ["engine", "sim"] and sim[sim.index("--sim-as") + 1] == "paged"
     assert "--kv-cache-tokens" not in sim and "--device" not in sim  # a sim reads no engine limits
+
+
+def test_the_tensor_parallel_size_reaches_real_engines_only_when_it_splits():
+    for kind in ("paged", "prefix"):
+        argv = worker_argv(WorkerSpec(kind, Path("m"), 1, device="cpu", tensor_parallel_size=3))
+        assert argv[argv.index("--tensor-parallel-size") + 1] == "3"
+        assert "--tensor-parallel-size" not in worker_argv(WorkerSpec(kind, Path("m"), 1))
+    assert "--tensor-parallel-size" not in worker_argv(WorkerSpec("sim", Path("m"), 1))
