@@ -231,6 +231,60 @@ def test_a_new_session_spills_to_paged_when_the_prefix_pool_is_far_busier():
     assert (second.worker_id, second.reason) == ("p0", "affinity")
 
 
+def test_an_anonymous_chat_s_second_turn_stays_on_the_worker_holding_its_history():
+    # the openai SDK sends no session header: turn 1 is an unseen prompt (paged), and the paged worker
+    # caches it; re-prefilling those 368 tokens on engine_prefix (and holding them twice) costs more
+    # than the kind preference is worth, so turns 2 and 3 keep to it and hit its cache
+    r = Router()
+    system = list(range(1000, 1022))  # a 350-token system prompt: 22 blocks of 16
+    first = r(req(system + [1100]), MIXED)
+    assert (first.engine_kind, first.reason) == ("paged", "reuse_low")
+    second = r(req(system + [1100, 1101, 1102], turn_count=2), MIXED)
+    assert (second.worker_id, second.reason, second.cached_blocks) == (first.worker_id, "prefix_held", 23)
+    assert second.wanted_kind == "prefix"  # the pool planner still sees the demand for the session kind
+    third = r(req(system + [1100, 1101, 1102, 1103, 1104], turn_count=3), MIXED)
+    assert (third.worker_id, third.cached_blocks) == (first.worker_id, 25)
+
+
+def test_a_shared_system_prompt_s_second_request_uses_the_copy_already_cached():
+    r = Router()
+    system = list(range(2000, 2062))  # 1,000 tokens
+    first = r(req(system + [2100]), MIXED)
+    assert (first.engine_kind, first.reason) == ("paged", "reuse_low")
+    second = r(req(system + [2200]), MIXED)  # reuse 62/63: wants engine_prefix, which holds none of it
+    assert second.estimated_reuse > 0.9
+    assert (second.worker_id, second.reason, second.cached_blocks) == (first.worker_id, "prefix_held", 62)
+
+
+def test_a_prompt_moves_off_its_prefix_when_moving_pays():
+    system = list(range(3000, 3022))
+    # the holder's queue is far longer than the re-prefill: the second turn goes to engine_prefix
+    r = Router()
+    first = r(req(system + [3100]), MIXED)
+    busy = [worker(w.worker_id, w.engine_kind, queued_prefill_tokens=20_000 if w.worker_id == first.worker_id else 0)
+            for w in MIXED]
+    moved = r(req(system + [3100, 3101], turn_count=2), busy)
+    assert (moved.engine_kind, moved.reason) == ("prefix", "multi_turn")
+    # a short held prefix (one block) is cheap to re-prefill: the kind preference wins
+    r = Router()
+    r(req([3200]), MIXED)
+    assert r(req([3200, 3201, 3202, 3203], turn_count=2), MIXED).engine_kind == "prefix"
+    # the holder evicted it (a KV event): nothing is held, so nothing keeps the prompt on paged
+    r = Router()
+    first = r(req(system + [3300]), MIXED)
+    r.index.apply_kv_event(first.worker_id, "evicted", system + [3300])
+    assert r(req(system + [3300, 3301], turn_count=2), MIXED).engine_kind == "prefix"
+
+
+def test_capability_rules_stay_hard_whatever_is_cached():
+    r = Router()
+    system = list(range(4000, 4040))
+    first = r(req(system), MIXED)
+    assert first.engine_kind == "paged"
+    d = r(req(system + [4100], required_capabilities=frozenset({"structured_output"})), MIXED)
+    assert (d.engine_kind, d.reason) == ("prefix", "capability")
+
+
 def test_an_overloaded_worker_sheds_one_session_not_the_fleet():
     # x0 holds session A's history but has a long prefill queue; x1 is idle
     cfg = RoutingConfig(shed_tokens=4000)
