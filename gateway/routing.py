@@ -109,6 +109,8 @@ def route(
         wanted, engine_reason = PREFIX, "reuse_high"
     else:
         wanted, engine_reason = PAGED, "reuse_low"
+    if "capability" in steps:  # the capability chose the kind (all candidates are of it): that is the demand
+        wanted, engine_reason = in_variant[0].engine_kind, "capability"
     first_choice = wanted
     if wanted not in kinds:
         wanted = next(iter(kinds))  # the variant has one kind only: it serves everything
@@ -156,12 +158,16 @@ def _capable(
     """Workers advertising every required capability, narrowed to the engine kind that serves
     them best when one exists (structured output -> prefix, n/beam -> paged)."""
     capable = [w for w in candidates if required <= w.capabilities]
-    if not capable:
-        raise NoCapableWorker(
-            f"no healthy worker supports {', '.join(sorted(required))} for this model"
-        )
     wants_prefix = bool(required & PREFIX_CAPABILITIES)
     wants_paged = bool(required & PAGED_CAPABILITIES)
+    if not capable:
+        # the fleet may have no worker of the kind that serves it (the pool planner may choose a
+        # homogeneous fleet; it brings one back while such requests arrive: gateway/pool_planner.py)
+        served_by = ("; engine_prefix serves it" if wants_prefix and not wants_paged else
+                     "; engine_paged serves it" if wants_paged and not wants_prefix else "")
+        raise NoCapableWorker(
+            f"no healthy worker supports {', '.join(sorted(required))} for this model{served_by}"
+        )
     if wants_prefix == wants_paged:  # neither, or both (then any worker advertising both)
         return capable, None
     kind = PREFIX if wants_prefix else PAGED

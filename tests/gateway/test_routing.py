@@ -378,3 +378,11 @@ def test_waiting_weight_makes_a_queue_count_more_than_a_running_batch():
     pool = [worker("a", "prefix", running=4, num_waiting=2), worker("b", "prefix", running=7)]
     assert Router(RoutingConfig(waiting_weight=1.0))(req([5]), pool, record=False).worker_id == "a"  # 6 < 7
     assert Router(RoutingConfig(waiting_weight=4.0))(req([5]), pool, record=False).worker_id == "b"  # 12 > 7
+
+
+def test_a_capability_no_worker_has_names_the_kind_that_serves_it_and_is_that_kind_s_demand():
+    only_prefix = [worker("x0", "prefix"), worker("x1", "prefix")]
+    with pytest.raises(NoCapableWorker, match="no healthy worker supports n for this model; engine_paged serves it"):
+        Router()(req([1], required_capabilities=frozenset({"n"})), only_prefix)
+    d = Router()(req([1], required_capabilities=frozenset({"structured_output"})), MIXED)
+    assert (d.engine_kind, d.wanted_kind) == ("prefix", "prefix")  # the planner charges it to prefix
