@@ -121,7 +121,7 @@ def route(
         best = {k: min(_kind_cost(w, req, config, costs[w.worker_id], cached[w.worker_id], held, first_choice)
                        for w in in_variant if w.engine_kind == k) for k in (wanted, other)}
         if best[other] < best[wanted]:
-            # moving pays less than staying: either the other kind holds this prompt's prefix (a paged
+            # the kind not preferred costs less: either it holds this prompt's prefix (a paged
             # worker that served a conversation's first turn serves its second from its cache), or the
             # wanted pool is far busier (queueing behind a saturated pool is what hurts the TTFT tail;
             # sessions spill too: affinity then keeps their later turns on the worker holding the history)
