@@ -94,23 +94,17 @@ def route(
             if not _overloaded(kept, config) and (
                     not others or waits[kept.worker_id] - min(others) <= config.shed_tokens):
                 steps.append("affinity")
-                return _decide(kept, variant, reuse, index, req, steps)
+                # the kind the session prefers is its demand, also while it stays on a worker of the other
+                # kind (it spilled there, or stayed where its prefix was): the planner counts it there
+                return _decide(kept, variant, reuse, index, req, steps, _preferred(req, reuse, config, steps,
+                                                                                   in_variant)[0])
             steps.append("shed")
 
     # 5. engine kind: the reuse estimate names the kind this request suits, and that preference is a
     # bias in a cost per kind, not a rule: moving a prompt off the worker that holds its prefix costs
     # that prefix's re-prefill and a second copy of it in the fleet (`_kind_cost`)
     kinds = {w.engine_kind for w in in_variant}
-    # A session key says more turns will resend this prompt, so even its first turn goes where the
-    # history will be cached (affinity keeps the later turns there).
-    if req.turn_count > 1 or req.session_key is not None:
-        wanted, engine_reason = PREFIX, "multi_turn"
-    elif reuse >= config.reuse_threshold and reuse > 0.0:
-        wanted, engine_reason = PREFIX, "reuse_high"
-    else:
-        wanted, engine_reason = PAGED, "reuse_low"
-    if "capability" in steps:  # the capability chose the kind (all candidates are of it): that is the demand
-        wanted, engine_reason = in_variant[0].engine_kind, "capability"
+    wanted, engine_reason = _preferred(req, reuse, config, steps, in_variant)
     first_choice = wanted
     if wanted not in kinds:
         wanted = next(iter(kinds))  # the variant has one kind only: it serves everything
@@ -188,6 +182,20 @@ def _prefill_wait(w: WorkerView, req: RouteRequest, cached_blocks: int) -> int:
     Duet's cost adds `request_tokens` per request in flight (a running request shares the decode batch
     and holds KV); choosing by cost balances the fleet, shedding by wait protects the TTFT tail."""
     return w.queued_prefill_tokens + max(0, req.num_prompt_tokens - cached_blocks * req.block_tokens)
+
+
+def _preferred(req: RouteRequest, reuse: float, config: RoutingConfig, steps: list[str],
+               in_variant: list[WorkerView]) -> tuple[str, str]:
+    """The engine kind `req` suits, and the step that says so (the bias of step 5)."""
+    if "capability" in steps:  # the capability chose the kind (all candidates are of it)
+        return in_variant[0].engine_kind, "capability"
+    # A session key says more turns will resend this prompt, so even its first turn goes where the
+    # history will be cached (affinity keeps the later turns there).
+    if req.turn_count > 1 or req.session_key is not None:
+        return PREFIX, "multi_turn"
+    if reuse >= config.reuse_threshold and reuse > 0.0:
+        return PREFIX, "reuse_high"
+    return PAGED, "reuse_low"
 
 
 def _kind_cost(w: WorkerView, req: RouteRequest, config: RoutingConfig, cost: float, cached_blocks: int,

@@ -386,3 +386,9 @@ def test_a_capability_no_worker_has_names_the_kind_that_serves_it_and_is_that_ki
         Router()(req([1], required_capabilities=frozenset({"n"})), only_prefix)
     d = Router()(req([1], required_capabilities=frozenset({"structured_output"})), MIXED)
     assert (d.engine_kind, d.wanted_kind) == ("prefix", "prefix")  # the planner charges it to prefix
+
+
+def test_a_session_kept_on_a_paged_worker_still_shows_its_demand_for_prefix():
+    r = Router()
+    d = r(req([5000, 5001, 5002], session_key="s-p", turn_count=2), MIXED, affinity="p0")
+    assert (d.worker_id, d.reason, d.wanted_kind) == ("p0", "affinity", "prefix")
