@@ -57,7 +57,7 @@ class Gateway:
                  tracer_provider=None, client_factory=None) -> None:
         self.config = config
         # Duet's policy, or the one the config names (a benchmark baseline; gateway.config.load_routing_policy)
-        self.route = route if config.routing_policy is None else load_routing_policy(config.routing_policy)()
+        self.policy = route if config.routing_policy is None else load_routing_policy(config.routing_policy)()
         self.admin_key = config.admin_key
         self.models = models if models is not None else load_models(config.model_paths)
         self.metrics = GatewayMetrics()
@@ -161,7 +161,15 @@ class Gateway:
                 return w.info.hash_block_size or w.info.page_size or DEFAULT_BLOCK_SIZE
         return DEFAULT_BLOCK_SIZE
 
+    def route(self, req, *args):
+        """The routing policy, after noting the capability demand of `req` for the pool planner: a
+        request only one engine kind can serve keeps a worker of that kind, also when none exists now
+        and this request is refused with a 503."""
+        self.pools.capability_demand(time.monotonic(), req.required_capabilities)
+        return self.policy(req, *args)
+
     def record_decision(self, prep, req, decision) -> None:
+        self.pools.routed(time.monotonic(), decision)
         self.seen.add(req.block_hashes)
         self.index.add(decision.worker_id, req.block_hashes)
         self.metrics.route_decisions.labels(decision.reason, decision.engine_kind, decision.variant).inc()

@@ -15,6 +15,15 @@ than `hysteresis` workers for one kind (a share of 2.6 against a target of 2 is 
 it must pass 2.75 or fall below 1.25), and never twice within `cooldown_s`. Rates are averaged over
 `window_s`; with no traffic at all the target stays where it is.
 
+Zero workers of a kind is a valid split: a kind that had no traffic over the window gives all its
+workers up, so the planner can settle on a homogeneous fleet when that is what the traffic calls for
+(routing sends everything to the kind there is). Traffic of a kind is the work routing WANTED for it
+(gateway/pool_tracker.py). One exception keeps a kind alive without work: a request needing a
+capability only that kind has (n > 1 or beam search: engine_paged; structured output or speculative
+decoding: engine_prefix). The caller passes those kinds as `needed`; each keeps at least one worker
+while such requests arrive, and a needed kind with no worker gets one at once, cooldown or not (until
+then those requests get a 503 that names the kind serving them).
+
 A fleet that changes size (a worker switching kind leaves and comes back; one restarts, is added or is
 lost) moves as few workers as it takes: a shrink takes from the kind furthest above its share (never the
 last worker of a kind with traffic), a grow gives to the kind furthest below it, and the size the fleet
@@ -29,6 +38,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 KINDS = ("paged", "prefix")
+_NEEDED_WORK = 1e-6  # a needed kind without work weighs next to nothing: it gets one worker, no more
 
 
 @dataclass(frozen=True)
@@ -99,11 +109,12 @@ def resized(target: dict[str, int], total: int, work: dict[str, float]) -> dict[
     return out
 
 
-def balanced_split(work: dict[str, float], total: int) -> dict[str, int] | None:
-    """Whole workers per kind, in proportion to the work: at least one for a kind with work (when
-    `total` >= 2), none for a kind without. None when there is no work at all."""
+def balanced_split(work: dict[str, float], total: int, needed: frozenset[str] = frozenset()) -> dict[str, int] | None:
+    """Whole workers per kind, in proportion to the work: at least one for a kind with work or in
+    `needed` (when `total` >= 2), none for a kind without either. None when there is no work at all."""
     if total < 1:
         raise ValueError(f"total workers must be >= 1, got {total}")
+    work = {k: max(work.get(k, 0.0), _NEEDED_WORK if k in needed else 0.0) for k in KINDS}
     busy = [k for k in KINDS if work.get(k, 0.0) > 0]
     if not busy:
         return None
@@ -127,11 +138,12 @@ class PoolPlanner:
     changes: int = 0
     before_resize: dict[str, int] | None = None  # the target when the fleet last changed size
 
-    def update(self, now: float, work: dict[str, float], current: dict[str, int], hold: bool = False) -> dict[str, int]:
+    def update(self, now: float, work: dict[str, float], current: dict[str, int], hold: bool = False,
+               needed: frozenset[str] = frozenset()) -> dict[str, int]:
         """The target after this tick. `current`: workers of each kind now (their sum is the fleet
         size; the first target is the current split). `hold`: keep the target (the measurements do not
-        yet cover a whole window)."""
-        self.last_work = {k: work.get(k, 0.0) for k in KINDS}
+        yet cover a whole window). `needed`: kinds a recent request could only be served by."""
+        self.last_work = {k: max(work.get(k, 0.0), _NEEDED_WORK if k in needed else 0.0) for k in KINDS}
         total = sum(current.get(k, 0) for k in KINDS)
         if total < 1:
             return dict(self.target or {k: 0 for k in KINDS})
@@ -151,7 +163,8 @@ class PoolPlanner:
         wanted = balanced_split(self.last_work, self.total)
         if wanted is None or wanted == self.target:
             return dict(self.target)
-        if self.changed_at is not None and now - self.changed_at < self.config.cooldown_s:
+        unservable = any(self.target[k] == 0 and wanted[k] > 0 for k in needed)
+        if not unservable and self.changed_at is not None and now - self.changed_at < self.config.cooldown_s:
             return dict(self.target)
         shares = balanced_shares(self.last_work, self.total)
         starved = any(self.last_work[k] > 0 and self.target[k] == 0 for k in KINDS)

@@ -7,6 +7,12 @@
   prompt tokens and generated tokens, charged to the kind routing WANTED for it (a prompt that
   spilled to the other kind still shows demand for the kind it was meant for), and the planner's
   target split, exported as `duet_pool_target_workers{kind}` and on `GET /admin/pools`.
+- Which kinds the traffic needs (the planner's `needed`): a kind that a recent request required a
+  capability of (gateway/route_types.py PAGED_CAPABILITIES, PREFIX_CAPABILITIES), even if the request
+  found no worker of that kind. And what the load on a kind is: requests running on a kind count as its
+  traffic before any has finished, unless this gateway's recent requests there were all wanted by the
+  other kind (spilled to it, or kept where their prefix was cached): then that kind is serving the
+  other's demand, and the planner may still give all its workers up.
 - Routing accuracy: the engine's real `cached_tokens` against the router's estimate for the
   worker it chose (`cached_blocks` x block size, capped at the prompt): a histogram of the
   difference, and a counter of stale decisions, where the estimate exceeded the real figure by at
@@ -19,7 +25,9 @@ from collections import deque
 from collections.abc import Iterable
 
 from gateway.pool_planner import KINDS, PlannerConfig, PoolPlanner, WorkMeter, kind_work
-from gateway.route_types import RouteDecision, WorkerView
+from gateway.route_types import PAGED_CAPABILITIES, PREFIX_CAPABILITIES, RouteDecision, WorkerView
+
+_CAPABILITIES_OF = {"paged": PAGED_CAPABILITIES, "prefix": PREFIX_CAPABILITIES}
 
 
 def estimated_cached_tokens(decision: RouteDecision, block_size: int, prompt_tokens: int) -> int:
@@ -42,6 +50,26 @@ class PoolTracker:
         self._queued: dict[str, int] = {}  # worker id -> tokens
         self.current: dict[str, int] = {k: 0 for k in KINDS}
         self.recent: deque[tuple[int, bool]] = deque(maxlen=1000)  # (real - estimate, stale) per request
+        self._needed_at: dict[str, float] = {}  # kind -> when a request last needed a capability of it
+        self._routed_at: dict[tuple[str, str], float] = {}  # (kind served on, kind wanted) -> last routed
+
+    # -- demand at routing time ----------------------------------------------------------------
+    def capability_demand(self, now: float, required: frozenset[str]) -> None:
+        for kind, capabilities in _CAPABILITIES_OF.items():
+            if required & capabilities:
+                self._needed_at[kind] = now
+
+    def routed(self, now: float, decision: RouteDecision) -> None:
+        self._routed_at[(decision.engine_kind, wanted_kind(decision))] = now
+
+    def needed(self, now: float) -> frozenset[str]:
+        return frozenset(k for k, t in self._needed_at.items() if now - t <= self.config.window_s)
+
+    def _serves_only_the_other_kind(self, now: float, kind: str) -> bool:
+        other = next(k for k in KINDS if k != kind)
+        recent = {wanted for (served, wanted), t in self._routed_at.items()
+                  if served == kind and now - t <= self.config.window_s}
+        return recent == {other}
 
     # -- queued prefill ----------------------------------------------------------------------
     def prefill_started(self, request_id: str, worker_id: str, tokens: int) -> None:
@@ -83,11 +111,12 @@ class PoolTracker:
         queued = {k: sum(self.queued(v.worker_id) for v in views if v.engine_kind == k) for k in KINDS}
         work = {k: kind_work(rates[k][0], rates[k][1], queued[k], self.config) for k in KINDS}
         for k in KINDS:  # requests still running on a kind are traffic, even before any has finished
-            if work[k] == 0 and any(v.healthy and v.engine_kind == k and v.load > 0 for v in views):
+            if work[k] == 0 and any(v.healthy and v.engine_kind == k and v.load > 0 for v in views) and (
+                    not self._serves_only_the_other_kind(now, k)):
                 work[k] = 1e-6
         # no change until the rates cover a whole window: a fresh gateway has seen too little
         warming = self.meter.started_at is None or now - self.meter.started_at < self.config.window_s
-        target = self.planner.update(now, work, self.current, hold=warming)
+        target = self.planner.update(now, work, self.current, hold=warming, needed=self.needed(now))
         for k in KINDS:
             self.metrics.pool_target.labels(k).set(target[k])
             self.metrics.pool_current.labels(k).set(self.current[k])
@@ -96,6 +125,7 @@ class PoolTracker:
 
     def report(self, now: float) -> dict:
         out = self.planner.report(self.current, self.meter.rates(now))
+        out["needed"] = sorted(self.needed(now))
         n = len(self.recent)
         out["accuracy"] = {
             "decisions": n,

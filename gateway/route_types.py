@@ -22,7 +22,7 @@ PAGED_CAPABILITIES = frozenset({"n", "beam_search"})
 
 # the route reasons of Duet's policy (a metric label; docs/routing.md explains each)
 REASONS = (
-    "capability", "affinity", "shed", "spill", "reuse_high", "reuse_low", "multi_turn",
+    "capability", "affinity", "shed", "prefix_held", "spill", "reuse_high", "reuse_low", "multi_turn",
     "cache_match", "least_load", "override",
 )
 
@@ -95,7 +95,7 @@ class RoutingConfig:
     waiting_weight: float = 1.0  # a queued request counts as this many in flight (load = running + w * waiting)
     request_tokens: int = 256  # duet's cost: one request in flight weighs as much as this many prefill tokens
     shed_tokens: int = 98304  # a session leaves its worker when another's prefill wait is shorter by this many tokens
-    spill_tokens: int = 4096  # a new prompt goes to the other engine kind when its cost is lower by this many
+    spill_tokens: int = 4096  # the engine-kind bias: a prompt new to a worker of the other kind costs this much more there
 
     def validate(self) -> RoutingConfig:
         """Return self, or raise RoutingConfigError with what is wrong."""

@@ -12,9 +12,12 @@ The seven steps, in order (docs/routing.md explains each and every default):
                  operator's override (unknown name -> UnknownVariant, 400): gateway/canary.py;
 4. affinity    - the session's previous worker, kept unless unhealthy, overloaded, or another
                  worker's prefill wait is `shed_tokens` shorter (then this session alone moves);
-5. engine      - estimated reuse (leading blocks seen recently / head blocks) >= threshold,
-                 or a session / multi-turn chat -> prefix, else paged; the other kind if one is
-                 missing, or if its cheapest worker costs `spill_tokens` less (a spill);
+5. engine      - a cost per kind: the preferred kind (estimated reuse, leading blocks seen
+                 recently / head blocks, >= threshold, or a session / multi-turn chat -> prefix,
+                 else paged) is a bias of up to `spill_tokens`; a worker holding the prompt's
+                 prefix saves its re-prefill and a second copy, so a conversation's second turn or
+                 a shared prompt's second request stays where its prefix is (`prefix_held`) unless
+                 moving pays; a far busier wanted pool gives its work away (`spill`);
 6. replica     - the cheapest worker (cost: queued prefill tokens + this prompt's uncached tokens
                  + `request_tokens` per request in flight); an anonymous prompt keeps to the worker
                  caching most of it unless that one's prefill wait is `shed_tokens` longer;
@@ -91,32 +94,35 @@ def route(
             if not _overloaded(kept, config) and (
                     not others or waits[kept.worker_id] - min(others) <= config.shed_tokens):
                 steps.append("affinity")
-                return _decide(kept, variant, reuse, index, req, steps)
+                # the kind the session prefers is its demand, also while it stays on a worker of the other
+                # kind (it spilled there, or stayed where its prefix was): the planner counts it there
+                return _decide(kept, variant, reuse, index, req, steps, _preferred(req, reuse, config, steps,
+                                                                                   in_variant)[0])
             steps.append("shed")
 
-    # 5. engine kind by estimated reuse
+    # 5. engine kind: the reuse estimate names the kind this request suits, and that preference is a
+    # bias in a cost per kind, not a rule: moving a prompt off the worker that holds its prefix costs
+    # that prefix's re-prefill and a second copy of it in the fleet (`_kind_cost`)
     kinds = {w.engine_kind for w in in_variant}
-    # A session key says more turns will resend this prompt, so even its first turn goes where the
-    # history will be cached (affinity keeps the later turns there).
-    if req.turn_count > 1 or req.session_key is not None:
-        wanted, engine_reason = PREFIX, "multi_turn"
-    elif reuse >= config.reuse_threshold and reuse > 0.0:
-        wanted, engine_reason = PREFIX, "reuse_high"
-    else:
-        wanted, engine_reason = PAGED, "reuse_low"
+    wanted, engine_reason = _preferred(req, reuse, config, steps, in_variant)
     first_choice = wanted
     if wanted not in kinds:
         wanted = next(iter(kinds))  # the variant has one kind only: it serves everything
     elif len(kinds) > 1:
         steps.append(engine_reason)  # the reuse estimate really chose between two kinds
         other = PAGED if wanted == PREFIX else PREFIX
-        best = {k: min(costs[w.worker_id] for w in in_variant if w.engine_kind == k) for k in (wanted, other)}
-        if best[other] + config.spill_tokens < best[wanted]:
-            # the wanted pool is far busier: both engines cache prefixes and serve any prompt, and
-            # queueing behind a saturated pool is what hurts the TTFT tail (sessions spill too: affinity
-            # then keeps their later turns on the worker that now holds the history)
+        held = max(cached.values())
+        best = {k: min(_kind_cost(w, req, config, costs[w.worker_id], cached[w.worker_id], held, first_choice)
+                       for w in in_variant if w.engine_kind == k) for k in (wanted, other)}
+        if best[other] < best[wanted]:
+            # the kind not preferred costs less: either it holds this prompt's prefix (a paged
+            # worker that served a conversation's first turn serves its second from its cache), or the
+            # wanted pool is far busier (queueing behind a saturated pool is what hurts the TTFT tail;
+            # sessions spill too: affinity then keeps their later turns on the worker holding the history)
+            holds_more = (max(cached[w.worker_id] for w in in_variant if w.engine_kind == other)
+                          > max(cached[w.worker_id] for w in in_variant if w.engine_kind == wanted))
             wanted = other
-            steps.append("spill")
+            steps.append("prefix_held" if holds_more else "spill")
     pool = [w for w in in_variant if w.engine_kind == wanted]
 
     # 6. replica: the cheapest worker (cost: prefill wait + in-flight requests; ties, as in an idle fleet,
@@ -146,12 +152,16 @@ def _capable(
     """Workers advertising every required capability, narrowed to the engine kind that serves
     them best when one exists (structured output -> prefix, n/beam -> paged)."""
     capable = [w for w in candidates if required <= w.capabilities]
-    if not capable:
-        raise NoCapableWorker(
-            f"no healthy worker supports {', '.join(sorted(required))} for this model"
-        )
     wants_prefix = bool(required & PREFIX_CAPABILITIES)
     wants_paged = bool(required & PAGED_CAPABILITIES)
+    if not capable:
+        # the fleet may have no worker of the kind that serves it (the pool planner may choose a
+        # homogeneous fleet; it brings one back while such requests arrive: gateway/pool_planner.py)
+        served_by = ("; engine_prefix serves it" if wants_prefix and not wants_paged else
+                     "; engine_paged serves it" if wants_paged and not wants_prefix else "")
+        raise NoCapableWorker(
+            f"no healthy worker supports {', '.join(sorted(required))} for this model{served_by}"
+        )
     if wants_prefix == wants_paged:  # neither, or both (then any worker advertising both)
         return capable, None
     kind = PREFIX if wants_prefix else PAGED
@@ -174,6 +184,36 @@ def _prefill_wait(w: WorkerView, req: RouteRequest, cached_blocks: int) -> int:
     return w.queued_prefill_tokens + max(0, req.num_prompt_tokens - cached_blocks * req.block_tokens)
 
 
+def _preferred(req: RouteRequest, reuse: float, config: RoutingConfig, steps: list[str],
+               in_variant: list[WorkerView]) -> tuple[str, str]:
+    """The engine kind `req` suits, and the step that says so (the bias of step 5)."""
+    if "capability" in steps:  # the capability chose the kind (all candidates are of it)
+        return in_variant[0].engine_kind, "capability"
+    # A session key says more turns will resend this prompt, so even its first turn goes where the
+    # history will be cached (affinity keeps the later turns there).
+    if req.turn_count > 1 or req.session_key is not None:
+        return PREFIX, "multi_turn"
+    if reuse >= config.reuse_threshold and reuse > 0.0:
+        return PREFIX, "reuse_high"
+    return PAGED, "reuse_low"
+
+
+def _kind_cost(w: WorkerView, req: RouteRequest, config: RoutingConfig, cost: float, cached_blocks: int,
+               held_blocks: int, preferred: str) -> float:
+    """What serving `req` on `w` costs when choosing the engine kind, in prefill tokens: its replica cost
+    (the prefill wait, which counts the re-prefill of any prefix `w` lacks, plus the load), a second
+    copy in the fleet of the prefix another worker already holds (`held_blocks`: cache room another
+    prefix loses, so about one more re-prefill later), and the kind bias: `spill_tokens` on a worker
+    of the other kind, in proportion to the share of the prompt that worker must prefill (the kind
+    matters for the work an engine takes on: the prefill it schedules and the blocks it adds to its
+    cache; a worker that holds most of the prompt takes on little)."""
+    copy = (held_blocks - cached_blocks) * req.block_tokens
+    if w.engine_kind == preferred or req.num_prompt_tokens <= 0:
+        return cost + copy
+    uncached = max(0, req.num_prompt_tokens - cached_blocks * req.block_tokens)
+    return cost + copy + config.spill_tokens * uncached / req.num_prompt_tokens
+
+
 def _overloaded(w: WorkerView, config: RoutingConfig) -> bool:
     return _load(w, config) >= config.overload_running or w.kv_usage >= config.overload_kv_usage
 
@@ -181,7 +221,7 @@ def _overloaded(w: WorkerView, config: RoutingConfig) -> bool:
 # the most decisive step names the decision: an operator action first, then hard constraints,
 # then what overrode the cache-first choice, then the engine choice, then the replica choice
 _PRECEDENCE = (
-    "override", "capability", "affinity", "shed", "spill", "multi_turn", "reuse_high", "reuse_low",
+    "override", "capability", "affinity", "shed", "prefix_held", "spill", "multi_turn", "reuse_high", "reuse_low",
     "cache_match", "least_load",
 )
 

@@ -131,3 +131,38 @@ def test_the_planner_switches_kinds_under_a_shifting_load_and_loses_no_request()
     assert not load.failures, f"{len(load.failures)} of {load.sent} requests failed: {load.failures[:3]}"
     assert load.ok == load.sent and load.sent > 50
     assert code == 0
+
+
+@pytest.mark.timeout(400)
+def test_the_planner_settles_on_one_kind_and_brings_the_other_back_for_a_capability_only_it_has():
+    up = Up("--sim", "--workers", "2", "--sim-ms-per-token", "3", "--pool-planner", json.dumps(PLANNER),
+            env={"DUET_ADMIN_KEY": KEY})
+    load = Load(up.url)
+    try:
+        up.wait_ready(90)
+        assert kinds(up.url) == {"paged": 1, "prefix": 1}
+        # sessions only: nothing wants engine_paged, so a homogeneous fleet is the split
+        load.start("session", 3)
+        wait_for_split(up.url, {"paged": 0, "prefix": 2}, 120)
+        # n = 2 only engine_paged serves: refused with a 503 that says so, until the planner, seeing these
+        # requests arrive, brings a paged worker back; then they are served
+        refusals, served, deadline = [], None, time.monotonic() + 120
+        with httpx.Client(base_url=up.url, timeout=60) as c:
+            while served is None and time.monotonic() < deadline:
+                r = c.post("/v1/chat/completions", json={"model": MODEL, "n": 2, "max_tokens": 4,
+                                                         "messages": [{"role": "user", "content": "two answers"}]})
+                if r.status_code == 200:
+                    served = r.json()
+                else:
+                    refusals.append((r.status_code, r.json()["error"]["message"]))
+                    time.sleep(0.5)
+        assert served is not None and len(served["choices"]) == 2, refusals[-3:]
+        assert refusals and all(code == 503 and "engine_paged serves it" in msg for code, msg in refusals)
+        assert kinds(up.url)["paged"] == 1
+        load.finish()
+    finally:
+        load.finish()
+        code = up.stop(signal.SIGINT)
+    assert not load.failures, f"{len(load.failures)} of {load.sent} requests failed: {load.failures[:3]}"
+    assert load.ok == load.sent and load.sent > 20
+    assert code == 0

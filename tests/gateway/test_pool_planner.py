@@ -126,3 +126,63 @@ def test_running_requests_count_as_traffic_before_any_has_finished():
     assert t.tick(11.0, views) == {"paged": 1, "prefix": 1}  # paged keeps its worker: it has traffic
     idle_paged = [view("p", "paged", 0), view("x", "prefix", 1)]
     assert t.tick(12.0, idle_paged) == {"paged": 0, "prefix": 2}  # no traffic at all: the worker moves
+
+
+def test_zero_workers_of_a_kind_is_a_valid_split_unless_a_request_needs_that_kind():
+    p = PoolPlanner(PlannerConfig(cooldown_s=30.0))
+    # sessions only, nothing needs engine_paged: the homogeneous fleet (the planner is never held to a split)
+    assert p.update(0.0, {"paged": 0.0, "prefix": 500.0}, {"paged": 2, "prefix": 2}) == {"paged": 0, "prefix": 4}
+    # n > 1 arrives (only engine_paged serves it): one paged worker at once, inside the cooldown
+    assert p.update(5.0, {"paged": 0.0, "prefix": 500.0}, {"paged": 0, "prefix": 4},
+                    needed=frozenset({"paged"})) == {"paged": 1, "prefix": 3}
+    # while such requests keep arriving the kind keeps that one worker, and no more
+    assert p.update(60.0, {"paged": 0.0, "prefix": 500.0}, {"paged": 1, "prefix": 3},
+                    needed=frozenset({"paged"})) == {"paged": 1, "prefix": 3}
+    # they stopped: the worker goes back
+    assert p.update(100.0, {"paged": 0.0, "prefix": 500.0}, {"paged": 1, "prefix": 3}) == {"paged": 0, "prefix": 4}
+    assert balanced_split({"paged": 0.0, "prefix": 50.0}, 4, needed=frozenset({"paged"})) == {"paged": 1, "prefix": 3}
+
+
+def _view(wid: str, kind: str, running: int):
+    from gateway.route_types import WorkerView
+
+    return WorkerView(worker_id=wid, model_id="m", engine_kind=kind, version="v1", capabilities=frozenset(),
+                      healthy=True, draining=False, num_running=running, num_waiting=0, kv_usage=0.0)
+
+
+def _decision(kind: str, wanted: str):
+    from gateway.route_types import RouteDecision
+
+    return RouteDecision(worker_id="w", engine_kind=kind, variant="default", reason="prefix_held",
+                         estimated_reuse=1.0, cached_blocks=20, wanted_kind=wanted)
+
+
+def test_a_kind_serving_only_the_other_kind_s_demand_is_not_kept_for_it():
+    from gateway.metrics import GatewayMetrics
+    from gateway.pool_tracker import PoolTracker
+
+    t = PoolTracker(GatewayMetrics(), PlannerConfig(window_s=10.0, cooldown_s=0.0))
+    # every request wants engine_prefix; some stay on the paged worker that holds their prefix (or spill)
+    for now in (0.0, 4.0, 8.0):
+        t.meter.record("prefix", now, 2000, 50)
+        t.routed(now, _decision("paged", "prefix"))
+        t.routed(now, _decision("prefix", "prefix"))
+    views = [_view("p", "paged", 2), _view("x", "prefix", 2)]
+    assert t.tick(5.0, views) == {"paged": 1, "prefix": 1}  # warming up: held
+    # the paged worker is busy, but only with prefix's demand: the planner goes homogeneous
+    assert t.tick(11.0, views) == {"paged": 0, "prefix": 2}
+    assert t.report(11.0)["needed"] == []
+
+
+def test_a_request_needing_a_missing_kind_s_capability_brings_a_worker_of_it_back():
+    from gateway.metrics import GatewayMetrics
+    from gateway.pool_tracker import PoolTracker
+
+    t = PoolTracker(GatewayMetrics(), PlannerConfig(window_s=10.0, cooldown_s=30.0))
+    t.meter.record("prefix", 0.0, 2000, 50)
+    t.meter.record("prefix", 9.0, 2000, 50)
+    only_prefix = [_view("x0", "prefix", 1), _view("x1", "prefix", 1)]
+    assert t.tick(11.0, only_prefix) == {"paged": 0, "prefix": 2}
+    t.capability_demand(12.0, frozenset({"n"}))  # refused with a 503 naming engine_paged
+    assert t.tick(12.5, only_prefix) == {"paged": 1, "prefix": 1}
+    assert t.report(12.5)["needed"] == ["paged"]

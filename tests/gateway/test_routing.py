@@ -231,6 +231,60 @@ def test_a_new_session_spills_to_paged_when_the_prefix_pool_is_far_busier():
     assert (second.worker_id, second.reason) == ("p0", "affinity")
 
 
+def test_an_anonymous_chat_s_second_turn_stays_on_the_worker_holding_its_history():
+    # the openai SDK sends no session header: turn 1 is an unseen prompt (paged), and the paged worker
+    # caches it; re-prefilling those 368 tokens on engine_prefix (and holding them twice) costs more
+    # than the kind preference is worth, so turns 2 and 3 keep to it and hit its cache
+    r = Router()
+    system = list(range(1000, 1022))  # a 350-token system prompt: 22 blocks of 16
+    first = r(req(system + [1100]), MIXED)
+    assert (first.engine_kind, first.reason) == ("paged", "reuse_low")
+    second = r(req(system + [1100, 1101, 1102], turn_count=2), MIXED)
+    assert (second.worker_id, second.reason, second.cached_blocks) == (first.worker_id, "prefix_held", 23)
+    assert second.wanted_kind == "prefix"  # the pool planner still sees the demand for the session kind
+    third = r(req(system + [1100, 1101, 1102, 1103, 1104], turn_count=3), MIXED)
+    assert (third.worker_id, third.cached_blocks) == (first.worker_id, 25)
+
+
+def test_a_shared_system_prompt_s_second_request_uses_the_copy_already_cached():
+    r = Router()
+    system = list(range(2000, 2062))  # 1,000 tokens
+    first = r(req(system + [2100]), MIXED)
+    assert (first.engine_kind, first.reason) == ("paged", "reuse_low")
+    second = r(req(system + [2200]), MIXED)  # reuse 62/63: wants engine_prefix, which holds none of it
+    assert second.estimated_reuse > 0.9
+    assert (second.worker_id, second.reason, second.cached_blocks) == (first.worker_id, "prefix_held", 62)
+
+
+def test_a_prompt_moves_off_its_prefix_when_moving_pays():
+    system = list(range(3000, 3022))
+    # the holder's queue is far longer than the re-prefill: the second turn goes to engine_prefix
+    r = Router()
+    first = r(req(system + [3100]), MIXED)
+    busy = [worker(w.worker_id, w.engine_kind, queued_prefill_tokens=20_000 if w.worker_id == first.worker_id else 0)
+            for w in MIXED]
+    moved = r(req(system + [3100, 3101], turn_count=2), busy)
+    assert (moved.engine_kind, moved.reason) == ("prefix", "multi_turn")
+    # a short held prefix (one block) is cheap to re-prefill: the kind preference wins
+    r = Router()
+    r(req([3200]), MIXED)
+    assert r(req([3200, 3201, 3202, 3203], turn_count=2), MIXED).engine_kind == "prefix"
+    # the holder evicted it (a KV event): nothing is held, so nothing keeps the prompt on paged
+    r = Router()
+    first = r(req(system + [3300]), MIXED)
+    r.index.apply_kv_event(first.worker_id, "evicted", system + [3300])
+    assert r(req(system + [3300, 3301], turn_count=2), MIXED).engine_kind == "prefix"
+
+
+def test_capability_rules_stay_hard_whatever_is_cached():
+    r = Router()
+    system = list(range(4000, 4040))
+    first = r(req(system), MIXED)
+    assert first.engine_kind == "paged"
+    d = r(req(system + [4100], required_capabilities=frozenset({"structured_output"})), MIXED)
+    assert (d.engine_kind, d.reason) == ("prefix", "capability")
+
+
 def test_an_overloaded_worker_sheds_one_session_not_the_fleet():
     # x0 holds session A's history but has a long prefill queue; x1 is idle
     cfg = RoutingConfig(shed_tokens=4000)
@@ -324,3 +378,17 @@ def test_waiting_weight_makes_a_queue_count_more_than_a_running_batch():
     pool = [worker("a", "prefix", running=4, num_waiting=2), worker("b", "prefix", running=7)]
     assert Router(RoutingConfig(waiting_weight=1.0))(req([5]), pool, record=False).worker_id == "a"  # 6 < 7
     assert Router(RoutingConfig(waiting_weight=4.0))(req([5]), pool, record=False).worker_id == "b"  # 12 > 7
+
+
+def test_a_capability_no_worker_has_names_the_kind_that_serves_it_and_is_that_kind_s_demand():
+    only_prefix = [worker("x0", "prefix"), worker("x1", "prefix")]
+    with pytest.raises(NoCapableWorker, match="no healthy worker supports n for this model; engine_paged serves it"):
+        Router()(req([1], required_capabilities=frozenset({"n"})), only_prefix)
+    d = Router()(req([1], required_capabilities=frozenset({"structured_output"})), MIXED)
+    assert (d.engine_kind, d.wanted_kind) == ("prefix", "prefix")  # the planner charges it to prefix
+
+
+def test_a_session_kept_on_a_paged_worker_still_shows_its_demand_for_prefix():
+    r = Router()
+    d = r(req([5000, 5001, 5002], session_key="s-p", turn_count=2), MIXED, affinity="p0")
+    assert (d.worker_id, d.reason, d.wanted_kind) == ("p0", "affinity", "prefix")
