@@ -215,3 +215,44 @@ def format_report(report: dict) -> str:
     for kind, d in report["latency_s"].items():
         lines.append(f"| {kind} | {d['n']} | {d['p50']:.3f} | {d['p90']:.3f} | {d['p99']:.3f} | {d['mean']:.3f} |")
     return "\n".join(lines)
+
+
+def add_parser(sub) -> None:
+    """`duet bench diff` (argparse only; the run imports lazily)."""
+    p = sub.add_parser(
+        "diff", help="run a sample of requests on both engine kinds and report where the answers differ",
+        description="Sends every request of a JSONL file of OpenAI chat/completions bodies to engine_paged and "
+        "to engine_prefix (pinned by x-duet-variant) and reports where the answers differ: text, finish "
+        "reason, logprobs, usage, a capability only one kind has; and the latency distribution per kind. "
+        "Without --url it starts its own stack (one worker of each kind on --model).")
+    p.add_argument("--requests", required=True, help="JSONL, one OpenAI request body per line")
+    p.add_argument("--limit", type=int, default=None, help="only the first N requests")
+    p.add_argument("--model", default=None, help="model directory for the local stack (default: the tiny model)")
+    p.add_argument("--url", default=None, help="a running gateway whose routing has the variants 'paged' and "
+                   "'prefix', one pool of each kind (see loadtests/engine_diff.py ROUTING)")
+    p.add_argument("--admin-key", default=None, help="with --url: the gateway's admin key (the pin needs it)")
+    p.add_argument("--served-model-name", default=None, help="with --url: send this model name instead")
+    p.add_argument("--repeats", type=int, default=1, help="sends per request and kind (latency distribution)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    import os
+    import sys
+
+    bodies = load_requests(args.requests, args.limit)
+    if args.url:
+        admin_key = args.admin_key or os.environ.get("DUET_ADMIN_KEY")
+        report = run_diff(args.url, bodies, admin_key, model=args.served_model_name, repeats=args.repeats)
+    else:
+        from duet.model_make import default_model_dir
+        from loadtests.stack import StackError
+
+        try:
+            report = run_local(bodies, Path(args.model) if args.model else default_model_dir(), args.repeats)
+        except StackError as e:
+            print(f"duet bench diff: {e}", file=sys.stderr)
+            return 2
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0

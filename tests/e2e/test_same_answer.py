@@ -115,8 +115,8 @@ def test_stop_string_cuts_both_kinds_at_the_same_place(stack):
 
 def test_n_with_a_seed_is_paged_only_and_says_so(stack):
     client, model, _ = stack
-    kwargs = dict(model=model, prompt="Hello", max_tokens=8, n=2, temperature=0.9, seed=5,
-                  extra_body={"ignore_eos": True})
+    kwargs = {"model": model, "prompt": "Hello", "max_tokens": 8, "n": 2, "temperature": 0.9, "seed": 5,
+              "extra_body": {"ignore_eos": True}}
     first = client.completions.create(**kwargs, extra_headers={"x-duet-variant": "paged"})
     again = client.completions.create(**kwargs, extra_headers={"x-duet-variant": "paged"})
     assert [c.text for c in first.choices] == [c.text for c in again.choices]  # the seed fixes both samples
@@ -128,8 +128,9 @@ def test_n_with_a_seed_is_paged_only_and_says_so(stack):
 def test_json_schema_is_prefix_only_and_says_so(stack):
     client, model, _ = stack
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
-    kwargs = dict(model=model, messages=[{"role": "user", "content": "answer"}], max_tokens=20, temperature=0,
-                  response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+    kwargs = {"model": model, "messages": [{"role": "user", "content": "answer"}], "max_tokens": 20,
+              "temperature": 0,
+              "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}}
     out = client.chat.completions.create(**kwargs, extra_headers={"x-duet-variant": "prefix"})
     assert out.choices[0].message.content.replace(" ", "") in ('{"ok":true}', '{"ok":false}')
     with pytest.raises(openai.APIStatusError) as e:
