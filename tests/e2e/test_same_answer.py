@@ -113,7 +113,7 @@ def test_stop_string_cuts_both_kinds_at_the_same_place(stack):
     assert p.finish_reason == q.finish_reason == "stop"
 
 
-def test_n_with_a_seed_is_paged_only_and_says_so(stack):
+def test_n_with_a_seed_is_paged_only_says_so_and_its_choices_match_single_seeded_requests(stack):
     client, model, _ = stack
     kwargs = {"model": model, "prompt": "Hello", "max_tokens": 8, "n": 2, "temperature": 0.9, "seed": 5,
               "extra_body": {"ignore_eos": True}}
@@ -123,6 +123,12 @@ def test_n_with_a_seed_is_paged_only_and_says_so(stack):
     with pytest.raises(openai.APIStatusError) as e:
         client.completions.create(**kwargs, extra_headers={"x-duet-variant": "prefix"})
     assert e.value.status_code == 503 and "prefix" in str(e.value)
+    # choice i of a seeded n is sampled from seed + i: the prefix kind gives the same samples one by one
+    single = {**kwargs, "n": 1}
+    for i, choice in enumerate(first.choices):
+        alone = client.completions.create(**{**single, "seed": kwargs["seed"] + i},
+                                          extra_headers={"x-duet-variant": "prefix"})
+        assert alone.choices[0].text == choice.text
 
 
 def test_json_schema_is_prefix_only_and_says_so(stack):
