@@ -3,9 +3,10 @@
 A fixed load runs on a one-worker stack of each kind (`LOADS`): closed loop, requests that share a system
 prompt (so the prefix cache has something to hit) plus a distinct question each, greedy with ignore_eos (exact
 lengths). It is repeated `repeats` times in one sitting; each figure (output tok/s, TTFT and TPOT p50/p99,
-prefix-cache hit rate, errors) is kept as the median of the repeats AND their spread (max - min): the
-noise this machine shows right now. `save` writes both with the Duet version, the model and the machine;
-`check` runs the same loads again and fails a figure that is worse than the saved median by more than
+prefix-cache hit rate, errors) is kept as the median of the repeats AND their spread, the median absolute
+deviation from that median: the noise this machine shows right now (robust: one run stalled by a neighbour
+does not widen it, as it would the range). `save` writes both with the Duet version, the model and the
+machine; `check` runs the same loads again and fails a figure that is worse than the saved median by more than
 `NOISE_FACTOR` times the larger of the two sittings' spreads (never a fixed percentage: a quiet machine gets a
 tight band, a busy one a wide band). A baseline from another model or load is refused; one from another
 machine is compared with a warning (its figures mean little here).
@@ -25,7 +26,7 @@ from pathlib import Path
 
 FORMAT = 1
 KINDS = ("paged", "prefix")
-NOISE_FACTOR = 3.0  # a regression must exceed three times the run-to-run spread
+NOISE_FACTOR = 4.0  # a regression must exceed four times the run-to-run spread (about 2.7 sigma)
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,13 @@ def figures_of(records, wall_s: float) -> dict[str, float]:
 
 
 def summarize(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:
-    """figure -> {median, spread, runs} over the repeats of one sitting."""
-    return {f: {"median": statistics.median(r[f] for r in runs),
-                "spread": max(r[f] for r in runs) - min(r[f] for r in runs),
-                "runs": [r[f] for r in runs]} for f in FIGURES}
+    """figure -> {median, spread (median absolute deviation), runs} over the repeats of one sitting."""
+    out = {}
+    for f in FIGURES:
+        values = [r[f] for r in runs]
+        median = statistics.median(values)
+        out[f] = {"median": median, "spread": statistics.median(abs(v - median) for v in values), "runs": values}
+    return out
 
 
 def requests_for(tokens, load: Load, tag: str):
@@ -125,7 +129,7 @@ def environment(model: str | Path) -> dict:
                         "processor": platform.processor(), "python": platform.python_version()}}
 
 
-def measure(model: str | Path, repeats: int = 3, kinds=KINDS, progress=None, log_dir: Path | None = None) -> dict:
+def measure(model: str | Path, repeats: int = 5, kinds=KINDS, progress=None, log_dir: Path | None = None) -> dict:
     if repeats < 2:
         raise ValueError("--repeats must be at least 2: the noise band is measured from the repeats")
     return {"format": FORMAT, **environment(model), "load": LOAD.__dict__, "repeats": repeats,
@@ -206,7 +210,7 @@ def add_parser(sub) -> None:
         a.add_argument("file", help="the baseline JSON")
         a.add_argument("--model", default=None, help="model directory (default: the tiny random model)")
         if name == "save":
-            a.add_argument("--repeats", type=int, default=3, help="runs of the load per kind (the noise band)")
+            a.add_argument("--repeats", type=int, default=5, help="runs of the load per kind (the noise band)")
         a.set_defaults(func=_run)
 
 
