@@ -7,13 +7,11 @@ healthy. Panels the traffic here cannot feed are listed in `NEEDS_OTHER_TRAFFIC`
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -23,9 +21,8 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import ROOT, GatewayThread, Sim, free_port, gateway_config, model_dir
+from duet_stack import ROOT, GatewayThread, RealWorkers, Sim, free_port, gateway_config, model_dir
 
-from engine_core.worker import Worker
 from engine_paged.worker import build_engine as build_paged
 from engine_prefix.worker import build_engine as build_prefix
 
@@ -48,34 +45,23 @@ pytestmark = [pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prom
 
 
 class Stack:
-    """Two real workers (metrics on their own ports) on a private event loop thread, one gateway thread."""
+    """Two real workers with metrics on their own ports, one gateway thread."""
 
     def __init__(self) -> None:
         model = str(model_dir())
         self.metrics_ports = [free_port(), free_port()]
         # the paged worker without prefix caching: the gateway's index (fed by its routing decisions) then
         # expects blocks that worker never kept, which is what the stale-decision panel counts
-        self.workers = [
-            Worker(lambda: build_paged(model, kv_cache_tokens=2048, worker_id="paged-w", enable_prefix_caching=False),
-                   port=0, drain_timeout=5, metrics_port=self.metrics_ports[0]),
-            Worker(lambda: build_prefix(model, kv_cache_tokens=2048, num_draft_tokens=3, worker_id="prefix-w"),
-                   port=0, drain_timeout=5, metrics_port=self.metrics_ports[1]),
-        ]
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        ports = [self._run(w.start(), 120) for w in self.workers]
-        self.gateway = GatewayThread(gateway_config([Sim(port=p) for p in ports])).start(wait_workers=2)
-
-    def _run(self, coro, timeout: float):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        self.workers = RealWorkers([
+            lambda: build_paged(model, kv_cache_tokens=2048, worker_id="paged-w", enable_prefix_caching=False),
+            lambda: build_prefix(model, kv_cache_tokens=2048, num_draft_tokens=3, worker_id="prefix-w"),
+        ], metrics_ports=self.metrics_ports)
+        self.gateway = GatewayThread(gateway_config([Sim(port=p) for p in self.workers.ports])).start(
+            wait_workers=2)
 
     def stop(self) -> None:
         self.gateway.stop()
-        for w in self.workers:
-            self._run(w.shutdown(), 60)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self.workers.stop()
 
 
 class Prometheus:

@@ -6,18 +6,15 @@ each request to a kind with `x-duet-variant`. Greedy and seeded sampling give th
 
 from __future__ import annotations
 
-import asyncio
 import sys
-import threading
 from pathlib import Path
 
 import openai
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir
+from duet_stack import GatewayThread, RealWorkers, Sim, gateway_config, model_dir
 
-from engine_core.worker import Worker
 from engine_paged.worker import build_engine as build_paged
 from engine_prefix.worker import build_engine as build_prefix
 from loadtests import engine_diff
@@ -28,27 +25,18 @@ CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "conte
 
 @pytest.fixture(scope="module")
 def stack():
-    model = model_dir()
-    loop = asyncio.new_event_loop()
-    workers = [
-        Worker(lambda: build_paged(str(model), kv_cache_tokens=4096, worker_id="paged-w"), port=0, drain_timeout=5),
-        Worker(lambda: build_prefix(str(model), kv_cache_tokens=4096, worker_id="prefix-w"), port=0, drain_timeout=5),
-    ]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    ports = [asyncio.run_coroutine_threadsafe(w.start(), loop).result(120) for w in workers]
-    gw = GatewayThread(gateway_config([Sim(port=p) for p in ports], routing=engine_diff.ROUTING)).start(
+    model = str(model_dir())
+    workers = RealWorkers([lambda: build_paged(model, kv_cache_tokens=4096, worker_id="paged-w"),
+                           lambda: build_prefix(model, kv_cache_tokens=4096, worker_id="prefix-w")])
+    gw = GatewayThread(gateway_config([Sim(port=p) for p in workers.ports], routing=engine_diff.ROUTING)).start(
         wait_workers=2)
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     try:
-        yield client, model.name, gw.url
+        yield client, model_dir().name, gw.url
     finally:
         client.close()
         gw.stop()
-        for w in workers:
-            asyncio.run_coroutine_threadsafe(w.shutdown(), loop).result(60)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
+        workers.stop()
 
 
 def both(client, create, **kwargs) -> dict:
