@@ -74,6 +74,20 @@ def test_rules_file_is_valid_for_promtool():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def test_compose_prometheus_config_is_valid_with_the_rules(tmp_path):
+    """deploy/compose/prometheus.yml as Prometheus reads it, its rule_files pointed at the repository's file
+    (in the container the file is mounted at the path the config names)."""
+    config = yaml.safe_load((ROOT / "deploy" / "compose" / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["/etc/prometheus/rules/duet-rules.yml"]
+    config["rule_files"] = [str(RULES)]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    out = subprocess.run([promtool(), "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    n = sum(len(g["rules"]) for g in rule_groups())
+    assert "1 rule files found" in out.stdout and f"{n} rules found" in out.stdout, out.stdout
+
+
 def test_every_alert_has_a_firing_and_a_quiet_case():
     cases = [t for group in yaml.safe_load(PROMTOOL_TESTS.read_text())["tests"] for t in group["alert_rule_test"]]
     fires = {t["alertname"] for t in cases if t.get("exp_alerts")}
