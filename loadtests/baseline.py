@@ -2,9 +2,9 @@
 
 A fixed load (`LOAD`) runs on one worker of each kind behind one gateway, whose routing config sends it to one
 kind at a time: closed loop, requests that share a system prompt (so the prefix cache has something to hit)
-plus a distinct question each, greedy with ignore_eos (exact lengths). It is repeated `repeats` times in one sitting; each figure (output tok/s, TTFT and TPOT p50/p99,
-prefix-cache hit rate, errors) is kept as the median of the repeats AND their spread: the noise this
-machine shows right now. Timings and throughput vary by factors (a neighbour's burst slows a run by half, not
+plus a distinct question each, greedy with ignore_eos (exact lengths). It is repeated `repeats` times in one
+sitting; each figure (output tok/s, TTFT and TPOT p50/p99, prefix-cache hit rate, errors) is kept as the
+median of the repeats AND their spread: the noise this machine shows right now. Timings and throughput vary by factors (a neighbour's burst slows a run by half, not
 by a fixed number of milliseconds), so their spread is the standard deviation of the repeats' logarithms;
 the hit rate and the error count are compared as plain numbers. `save` writes medians and spreads with the
 Duet version, the model and the machine; `check` runs the same loads again and fails a figure that is worse
