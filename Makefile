@@ -8,13 +8,18 @@ STAMP  := $(VENV)/.installed-stamp
 setup: $(STAMP)
 
 # One pip command so the resolver sees every pin at once. Debian's chromium is
-# the browser the dashboard test drives (Playwright downloads are not allowed).
+# the browser the dashboard test drives (Playwright downloads are not allowed);
+# Debian's prometheus ships promtool (the alert-rule tests) and the server the
+# dashboard-queries test scrapes a stack with.
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install -e '.[dev]'
 	@if ! command -v chromium >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		apt-get update -qq && apt-get install -y -qq chromium redis-server >/dev/null || echo "warning: apt-get could not install chromium/redis-server"; \
+	fi
+	@if ! command -v promtool >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && apt-get install -y -qq prometheus >/dev/null || echo "warning: apt-get could not install prometheus (promtool)"; \
 	fi
 	touch $(STAMP)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
@@ -54,6 +55,25 @@ class _Stream:
     finished: set[int] = field(default_factory=set)
 
 
+DEBUG_STEP_DELAY_ENV = "DUET_DEBUG_STEP_DELAY_MS"
+
+
+def debug_step_delay_s() -> float:
+    """A TEST KNOB, never for production: `DUET_DEBUG_STEP_DELAY_MS` makes the step thread sleep that
+    long after every step that did work, a deliberately slowed build, so that a test can show that
+    `duet bench baseline check` catches a regression (docs/operations.md, "The upgrade gate")."""
+    raw = os.environ.get(DEBUG_STEP_DELAY_ENV, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        ms = float(raw)
+    except ValueError:
+        raise ValueError(f"{DEBUG_STEP_DELAY_ENV} must be a number of milliseconds, got {raw!r}") from None
+    if not 0 <= ms <= 10_000:
+        raise ValueError(f"{DEBUG_STEP_DELAY_ENV} must be in [0, 10000] ms, got {raw!r}")
+    return ms / 1000.0
+
+
 class StepLoop:
     """Owns the step thread. Call `start()` from the event loop, `stop()` at shutdown."""
 
@@ -76,6 +96,7 @@ class StepLoop:
         self._kv_subscribers: set[asyncio.Queue] = set()
         self._kv_sequence = 0
         self._idle = asyncio.Event()
+        self._debug_delay_s = debug_step_delay_s()
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -201,6 +222,8 @@ class StepLoop:
 
     def _step(self, outputs: list[StepOutput]) -> bool:
         result = self.core.step()
+        if self._debug_delay_s and result.did_work:
+            time.sleep(self._debug_delay_s)  # the test knob above: a slower build, on purpose
         outputs += result.outputs
         self.load = self.scheduler.load()
         if self.metrics:

@@ -209,6 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
     from loadtests.experiments.peer import add_parser as add_peer  # argparse only; the run imports lazily
 
     add_peer(sub)
+    from loadtests.experiments.baseline import (
+        add_parser as add_baseline,  # argparse only; the runs import lazily
+    )
+    from loadtests.experiments.engine_diff import add_parser as add_diff
+
+    add_baseline(sub)
+    add_diff(sub)
     return parser
 
 

@@ -101,6 +101,15 @@ def test_prometheus_scrapes_every_gateway_and_engine(compose):
     assert targets == want
 
 
+def test_prometheus_loads_the_alert_rules(compose):
+    """The compose Prometheus evaluates deploy/prometheus/duet-rules.yml, the one rules file (the
+    Kubernetes PrometheusRule is generated from it): mounted where prometheus.yml's rule_files points."""
+    prom = yaml.safe_load((DEPLOY / "compose" / "prometheus.yml").read_text())
+    mounts = dict(v.rsplit(":", 1)[0].split(":", 1) for v in compose["services"]["prometheus"]["volumes"])
+    assert mounts["./prometheus/duet-rules.yml"] in prom["rule_files"]
+    assert (DEPLOY / "prometheus" / "duet-rules.yml").exists()
+
+
 def test_grafana_is_provisioned_with_the_dashboard(compose):
     mounts = dict(v.rsplit(":", 1)[0].split(":", 1) for v in compose["services"]["grafana"]["volumes"])
     for source in mounts:

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if p.is_dir())
 KUBERNETES_VERSION = "1.33.0"  # the oldest release we support; gRPC probes are GA since 1.27
-CRD_KINDS = {"ServiceMonitor"}  # Prometheus Operator's: not in the core schemas, checked structurally below
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}  # Prometheus Operator's: not in the core schemas, checked structurally below
 GRPC_PORT = 50051
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -89,7 +89,7 @@ def test_renders_and_validates_against_kubernetes_schemas(rendered):
     overlay, docs = rendered
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "StatefulSet",
-            "NetworkPolicy", "ServiceMonitor", "ConfigMap"} <= kinds
+            "NetworkPolicy", "ServiceMonitor", "PrometheusRule", "ConfigMap"} <= kinds
     for d in docs:
         if d["kind"] in CRD_KINDS:
             continue
@@ -223,6 +223,23 @@ def test_grafana_dashboard_configmap_is_the_dashboard(rendered):
     # kustomize reads files only under its root, so base/ holds a copy; it must not drift
     assert cm["data"]["duet.json"] == (ROOT / "deploy" / "grafana" / "duet.json").read_text(), \
         "deploy/k8s/base/duet.json differs from deploy/grafana/duet.json: copy it over"
+
+
+def test_prometheus_rule_carries_the_alert_rules_and_promtool_accepts_it(rendered, tmp_path):
+    """The PrometheusRule CRD, checked as its operator would: the groups promtool accepts, and the same
+    groups as deploy/prometheus/duet-rules.yml (the compose stack's rules)."""
+    _, docs = rendered
+    (rule,) = _objects(docs, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and set(rule["spec"]) == {"groups"}
+    assert rule["spec"]["groups"] == yaml.safe_load((ROOT / "deploy" / "prometheus" / "duet-rules.yml").read_text())[
+        "groups"]
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (`make setup` installs Debian's prometheus package)")
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rule["spec"]))
+    out = subprocess.run([promtool, "check", "rules", str(tmp_path / "rules.yml")], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_pool_scaler_may_scale_only_the_engines(rendered):

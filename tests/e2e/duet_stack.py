@@ -250,3 +250,31 @@ class LiveStack:
 def chat_body(model: str, text: str, user: str, max_tokens: int = 4) -> dict:
     return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
             "user": user}
+
+
+class RealWorkers:
+    """Real engine workers (engine_core.worker.Worker: real gRPC, the tiny model) served from a private event
+    loop thread, so synchronous tests can use them: `RealWorkers([lambda: build_paged(...), ...],
+    metrics_ports=[p, None]).ports`, then `stop()`."""
+
+    def __init__(self, builds: list, metrics_ports: list[int | None] | None = None, timeout_s: float = 120.0):
+        import asyncio
+
+        from engine_core.worker import Worker
+
+        self._asyncio = asyncio
+        ports = metrics_ports or [None] * len(builds)
+        self.workers = [Worker(b, port=0, drain_timeout=5, metrics_port=m) for b, m in zip(builds, ports)]
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.ports = [self._run(w.start(), timeout_s) for w in self.workers]
+
+    def _run(self, coro, timeout_s: float):
+        return self._asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def stop(self) -> None:
+        for w in self.workers:
+            self._run(w.shutdown(), 60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
