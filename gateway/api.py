@@ -1,7 +1,9 @@
 """HTTP endpoints: the OpenAI API (`/v1/...`), `/health`, `/ready`, `/metrics`.
 
 A generation request: parse -> admit (429 when full) -> prepare (tokenize, 400 on context length)
--> dispatch (route, retry before the first token) -> stream SSE or collect one JSON response.
+-> admission control (429 + Retry-After when the engines could not start it in time,
+gateway/admission.py) -> per-key limits -> dispatch (route, retry before the first token) -> stream
+SSE or collect one JSON response. The client's `timeout` (`client_timeout_s`) bounds all of it.
 Every error becomes an OpenAI error object through gateway/errors.py.
 """
 
@@ -10,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import time
+from dataclasses import replace
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from gateway import errors
+from gateway import admission, errors
 from gateway.body_parser import parse_json_body
 from gateway.generation import Dispatched, Prepared, dispatch, outputs, prepare
 from gateway.metrics import CONTENT_TYPE
@@ -50,13 +54,52 @@ def _variant_override(request: Request, gw) -> str | None:
     return variant if hmac.compare_digest(given.encode(), gw.admin_key.encode()) else None
 
 
+# what the OpenAI SDKs send as the request's timeout, in seconds (the python SDK: the read timeout)
+TIMEOUT_HEADERS = ("x-stainless-timeout", "x-stainless-read-timeout")
+
+
+def client_timeout_s(request: Request, body) -> float | None:
+    """The client's timeout for this request: the SDK's header, else a body field `timeout` (seconds)."""
+    values = [request.headers.get(h) for h in TIMEOUT_HEADERS]
+    if isinstance(body, dict):
+        values.append(body.get("timeout"))
+    for value in values:
+        if value is None or isinstance(value, bool):
+            continue
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            raise errors.InvalidRequest(f"timeout must be a number of seconds, got {value!r}", "timeout") from None
+        if not (seconds > 0 and math.isfinite(seconds)):
+            raise errors.InvalidRequest(f"timeout must be > 0 seconds, got {value!r}", "timeout")
+        return seconds
+    return None
+
+
+def _admission(gw, prep: Prepared, timeout_s: float | None) -> None:
+    pool = gw.pool
+    candidates = []
+    for view in gw.views():
+        worker = pool.get(view.worker_id)
+        candidates.append((view, worker.load.prefill_tokens_per_s if worker and worker.load else 0.0))
+    estimate = admission.best_wait(candidates, prep.model.model_id, prep.api.required_capabilities)
+    try:
+        admission.admit(estimate, gw.config.limits.max_queue_wait_s, timeout_s)
+    except errors.QueueWaitTooLong:
+        gw.metrics.admission_refused.labels(prep.model.model_id).inc()
+        raise
+
+
 async def _generate(request: Request, parse) -> Response:
     gw = request.app.state.gateway
     endpoint = request.url.path
     admitted = False
     api = None
     try:
-        api = parse(parse_json_body(await request.body()))
+        body = parse_json_body(await request.body())
+        timeout_s = client_timeout_s(request, body)
+        deadline = time.monotonic() + timeout_s if timeout_s is not None else None
+        api = parse(body)
         model = gw.models.get(api.model)
         if model is None:
             raise errors.ModelNotFound(api.model)
@@ -68,6 +111,9 @@ async def _generate(request: Request, parse) -> Response:
         # a long prompt tokenizes off the event loop (the tokenizer releases the GIL), so it does not
         # stall every other stream's tokens
         prep = await asyncio.to_thread(prepare, *args) if _text_size(api) > LONG_PROMPT_CHARS else prepare(*args)
+        if deadline is not None:
+            prep = replace(prep, deadline=deadline)
+        _admission(gw, prep, None if deadline is None else deadline - time.monotonic())
         request.state.key_lease = await gw.limiter.admit(  # per-key limits; LeaseMiddleware releases it
             getattr(request.state, "api_key_id", None), api.model,
             len(prep.prompt_ids) + prep.max_tokens * api.sampling.n)

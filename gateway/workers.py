@@ -5,12 +5,18 @@ themselves in Redis with a TTL). One poll loop every `poll_interval_s` refreshes
 a grpc.health.v1 check and `GetLoad` on every worker (and `GetInfo` once per connection); per worker
 a task follows `WatchKvEvents` into the routing helper's `WorkerBlockIndex`. `views()` is the
 snapshot the routing policy reads; it does no I/O.
+
+Progress: `Worker.progress_at` is when a poll last saw the worker's step counter (`num_steps`)
+advance, or the worker with no work at all. The stream watchdog (gateway/timeouts.py) takes a worker
+whose progress stopped while it has work for stalled; one that is merely busy keeps stepping.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +40,7 @@ class Worker:
     load: pb.EngineLoad | None = None
     healthy: bool = False
     watch_task: asyncio.Task | None = None
+    progress_at: float = -math.inf  # time.monotonic() of the last poll that saw progress (module doc)
 
     @property
     def worker_id(self) -> str:
@@ -109,6 +116,10 @@ class WorkerPool:
     def workers(self) -> list[Worker]:
         return list(self._workers.values())
 
+    def progress_at(self, worker_id: str) -> float:
+        w = self._by_id.get(worker_id)
+        return w.progress_at if w is not None else -math.inf
+
     def mark_failed(self, worker_id: str) -> None:
         """A call to this worker failed: leave it out until the next successful health check."""
         w = self._by_id.get(worker_id)
@@ -162,7 +173,10 @@ class WorkerPool:
                     self._by_id[w.worker_id] = w
                     w.watch_task = asyncio.create_task(self._watch_kv(w))
             if ok:
-                w.load = await w.client.get_load()
+                before, w.load = w.load, await w.client.get_load()
+                if (before is None or w.load.num_steps != before.num_steps
+                        or not (w.load.num_running or w.load.num_waiting)):
+                    w.progress_at = time.monotonic()
         except EngineCallError:
             ok = False
         w.healthy = ok
