@@ -61,8 +61,9 @@ class EngineCore:
         result.started = self.scheduler.take_started()
         if batch is not None and batch.chunks:
             for chunk in batch.chunks:
-                if len(chunk.token_ids) > 1:
-                    result.prefill_tokens += len(chunk.token_ids)
+                n = len(getattr(chunk, "token_ids", ()))  # a scheduler's own chunk type counts as decode
+                if n > 1:
+                    result.prefill_tokens += n
                 else:
                     result.decode_tokens += 1
             logits = self.runner.forward(batch.chunks)
