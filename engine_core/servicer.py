@@ -142,10 +142,10 @@ def spec_to_pb(spec: EngineSpec) -> pb.EngineInfo:
 
 
 def load_to_pb(load: LoadStats, draining: bool, num_steps: int = 0, prefill_tokens_per_s: float = 0.0,
-               decode_tokens_per_s: float = 0.0) -> pb.EngineLoad:
+               decode_tokens_per_s: float = 0.0, step_running_s: float = 0.0) -> pb.EngineLoad:
     return pb.EngineLoad(num_running=load.num_running, num_waiting=load.num_waiting,
                          num_steps=num_steps, prefill_tokens_per_s=prefill_tokens_per_s,
-                         decode_tokens_per_s=decode_tokens_per_s,
+                         decode_tokens_per_s=decode_tokens_per_s, step_running_s=step_running_s,
                          kv_pages_used=load.kv_pages_used, kv_pages_total=load.kv_pages_total,
                          prefix_cache_queries_tokens=load.prefix_cache_queries_tokens,
                          prefix_cache_hits_tokens=load.prefix_cache_hits_tokens,
@@ -213,7 +213,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def GetLoad(self, request, context):
         loop, _ = self._ready()
         return load_to_pb(loop.load, loop.draining, loop.num_steps, loop.rates.prefill_tokens_per_s,
-                          loop.rates.decode_tokens_per_s)
+                          loop.rates.decode_tokens_per_s, loop.step_running_s)
 
     @_mapped
     async def WatchKvEvents(self, request, context):

@@ -73,6 +73,7 @@ class StepLoop:
         self.draining = False
         self.load: LoadStats = scheduler.load()  # replaced (not mutated) each step: safe to read anywhere
         self.rates = StepRates()  # written by the step thread; readers get a float, never a torn value
+        self._step_began: float | None = None  # time.monotonic() when the running step began
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopped = False
@@ -104,6 +105,11 @@ class StepLoop:
     @property
     def num_steps(self) -> int:
         return self.core.num_steps
+
+    @property
+    def step_running_s(self) -> float:
+        began = self._step_began
+        return time.monotonic() - began if began is not None else 0.0
 
     async def drain(self, timeout: float) -> bool:
         """Refuse new requests, wait up to `timeout` s for those in flight; abort the rest.
@@ -219,8 +225,11 @@ class StepLoop:
                 outputs.append(StepOutput(payload, 0, [], finish_reason=FinishReason.ABORT))
 
     def _step(self, outputs: list[StepOutput]) -> bool:
-        t0 = time.monotonic()
-        result = self.core.step()
+        t0 = self._step_began = time.monotonic()
+        try:
+            result = self.core.step()
+        finally:
+            self._step_began = None
         if result.ran_model:
             self.rates.observe(time.monotonic() - t0, result.prefill_tokens, result.decode_tokens)
         # a request's `started` goes out before the tokens of the same step

@@ -102,7 +102,8 @@ class Gateway:
         self.metrics.state_errors.set_function(lambda: float(getattr(self._state, "redis_errors_total", 0)))
         self.rollback = RollbackController(self._state, self.stats, registry=self.metrics.registry)
         self.pool = WorkerPool(self.config.workers, self.index, self.metrics, state=self._state,
-                               poll_interval_s=self.config.poll_interval_s, client_factory=self._client_factory)
+                               poll_interval_s=self.config.poll_interval_s, client_factory=self._client_factory,
+                               max_step_s=self.config.timeouts.first_token_s or self.config.timeouts.stall_s)
         await self.pool.start()
         self._tasks.append(asyncio.create_task(self._rollback_loop()))
         self._tasks.append(asyncio.create_task(self.watchdog.run()))
