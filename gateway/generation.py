@@ -259,7 +259,8 @@ def _breaker_wait_s(gw, req: routing.RouteRequest, excluded: set[str], deadline:
     """Seconds until the first open breaker among the workers that could serve `req` turns half-open;
     None when no such worker is held out by its breaker alone, or the wait would pass the deadline."""
     waits = [w for v in gw.pool.views()
-             if v.model_id == req.model and v.healthy and not v.draining and v.worker_id not in excluded
+             if v.model_id == req.model and v.healthy and not v.draining
+             and v.worker_id not in excluded and v.worker_id not in gw.drained
              and req.required_capabilities <= v.capabilities
              and (w := gw.breakers.reopens_in(v.worker_id)) is not None]
     if not waits:
