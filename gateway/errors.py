@@ -18,7 +18,7 @@ Hierarchy:
     ├── NoCapableWorker               503 service_unavailable (no capable healthy worker)
     ├── StateStoreUnavailable         503 state_unavailable (an admin change could not reach Redis)
     ├── EngineFailure                 502 engine_error (every attempt failed / failed mid-stream)
-    └── RequestTimeout                504 timeout (the client's own `timeout` passed; the engine aborted it)
+    └── RequestTimeout                408 timeout (the client's own `timeout` passed; the engine aborted it)
 
 Raise these anywhere in the request path; `error_response` (for HTTP) and `error_payload` (for an
 SSE error event) are the only code that knows the wire shape; `http_exception_response` gives
@@ -141,7 +141,7 @@ class EngineFailure(GatewayError):
 
 
 class RequestTimeout(GatewayError):
-    status = 504
+    status = 408
     type = "timeout"
     code = "timeout"
 

@@ -8,7 +8,7 @@
                left are behind open circuit breakers, it waits (once) for the first to turn
                half-open, if that comes before the client's deadline, instead of failing at once
     deadline   the client's `timeout` (Prepared.deadline) ends the request wherever it is: queued,
-               prefilling, or (without streaming) generating; the engine aborts it (504, no retry)
+               prefilling, or (without streaming) generating; the engine aborts it (408, no retry)
     outputs()  engine messages -> per-choice `Delta`s (incremental detokenizer + stop strings);
                an engine failure after the first message raises EngineFailure (the API layer
                turns it into an error event: a stream is never silently truncated)

@@ -6,7 +6,7 @@ that wait against the workers, retried, opened both breakers and refused the res
 - every request is answered, no worker is blamed (no breaker opened, no retry, no stream timeout);
 - with `max_queue_wait_s` low, the overflow is refused at once (429, Retry-After, OpenAI error shape)
   and the engines never start it: their prompt-token counters (GetLoad) grow by the admitted ones only;
-- a client's own `timeout` (the SDK's header) ends a queued request cleanly: 504, and the engine
+- a client's own `timeout` (the SDK's header) ends a queued request cleanly: 408, and the engine
   aborts it (its pages come back).
 """
 
@@ -178,8 +178,8 @@ def test_a_client_timeout_ends_a_queued_request_at_the_engine(engines):
             client.completions.create(model=MODEL, prompt=_prompt(3000), max_tokens=8, temperature=0,
                                       extra_body={"ignore_eos": True})
         assert time.monotonic() - t0 < 5
-        # the gateway saw the SDK's timeout header and ended the request itself: 504, no worker blamed
-        assert _wait(lambda: 'duet_gateway_requests_total{endpoint="/v1/completions",status="504"} 1.0'
+        # the gateway saw the SDK's timeout header and ended the request itself: 408, no worker blamed
+        assert _wait(lambda: 'duet_gateway_requests_total{endpoint="/v1/completions",status="408"} 1.0'
                      in httpx.get(gw.url + "/metrics").text, 5)
         flood.join(timeout=120)
         # the engine aborted it while it was still queued: it never started, nothing is left running
