@@ -16,6 +16,7 @@ that has not measured a rate yet, with prefill queued, has no estimate: the requ
 The bound is `limits.max_queue_wait_s`, lowered for one request by its client's `timeout` (a
 request its client will abandon before it starts is not worth starting). Retry-After says when the
 queue should have drained below the bound: the excess wait, rounded up, at least one second.
+`admit_request` is the request path's call (gateway/api.py, after tokenizing, before per-key limits).
 """
 
 from __future__ import annotations
@@ -75,3 +76,17 @@ def admit(estimate: WaitEstimate | None, max_queue_wait_s: float | None, client_
         f"The engines are busy: this request would wait about {estimate.wait_s:.0f} s before it starts "
         f"(on worker {estimate.worker_id}, the least busy), over {which} of {bound:g} s. "
         f"Retry after {retry} s.", retry)
+
+
+def admit_request(gw, prep, client_timeout_s: float | None) -> None:
+    """Check one prepared request (gateway.generation.Prepared) against the gateway's workers now."""
+    candidates = []
+    for view in gw.views():
+        worker = gw.pool.get(view.worker_id)
+        candidates.append((view, worker.load.prefill_tokens_per_s if worker and worker.load else 0.0))
+    estimate = best_wait(candidates, prep.model.model_id, prep.api.required_capabilities)
+    try:
+        admit(estimate, gw.config.limits.max_queue_wait_s, client_timeout_s)
+    except QueueWaitTooLong:
+        gw.metrics.admission_refused.labels(prep.model.model_id).inc()
+        raise

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import math
 import time
 from dataclasses import replace
 
@@ -25,6 +24,7 @@ from gateway.generation import Dispatched, Prepared, dispatch, outputs, prepare
 from gateway.metrics import CONTENT_TYPE
 from gateway.protocol import parse_chat, parse_completion
 from gateway.responses import SSE_DONE, ResponseBuilder, sse
+from gateway.timeouts import client_timeout_s
 
 log = logging.getLogger("duet.gateway.api")
 
@@ -54,42 +54,6 @@ def _variant_override(request: Request, gw) -> str | None:
     return variant if hmac.compare_digest(given.encode(), gw.admin_key.encode()) else None
 
 
-# what the OpenAI SDKs send as the request's timeout, in seconds (the python SDK: the read timeout)
-TIMEOUT_HEADERS = ("x-stainless-timeout", "x-stainless-read-timeout")
-
-
-def client_timeout_s(request: Request, body) -> float | None:
-    """The client's timeout for this request: the SDK's header, else a body field `timeout` (seconds)."""
-    values = [request.headers.get(h) for h in TIMEOUT_HEADERS]
-    if isinstance(body, dict):
-        values.append(body.get("timeout"))
-    for value in values:
-        if value is None or isinstance(value, bool):
-            continue
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError):
-            raise errors.InvalidRequest(f"timeout must be a number of seconds, got {value!r}", "timeout") from None
-        if not (seconds > 0 and math.isfinite(seconds)):
-            raise errors.InvalidRequest(f"timeout must be > 0 seconds, got {value!r}", "timeout")
-        return seconds
-    return None
-
-
-def _admission(gw, prep: Prepared, timeout_s: float | None) -> None:
-    pool = gw.pool
-    candidates = []
-    for view in gw.views():
-        worker = pool.get(view.worker_id)
-        candidates.append((view, worker.load.prefill_tokens_per_s if worker and worker.load else 0.0))
-    estimate = admission.best_wait(candidates, prep.model.model_id, prep.api.required_capabilities)
-    try:
-        admission.admit(estimate, gw.config.limits.max_queue_wait_s, timeout_s)
-    except errors.QueueWaitTooLong:
-        gw.metrics.admission_refused.labels(prep.model.model_id).inc()
-        raise
-
-
 async def _generate(request: Request, parse) -> Response:
     gw = request.app.state.gateway
     endpoint = request.url.path
@@ -97,7 +61,7 @@ async def _generate(request: Request, parse) -> Response:
     api = None
     try:
         body = parse_json_body(await request.body())
-        timeout_s = client_timeout_s(request, body)
+        timeout_s = client_timeout_s(request.headers, body)
         deadline = time.monotonic() + timeout_s if timeout_s is not None else None
         api = parse(body)
         model = gw.models.get(api.model)
@@ -113,7 +77,7 @@ async def _generate(request: Request, parse) -> Response:
         prep = await asyncio.to_thread(prepare, *args) if _text_size(api) > LONG_PROMPT_CHARS else prepare(*args)
         if deadline is not None:
             prep = replace(prep, deadline=deadline)
-        _admission(gw, prep, None if deadline is None else deadline - time.monotonic())
+        admission.admit_request(gw, prep, None if deadline is None else deadline - time.monotonic())
         request.state.key_lease = await gw.limiter.admit(  # per-key limits; LeaseMiddleware releases it
             getattr(request.state, "api_key_id", None), api.model,
             len(prep.prompt_ids) + prep.max_tokens * api.sampling.n)

@@ -16,7 +16,8 @@ In every phase the stream ends as STALLED when it has been silent for `stall_s` 
 no progress for `stall_s`: no message on any of its streams and no advance of its step counter
 (`progress_at`, from the worker pool's GetLoad polls). A frozen worker (SIGSTOP) stops both, so its
 streams end within `stall_s` of the freeze; a busy one keeps stepping, so its queued streams wait.
-A client deadline (`deadline`, from the request's `timeout`) ends the stream in any phase.
+A client deadline (`deadline`, from the request's `timeout`: `client_timeout_s`) ends the stream in
+any phase.
 
 Expiring cancels the gRPC call (the engine aborts the request and frees its pages as soon as it runs
 again: a frozen worker does so when it thaws). The reader gets `EngineCallError(code="DEADLINE_EXCEEDED")`
@@ -38,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.engine_client import EngineCallError, GenerateStream
+from gateway.errors import InvalidRequest
 
 log = logging.getLogger("duet.gateway.timeouts")
 
@@ -67,6 +69,29 @@ class Timeouts:
         if self.breaker_failures < 1:
             raise ValueError(f"timeouts.breaker_failures must be >= 1, got {self.breaker_failures}")
         return self
+
+
+# what the OpenAI SDKs send as the request's timeout, in seconds (the python SDK: its read timeout)
+TIMEOUT_HEADERS = ("x-stainless-timeout", "x-stainless-read-timeout")
+
+
+def client_timeout_s(headers, body) -> float | None:
+    """The client's timeout for this request: the SDK's header, else a body field `timeout` (seconds).
+    Raises InvalidRequest (400, param "timeout") for a value that is not a positive number."""
+    values = [headers.get(h) for h in TIMEOUT_HEADERS]
+    if isinstance(body, dict):
+        values.append(body.get("timeout"))
+    for value in values:
+        if value is None or isinstance(value, bool):
+            continue
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            raise InvalidRequest(f"timeout must be a number of seconds, got {value!r}", "timeout") from None
+        if not (seconds > 0 and math.isfinite(seconds)):
+            raise InvalidRequest(f"timeout must be > 0 seconds, got {value!r}", "timeout")
+        return seconds
+    return None
 
 
 class ClientDeadline(EngineCallError):

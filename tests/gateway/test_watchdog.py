@@ -9,8 +9,19 @@ import math
 import pytest
 
 from duet.rpc import engine_pb2 as pb
+from gateway import errors
 from gateway.engine_client import EngineCallError
-from gateway.timeouts import DEADLINE, ERROR, FIRST_TOKEN, OK, STALL, ClientDeadline, StreamWatchdog, Timeouts
+from gateway.timeouts import (
+    DEADLINE,
+    ERROR,
+    FIRST_TOKEN,
+    OK,
+    STALL,
+    ClientDeadline,
+    StreamWatchdog,
+    Timeouts,
+    client_timeout_s,
+)
 
 T = Timeouts(first_token_s=5.0, stall_s=2.0)
 
@@ -150,3 +161,14 @@ async def test_a_worker_refusing_for_load_is_not_blamed(rig):
         with pytest.raises(EngineCallError):
             await _next(w)
     assert outcomes == [("broken", ERROR)]
+
+
+def test_the_client_s_timeout_comes_from_the_sdk_header_or_the_body():
+    assert client_timeout_s({"x-stainless-read-timeout": "600.0"}, {}) == 600.0  # the python SDK's default
+    assert client_timeout_s({"x-stainless-timeout": "30"}, {"timeout": 5}) == 30.0  # the header wins
+    assert client_timeout_s({}, {"timeout": 2.5}) == 2.5
+    assert client_timeout_s({}, {"model": "m"}) is None
+    for bad in ("soon", "0", "-1", "inf"):
+        with pytest.raises(errors.InvalidRequest) as e:
+            client_timeout_s({"x-stainless-timeout": bad}, {})
+        assert e.value.param == "timeout" and e.value.status == 400
