@@ -9,9 +9,10 @@ event loop (grpc.aio) only queues work and streams results, so it never blocks o
     stream queue  <- call_soon_threadsafe -  publish `started` progress, outputs, KV events, load snapshot
     client gone / abort() -> inbox("abort")
 
-Progress for the gateway's health view: `num_steps` (steps that ran the model) and the measured
-prefill/decode rates (engine_core.step_rates) go out on GetLoad; a request that asked for it
-(`report_started`) gets a `started` message each time it leaves the queue.
+Progress for the gateway's health view: `num_steps` (steps that ran the model), `step_running_s`
+(how long the step now running has run) and the measured prefill/decode rates (engine_core.step_rates)
+go out on GetLoad; a request that asked for it (`report_started`) gets a `started` message each time
+it leaves the queue.
 
 A request's stream ends when all `params.n` output indices report a finish reason, or at once on
 ABORT or ERROR. If a step raises, every request in flight ends with an error (the loop goes on).
