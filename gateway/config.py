@@ -15,7 +15,7 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
                                   # models (gateway/limits.py); default_key_limits applies to every key
       admin_key: adm-secret
     limits: {max_body_bytes: 4194304, max_pending_requests: 4096, max_attempts: 3, default_max_tokens: null,
-             max_queue_wait_s: 600}   # admission control (gateway/admission.py); null: never refuse on wait
+             max_queue_wait_s: 900}   # admission control (gateway/admission.py); null: never refuse on wait
     health: {poll_interval_s: 1.0}
     hashing: {max_blocks: 256}
     affinity_ttl_s: 600
@@ -53,8 +53,9 @@ class Limits:
     max_attempts: int = 3  # workers tried for one request when they fail before the first token
     default_max_tokens: int | None = None  # None: up to the context length, as OpenAI does
     # estimated engine-queue wait above which a request is refused at once (429 + Retry-After); None:
-    # never. 600 s is the OpenAI SDK's default timeout: a request queued longer would be abandoned anyway
-    max_queue_wait_s: float | None = 600.0
+    # never. A CPU deployment queues long documents for minutes; an SDK client's own timeout (600 s by
+    # default, sent with each request) bounds its wait further, so this cuts only clients that send none
+    max_queue_wait_s: float | None = 900.0
 
     def __post_init__(self) -> None:
         if self.max_queue_wait_s is not None and not self.max_queue_wait_s > 0:
