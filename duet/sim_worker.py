@@ -3,7 +3,9 @@
 It paces tokens like a real engine (prefill time per uncached prompt token, then a fixed time per
 decoded token), keeps a simulated prefix cache (an LRU of duet.hashing block hashes, reported on
 WatchKvEvents and in `PromptInfo.cached_tokens`), accounts KV pages per running request so GetLoad
-shows pages coming back on abort or cancel, and serves grpc.health.v1. Token ids are deterministic:
+shows pages coming back on abort or cancel, and serves grpc.health.v1. It has no queue: a request
+starts at once (a `started` message when asked), and its prefill and tokens advance `num_steps` as a
+real engine's steps do, in ticks of at most PREFILL_TICK_S (a frozen sim stops advancing it). Token ids are deterministic:
 a seeded RNG (the request's seed, else a hash of the prompt) over the model's vocabulary.
 
 It is light: one coroutine per stream and no per-token work beyond an RNG draw, so one process can
@@ -35,6 +37,8 @@ from duet.rpc import engine_pb2_grpc as pb_grpc
 from duet.tracing import context_from_grpc
 
 log = logging.getLogger("duet.sim")
+
+PREFILL_TICK_S = 0.05  # a long simulated prefill advances the step counter this often
 
 DEFAULT_CAPABILITIES = {
     "prefix": ("logprobs", "structured_output", "speculative"),
@@ -121,6 +125,7 @@ class SimEngine(pb_grpc.EngineServicer):
         self.running: dict[str, int] = {}  # request id -> KV pages held
         self.abort_flags: dict[str, asyncio.Event] = {}
         self.aborted = 0
+        self.num_steps = 0  # progress, as a real engine's step counter (GetLoad)
         self.draining = False
         self._fail_rng = random.Random(0)
         self._ids = [i for i in range(config.vocab_size) if i not in config.excluded_ids]
@@ -157,7 +162,13 @@ class SimEngine(pb_grpc.EngineServicer):
         try:
             hashes = block_hashes(prompt, cfg.page_size, cfg.model_id, request.cache_salt)
             cached = self.cache.match_and_insert(hashes) * cfg.page_size
-            await asyncio.sleep((len(prompt) - cached) * cfg.prefill_ms_per_token / 1000)
+            if request.report_started:
+                yield pb.GenerateResponse(started=True)
+            prefill_s = (len(prompt) - cached) * cfg.prefill_ms_per_token / 1000
+            while prefill_s > 0:
+                await asyncio.sleep(min(prefill_s, PREFILL_TICK_S))
+                prefill_s -= PREFILL_TICK_S
+                self.num_steps += 1
             seed = sp.seed if sp.HasField("seed") else _prompt_seed(prompt)
             rngs = [random.Random(seed * 1000003 + i) for i in range(n)]
             stop_ids = set(sp.stop_token_ids)
@@ -173,6 +184,7 @@ class SimEngine(pb_grpc.EngineServicer):
                             yield pb.GenerateResponse(index=i, finish_reason=pb.FINISH_REASON_ABORT)
                     return
                 self.running[rid] = self._pages(len(prompt) + step + 1) * n
+                self.num_steps += 1
                 for i in range(n):
                     if done[i]:
                         continue
@@ -227,7 +239,7 @@ class SimEngine(pb_grpc.EngineServicer):
         return pb.EngineLoad(
             num_running=len(self.running), num_waiting=0,
             kv_pages_used=min(sum(self.running.values()), self.config.cache_blocks),
-            kv_pages_total=self.config.cache_blocks, draining=self.draining,
+            kv_pages_total=self.config.cache_blocks, draining=self.draining, num_steps=self.num_steps,
         )
 
     async def WatchKvEvents(self, request, context):

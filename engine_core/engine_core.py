@@ -6,6 +6,7 @@
         outputs = scheduler.process(batch, logits)    # sample, append, detect the end, free pages
         + scheduler.take_outputs()                    # errors and aborts raised outside `process`
         + scheduler.take_kv_events()                  # what the prefix cache stored / evicted
+        + scheduler.take_started()                    # requests taken out of the queue this step
 
 Who drives it: the serving loop (`engine_core.step_loop.StepLoop`, from its own thread), the offline
 `engine_core.llm.LLM`, the engine benchmarks (`loadtests/engine_bench`) and the tests. Any scheduler
@@ -26,6 +27,9 @@ class StepResult:
     outputs: list[StepOutput] = field(default_factory=list)
     kv_events: list[KvEvent] = field(default_factory=list)
     ran_model: bool = False  # a forward pass ran (False: nothing was runnable)
+    started: list[str] = field(default_factory=list)  # request ids scheduled out of the queue this step
+    prefill_tokens: int = 0  # tokens of multi-token chunks (prompt prefill) in this step's forward
+    decode_tokens: int = 0  # one-token chunks (decode) in this step's forward
 
     @property
     def did_work(self) -> bool:
@@ -54,7 +58,14 @@ class EngineCore:
         result = StepResult()
         batch = self.scheduler.schedule() if self.scheduler.has_unfinished() else None
         result.outputs += self.scheduler.take_outputs()
+        result.started = self.scheduler.take_started()
         if batch is not None and batch.chunks:
+            for chunk in batch.chunks:
+                n = len(getattr(chunk, "token_ids", ()))  # a scheduler's own chunk type counts as decode
+                if n > 1:
+                    result.prefill_tokens += n
+                else:
+                    result.decode_tokens += 1
             logits = self.runner.forward(batch.chunks)
             result.outputs += self.scheduler.process(batch, logits)
             result.outputs += self.scheduler.take_outputs()

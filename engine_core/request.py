@@ -33,6 +33,7 @@ class Request:
     params: SamplingParams
     cache_salt: str = ""
     priority: int = 0  # lower runs first when the scheduler uses priorities
+    report_started: bool = False  # stream a `started` StepOutput each time it leaves the queue
     arrival_time: float = field(default_factory=time.monotonic)
 
 
@@ -50,7 +51,9 @@ class StepOutput:
     `replaces_previous`: token_ids hold the WHOLE output of this index (beam search sends each
     finished beam this way). `prompt_tokens`/`cached_tokens` are set on the first message of a
     request only. `finish_reason` set means this index is done; when every index of a request is
-    done the request is done. FinishReason.ERROR carries a human-readable `error`.
+    done the request is done. FinishReason.ERROR carries a human-readable `error`. `started` marks a
+    progress message (no tokens) for callers that asked (`Request.report_started`): the request
+    left the queue.
     """
 
     request_id: str
@@ -63,6 +66,7 @@ class StepOutput:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     error: Exception | None = None
+    started: bool = False  # a progress message, no tokens: the request left the queue (prefill begins)
 
 
 @dataclass(frozen=True)

@@ -72,3 +72,8 @@ class Scheduler(Protocol):
 
     def take_kv_events(self) -> list[KvEvent]:
         """Prefix-cache events since the last call (engines without a prefix cache return [])."""
+
+    def take_started(self) -> list[str]:
+        """Ids of requests moved from waiting to running since the last call (a preempted request
+        that resumes is listed again); empties the buffer. The gateway's first-token deadline
+        runs from this moment, so time spent queued is never taken for a fault."""

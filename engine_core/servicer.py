@@ -115,10 +115,13 @@ def request_from_pb(r: pb.GenerateRequest, spec: EngineSpec) -> Request:
         raise InvalidRequestError(f"prompt token id {bad} is not in this model's vocabulary (0..{spec.vocab_size - 1})")
     params = sampling_from_pb(r.sampling, max(1, spec.max_model_len - len(prompt)))
     params.validate(spec.vocab_size)
-    return Request(r.request_id or uuid.uuid4().hex, prompt, params, r.cache_salt, r.priority)
+    return Request(r.request_id or uuid.uuid4().hex, prompt, params, r.cache_salt, r.priority,
+                   report_started=r.report_started)
 
 
 def output_to_pb(out: StepOutput) -> pb.GenerateResponse:
+    if out.started:
+        return pb.GenerateResponse(started=True)
     msg = pb.GenerateResponse(index=out.index, token_ids=out.token_ids, finish_reason=_FINISH[out.finish_reason],
                               cumulative_logprob=out.cumulative_logprob, replaces_previous=out.replaces_previous)
     if out.logprobs:
@@ -138,8 +141,11 @@ def spec_to_pb(spec: EngineSpec) -> pb.EngineInfo:
                          vocab_size=spec.vocab_size, worker_id=spec.worker_id)
 
 
-def load_to_pb(load: LoadStats, draining: bool) -> pb.EngineLoad:
+def load_to_pb(load: LoadStats, draining: bool, num_steps: int = 0, prefill_tokens_per_s: float = 0.0,
+               decode_tokens_per_s: float = 0.0, step_running_s: float = 0.0) -> pb.EngineLoad:
     return pb.EngineLoad(num_running=load.num_running, num_waiting=load.num_waiting,
+                         num_steps=num_steps, prefill_tokens_per_s=prefill_tokens_per_s,
+                         decode_tokens_per_s=decode_tokens_per_s, step_running_s=step_running_s,
                          kv_pages_used=load.kv_pages_used, kv_pages_total=load.kv_pages_total,
                          prefix_cache_queries_tokens=load.prefix_cache_queries_tokens,
                          prefix_cache_hits_tokens=load.prefix_cache_hits_tokens,
@@ -182,7 +188,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             loop, spec = self._ready()
             span.set_attribute("duet.engine", spec.engine_kind)
             async for out in loop.generate(request_from_pb(request, spec)):
-                if out.prompt_tokens is not None:
+                if out.started:
+                    span.add_event("started")
+                elif out.prompt_tokens is not None:
                     span.set_attribute("duet.cached_tokens", out.cached_tokens or 0)
                 yield output_to_pb(out)
         except Exception as exc:
@@ -204,7 +212,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     @_mapped
     async def GetLoad(self, request, context):
         loop, _ = self._ready()
-        return load_to_pb(loop.load, loop.draining)
+        return load_to_pb(loop.load, loop.draining, loop.num_steps, loop.rates.prefill_tokens_per_s,
+                          loop.rates.decode_tokens_per_s, loop.step_running_s)
 
     @_mapped
     async def WatchKvEvents(self, request, context):

@@ -6,8 +6,13 @@ event loop (grpc.aio) only queues work and streams results, so it never blocks o
     generate(req) -> inbox("add") ------->   drain inbox (adds, aborts: pages freed now)
                                              core.step(): schedule -> forward -> process
                                              (engine_core.engine_core.EngineCore)
-    stream queue  <- call_soon_threadsafe -  publish outputs, KV events, load snapshot
+    stream queue  <- call_soon_threadsafe -  publish `started` progress, outputs, KV events, load snapshot
     client gone / abort() -> inbox("abort")
+
+Progress for the gateway's health view: `num_steps` (steps that ran the model), `step_running_s`
+(how long the step now running has run) and the measured prefill/decode rates (engine_core.step_rates)
+go out on GetLoad; a request that asked for it (`report_started`) gets a `started` message each time
+it leaves the queue.
 
 A request's stream ends when all `params.n` output indices report a finish reason, or at once on
 ABORT or ERROR. If a step raises, every request in flight ends with an error (the loop goes on).
@@ -29,6 +34,7 @@ from engine_core.errors import EngineError, InvalidRequestError
 from engine_core.metrics import EngineMetrics
 from engine_core.request import FinishReason, KvEvent, LoadStats, Request, StepOutput
 from engine_core.scheduler_protocol import Runner, Scheduler
+from engine_core.step_rates import StepRates
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +56,7 @@ class _Stream:
     queue: asyncio.Queue
     num_outputs: int
     arrival: float
+    report_started: bool = False
     first_token: float | None = None
     last_token: dict[int, float] = field(default_factory=dict)
     finished: set[int] = field(default_factory=set)
@@ -86,6 +93,8 @@ class StepLoop:
         self.max_pending = max_pending
         self.draining = False
         self.load: LoadStats = scheduler.load()  # replaced (not mutated) each step: safe to read anywhere
+        self.rates = StepRates()  # written by the step thread; readers get a float, never a torn value
+        self._step_began: float | None = None  # time.monotonic() when the running step began
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopped = False
@@ -111,6 +120,15 @@ class StepLoop:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
+    @property
+    def num_steps(self) -> int:
+        return self.core.num_steps
+
+    @property
+    def step_running_s(self) -> float:
+        began = self._step_began
+        return time.monotonic() - began if began is not None else 0.0
+
     async def drain(self, timeout: float) -> bool:
         """Refuse new requests, wait up to `timeout` s for those in flight; abort the rest.
         True when everything finished in time."""
@@ -135,7 +153,7 @@ class StepLoop:
         if request.request_id in self._streams:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in flight")
         self.scheduler.validate(request)
-        stream = _Stream(asyncio.Queue(), max(1, request.params.n), request.arrival_time)
+        stream = _Stream(asyncio.Queue(), max(1, request.params.n), request.arrival_time, request.report_started)
         self._streams[request.request_id] = stream
         self._idle.clear()
         self._send(("add", request))
@@ -145,6 +163,10 @@ class StepLoop:
         try:
             while not done:
                 out: StepOutput = await stream.queue.get()
+                if out.started:
+                    if stream.report_started:
+                        yield out
+                    continue
                 self._observe(stream, out)
                 if out.finish_reason in (FinishReason.ABORT, FinishReason.ERROR):
                     done = True
@@ -221,9 +243,17 @@ class StepLoop:
                 outputs.append(StepOutput(payload, 0, [], finish_reason=FinishReason.ABORT))
 
     def _step(self, outputs: list[StepOutput]) -> bool:
-        result = self.core.step()
+        t0 = self._step_began = time.monotonic()
+        try:
+            result = self.core.step()
+        finally:
+            self._step_began = None
+        if result.ran_model:
+            self.rates.observe(time.monotonic() - t0, result.prefill_tokens, result.decode_tokens)
         if self._debug_delay_s and result.did_work:
             time.sleep(self._debug_delay_s)  # the test knob above: a slower build, on purpose
+        # a request's `started` goes out before the tokens of the same step
+        outputs += [StepOutput(rid, 0, [], started=True) for rid in result.started]
         outputs += result.outputs
         self.load = self.scheduler.load()
         if self.metrics:

@@ -66,6 +66,7 @@ class PagedScheduler:
         self.prompt_tokens_queried = 0  # prefix cache: prompt tokens of admitted requests ...
         self.prompt_tokens_hit = 0  # ... and how many of them were cached
         self._outputs: list[StepOutput] = []
+        self._started: list[str] = []
         self._counter = itertools.count()
 
     # -- the protocol: requests in and out ------------------------------------------------
@@ -112,6 +113,10 @@ class PagedScheduler:
 
     def take_outputs(self) -> list[StepOutput]:
         out, self._outputs = self._outputs, []
+        return out
+
+    def take_started(self) -> list[str]:
+        out, self._started = self._started, []
         return out
 
     def take_kv_events(self) -> list[KvEvent]:
@@ -199,6 +204,7 @@ class PagedScheduler:
                 break
             self.waiting.pop(0)
             group.status = GroupStatus.RUNNING
+            self._started.append(group.request_id)
             bisect.insort(self.running, group, key=lambda g: g.order)
             for seq, _ in plan:  # take every hit first, so this group's own appends cannot evict them
                 seq.num_computed = self.bm.allocate_cached(seq.seq_id, seq.token_ids, salt)

@@ -25,6 +25,7 @@ class AdmissionHost(Protocol):
     cache: RadixCache
     waiting: deque[Seq]
     running: list[Seq]
+    started: list[str]  # request ids admitted this step (the step loop streams a progress message)
     new_token_ratio: float
     queries_tokens: int
     hits_tokens: int
@@ -166,6 +167,7 @@ def _admit(s: AdmissionHost, entries: list, budget: int) -> int:
             seq.cached_prompt_tokens = m.length
         s.waiting.remove(seq)
         s.running.append(seq)
+        s.started.append(seq.req.request_id)
         dedup.admit(seq.tokens, salt)
         entries.append(Entry(seq, n, prefill=True))
         budget -= n

@@ -65,6 +65,7 @@ class PrefixScheduler:
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self._outputs: list[StepOutput] = []
+        self.started: list[str] = []  # request ids admitted since take_started (engine_prefix.admission appends)
         self.new_token_ratio = config.init_new_token_ratio
         self.num_preemptions = 0
         self.queries_tokens = 0
@@ -119,6 +120,10 @@ class PrefixScheduler:
 
     def take_outputs(self) -> list[StepOutput]:
         out, self._outputs = self._outputs, []
+        return out
+
+    def take_started(self) -> list[str]:
+        out, self.started = self.started, []
         return out
 
     def take_kv_events(self) -> list[KvEvent]:

@@ -1,7 +1,9 @@
 """HTTP endpoints: the OpenAI API (`/v1/...`), `/health`, `/ready`, `/metrics`.
 
 A generation request: parse -> admit (429 when full) -> prepare (tokenize, 400 on context length)
--> dispatch (route, retry before the first token) -> stream SSE or collect one JSON response.
+-> admission control (429 + Retry-After when the engines could not start it in time,
+gateway/admission.py) -> per-key limits -> dispatch (route, retry before the first token) -> stream
+SSE or collect one JSON response. The client's `timeout` (`client_timeout_s`) bounds all of it.
 Every error becomes an OpenAI error object through gateway/errors.py.
 """
 
@@ -11,16 +13,18 @@ import asyncio
 import hmac
 import logging
 import time
+from dataclasses import replace
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from gateway import errors
+from gateway import admission, errors
 from gateway.body_parser import parse_json_body
 from gateway.generation import Dispatched, Prepared, dispatch, outputs, prepare
 from gateway.metrics import CONTENT_TYPE
 from gateway.protocol import parse_chat, parse_completion
 from gateway.responses import SSE_DONE, ResponseBuilder, sse
+from gateway.timeouts import client_timeout_s
 
 log = logging.getLogger("duet.gateway.api")
 
@@ -56,7 +60,10 @@ async def _generate(request: Request, parse) -> Response:
     admitted = False
     api = None
     try:
-        api = parse(parse_json_body(await request.body()))
+        body = parse_json_body(await request.body())
+        timeout_s = client_timeout_s(request.headers, body)
+        deadline = time.monotonic() + timeout_s if timeout_s is not None else None
+        api = parse(body)
         model = gw.models.get(api.model)
         if model is None:
             raise errors.ModelNotFound(api.model)
@@ -68,6 +75,9 @@ async def _generate(request: Request, parse) -> Response:
         # a long prompt tokenizes off the event loop (the tokenizer releases the GIL), so it does not
         # stall every other stream's tokens
         prep = await asyncio.to_thread(prepare, *args) if _text_size(api) > LONG_PROMPT_CHARS else prepare(*args)
+        if deadline is not None:
+            prep = replace(prep, deadline=deadline)
+        admission.admit_request(gw, prep, None if deadline is None else deadline - time.monotonic())
         request.state.key_lease = await gw.limiter.admit(  # per-key limits; LeaseMiddleware releases it
             getattr(request.state, "api_key_id", None), api.model,
             len(prep.prompt_ids) + prep.max_tokens * api.sampling.n)

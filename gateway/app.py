@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import time
 from dataclasses import replace
 
@@ -21,7 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from gateway import api
+from gateway import api, timeouts
 from gateway.admin import admin_routes
 from gateway.circuit_breaker import CircuitBreakers
 from gateway.config import GatewayConfig, load_routing_policy
@@ -76,7 +77,7 @@ class Gateway:
             request_timeout_s=t.request_s, rpc_timeout_s=t.rpc_s)
         self.breakers = CircuitBreakers(t.breaker_failures, t.breaker_open_s)
         self.limiter = KeyLimiter(config.key_limits, config.redis)
-        self.watchdog = StreamWatchdog(t, on_outcome=self._call_outcome)
+        self.watchdog = StreamWatchdog(t, on_outcome=self._call_outcome, progress_at=self._progress_at)
         self.pending = 0
         self.drained: set[str] = set()
         self.pools = PoolTracker(self.metrics, config.pool_planner)
@@ -104,7 +105,8 @@ class Gateway:
         self.metrics.state_errors.set_function(lambda: float(getattr(self._state, "redis_errors_total", 0)))
         self.rollback = RollbackController(self._state, self.stats, registry=self.metrics.registry)
         self.pool = WorkerPool(self.config.workers, self.index, self.metrics, state=self._state,
-                               poll_interval_s=self.config.poll_interval_s, client_factory=self._client_factory)
+                               poll_interval_s=self.config.poll_interval_s, client_factory=self._client_factory,
+                               max_step_s=self.config.timeouts.first_token_s or self.config.timeouts.stall_s)
         await self.pool.start()
         self._tasks.append(asyncio.create_task(self._rollback_loop()))
         self._tasks.append(asyncio.create_task(self.watchdog.run()))
@@ -145,12 +147,16 @@ class Gateway:
         self.pending -= 1
         self.metrics.pending.set(self.pending)
 
-    def _call_outcome(self, worker_id: str, ok: bool, timed_out: bool = False) -> None:
-        if timed_out:
+    def _progress_at(self, worker_id: str) -> float:
+        return self.pool.progress_at(worker_id) if self.pool is not None else -math.inf
+
+    def _call_outcome(self, worker_id: str, outcome: str) -> None:
+        """How a call went (gateway/timeouts.py): only errors and stalls count against the breaker."""
+        if outcome in (timeouts.STALL, timeouts.FIRST_TOKEN):
             self.metrics.stream_timeouts.labels(worker_id).inc()
-        if ok:
+        if outcome == timeouts.OK:
             self.breakers.record_success(worker_id)
-        elif self.breakers.record_failure(worker_id):
+        elif outcome in (timeouts.ERROR, timeouts.STALL) and self.breakers.record_failure(worker_id):
             self.metrics.breaker_opened.labels(worker_id).inc()
             log.warning("circuit breaker of worker %s opened: left out of routing for %.0f s", worker_id,
                         self.breakers.open_s)

@@ -7,10 +7,14 @@ fails requests (a broken engine, a wedged device, streams that stall). States pe
     open       left out of routing until `open_s` has passed since it opened
     half_open  routed again; the next call's outcome closes it (success) or opens it again (failure)
 
-A failed call is one the gateway gave up on: an error before the first token, a failure or stall
-mid-stream, a first-token timeout. A request the engine rejected as invalid is not the worker's fault
-and does not count. Half-open admits every request rather than one probe: a failure before the first
-token is retried on another worker anyway, so the cost of a bad probe is one retry per request.
+A failed call is a fault of the worker, never of load (gateway/timeouts.py decides): an error
+before the first token or mid-stream, or a stall (silent while the worker makes no progress). Not
+counted: a request the engine rejected as invalid, a RESOURCE_EXHAUSTED refusal (the worker is full),
+time spent queued, a slow prefill past `first_token_s`, the client's own deadline. Half-open admits
+every request rather than one probe: a failure before the first token is retried on another worker
+anyway, so the cost of a bad probe is one retry per request. When every worker of a model is open, a
+request waits for the first to turn half-open (`reopens_in`), within its own deadline, rather than
+failing at once (gateway/generation.py).
 """
 
 from __future__ import annotations
@@ -61,6 +65,13 @@ class CircuitBreakers:
             self.opened_total += 1
             return True
         return False
+
+    def reopens_in(self, worker_id: str) -> float | None:
+        """Seconds until this worker's open breaker turns half-open; None when it is not open."""
+        b = self._by_worker.get(worker_id)
+        if b is None or b.opened_at is None or self.state(worker_id) != OPEN:
+            return None
+        return max(0.0, b.opened_at + self.open_s - self.clock())
 
     def open_workers(self) -> list[str]:
         return [w for w in self._by_worker if self.state(w) == OPEN]

@@ -14,7 +14,8 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
                                   # an entry may add requests_per_minute, tokens_per_minute, max_concurrent,
                                   # models (gateway/limits.py); default_key_limits applies to every key
       admin_key: adm-secret
-    limits: {max_body_bytes: 4194304, max_pending_requests: 4096, max_attempts: 3, default_max_tokens: null}
+    limits: {max_body_bytes: 4194304, max_pending_requests: 4096, max_attempts: 3, default_max_tokens: null,
+             max_queue_wait_s: 900}   # admission control (gateway/admission.py); null: never refuse on wait
     health: {poll_interval_s: 1.0}
     hashing: {max_blocks: 256}
     affinity_ttl_s: 600
@@ -55,6 +56,14 @@ class Limits:
     max_pending_requests: int = 4096  # requests inside the gateway at once; beyond -> 429
     max_attempts: int = 3  # workers tried for one request when they fail before the first token
     default_max_tokens: int | None = None  # None: up to the context length, as OpenAI does
+    # estimated engine-queue wait above which a request is refused at once (429 + Retry-After); None:
+    # never. A CPU deployment queues long documents for minutes; an SDK client's own timeout (600 s by
+    # default, sent with each request) bounds its wait further, so this cuts only clients that send none
+    max_queue_wait_s: float | None = 900.0
+
+    def __post_init__(self) -> None:
+        if self.max_queue_wait_s is not None and not self.max_queue_wait_s > 0:
+            raise ValueError(f"limits.max_queue_wait_s must be > 0 (or null for no bound), got {self.max_queue_wait_s}")
 
 
 @dataclass(frozen=True)

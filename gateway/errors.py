@@ -12,10 +12,13 @@ Hierarchy:
     ├── WorkerNotFound                404 worker_not_found (admin drain)
     ├── RequestTooLarge               413 request_too_large
     ├── QueueFull                     429 rate_limit_exceeded (admission queue full)
-    │   └── RateLimited               429 rate_limit_exceeded (a per-key limit; Retry-After)
+    │   ├── RateLimited               429 rate_limit_exceeded (a per-key limit; Retry-After)
+    │   └── QueueWaitTooLong          429 code=queue_wait_exceeded (engines too busy to start it in
+    │                                     time, gateway/admission.py; Retry-After)
     ├── NoCapableWorker               503 service_unavailable (no capable healthy worker)
     ├── StateStoreUnavailable         503 state_unavailable (an admin change could not reach Redis)
-    └── EngineFailure                 502 engine_error (every attempt failed / failed mid-stream)
+    ├── EngineFailure                 502 engine_error (every attempt failed / failed mid-stream)
+    └── RequestTimeout                408 timeout (the client's own `timeout` passed; the engine aborted it)
 
 Raise these anywhere in the request path; `error_response` (for HTTP) and `error_payload` (for an
 SSE error event) are the only code that knows the wire shape; `http_exception_response` gives
@@ -109,6 +112,16 @@ class RateLimited(QueueFull):
         self.headers = {"retry-after": str(retry_after_s)}
 
 
+class QueueWaitTooLong(QueueFull):
+    """Admission control (gateway/admission.py): the estimated wait is over the bound; nothing started."""
+
+    code = "queue_wait_exceeded"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.headers = {"retry-after": str(retry_after_s)}
+
+
 class NoCapableWorker(GatewayError):
     status = 503
     type = "service_unavailable"
@@ -125,6 +138,12 @@ class EngineFailure(GatewayError):
     status = 502
     type = "engine_error"
     code = "engine_error"
+
+
+class RequestTimeout(GatewayError):
+    status = 408
+    type = "timeout"
+    code = "timeout"
 
 
 async def http_exception_response(request, exc) -> JSONResponse:

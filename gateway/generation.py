@@ -5,7 +5,11 @@
                open the stream, wait for its first message;
                a worker that fails before it is left out, the failed attempt recorded in the
                request stats (ok=False, its variant), and the request re-routed
-               (at most `max_attempts` workers); the decision is recorded
+               (at most `max_attempts` workers); the decision is recorded. When the only workers
+               left are behind open circuit breakers, it waits (once) for the first to turn
+               half-open, if that comes before the client's deadline, instead of failing at once
+    deadline   the client's `timeout` (Prepared.deadline) ends the request wherever it is: queued,
+               prefilling, or (without streaming) generating; the engine aborts it (408, no retry)
     outputs()  engine messages -> per-choice `Delta`s (incremental detokenizer + stop strings);
                an engine failure after the first message raises EngineFailure (the API layer
                turns it into an error event: a stream is never silently truncated)
@@ -16,6 +20,7 @@ stop string hit): the engine aborts the request and frees its pages.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator
@@ -34,6 +39,7 @@ from gateway.models import ServedModel
 from gateway.protocol import ApiRequest
 from gateway.route_types import NoCapableWorker, RouteDecision, RouteRequest, UnknownVariant
 from gateway.stops import StopMatcher
+from gateway.timeouts import ClientDeadline
 from gateway.tools import render_chat
 
 _FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
@@ -52,6 +58,7 @@ class Prepared:
     session_key: str | None
     variant_override: str | None
     arrival: float = field(default_factory=time.perf_counter)
+    deadline: float | None = None  # time.monotonic() when the client's own timeout passes; None: none
 
 
 @dataclass
@@ -127,8 +134,10 @@ def to_pb(prep: Prepared) -> pb.GenerateRequest:
         sp.length_penalty = s.length_penalty
     if s.speculative is not None:
         sp.speculative = s.speculative
+    # report_started: the first-token deadline runs from the engine's start, not from the queue
     return pb.GenerateRequest(request_id=prep.request_id, prompt_token_ids=prep.prompt_ids,
-                              sampling=sp, cache_salt=prep.cache_salt, priority=s.priority)
+                              sampling=sp, cache_salt=prep.cache_salt, priority=s.priority,
+                              report_started=True)
 
 
 @dataclass
@@ -169,8 +178,11 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
     last_error: EngineCallError | None = None
     # one "route" span over routing and every attempt; each attempt's gRPC client span is its child
     # and lives as long as the stream (Dispatched.close ends it)
+    waited_for_breaker = False
     with tracer.start_as_current_span("route") as route_span:
-        for attempt in range(1, gw.config.limits.max_attempts + 1):
+        attempt = 0
+        while attempt < gw.config.limits.max_attempts:
+            attempt += 1
             views = [v for v in gw.views() if v.worker_id not in excluded]
             t0 = time.perf_counter()
             try:
@@ -178,6 +190,12 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
             except UnknownVariant as e:
                 raise errors.UnknownVariantError(str(e), "x-duet-variant") from None
             except NoCapableWorker as e:
+                wait = None if waited_for_breaker else _breaker_wait_s(gw, req, excluded, prep.deadline)
+                if wait is not None:  # every capable worker is behind an open breaker: wait for a probe
+                    waited_for_breaker = True
+                    attempt -= 1
+                    await asyncio.sleep(wait)
+                    continue
                 detail = f" (last worker error: {last_error})" if last_error else ""
                 raise errors.NoCapableWorker(f"{e}{detail}") from None
             gw.metrics.route_seconds.observe(time.perf_counter() - t0)
@@ -194,7 +212,7 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
                 "server.address": worker.address, "duet.worker": decision.worker_id})
             stream = gw.watchdog.watch(  # first-token and stall timeouts, circuit-breaker outcomes
                 worker.client.generate(message, metadata=inject_metadata(trace.set_span_in_context(span))),
-                decision.worker_id)
+                decision.worker_id, prep.deadline)
             it = stream.__aiter__()
             # until its first message the request is queued prefill on that worker (routing's load signal)
             gw.pools.prefill_started(prep.request_id, decision.worker_id, len(prep.prompt_ids) - min(
@@ -203,6 +221,10 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
                 first = await it.__anext__()
             except (EngineCallError, StopAsyncIteration) as e:
                 stream.cancel()
+                if isinstance(e, ClientDeadline):
+                    span.end()
+                    raise errors.RequestTimeout(f"the request's timeout passed before its first token "
+                                                f"({e.details})") from None
                 if isinstance(e, EngineCallError) and not e.retryable:
                     span.end()
                     raise errors.InvalidRequest(f"the engine rejected the request: {e.details}") from None
@@ -226,12 +248,30 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
                 raise
             finally:
                 gw.pools.prefill_done(prep.request_id)
+            if api.stream:  # a stream's client times out between chunks, not on the whole answer
+                stream.deadline = None
             gw.record_decision(prep, req, decision)
             if affinity_key:
                 await gw.state.set_affinity(affinity_key, decision.worker_id, gw.config.affinity_ttl_s)
             return Dispatched(decision, stream, it, first, attempt, span)
     raise errors.EngineFailure(f"{gw.config.limits.max_attempts} workers failed before the first token; "
                                f"last error: {last_error}")
+
+
+def _breaker_wait_s(gw, req: RouteRequest, excluded: set[str], deadline: float | None) -> float | None:
+    """Seconds until the first open breaker among the workers that could serve `req` turns half-open;
+    None when no such worker is held out by its breaker alone, or the wait would pass the deadline."""
+    waits = [w for v in gw.pool.views()
+             if v.model_id == req.model and v.healthy and not v.draining
+             and v.worker_id not in excluded and v.worker_id not in gw.drained
+             and req.required_capabilities <= v.capabilities
+             and (w := gw.breakers.reopens_in(v.worker_id)) is not None]
+    if not waits:
+        return None
+    wait = min(waits) + 0.01  # just past the moment it turns half-open
+    if deadline is not None and time.monotonic() + wait > deadline:
+        return None
+    return wait
 
 
 class _Choice:
@@ -266,6 +306,9 @@ async def outputs(prep: Prepared, d: Dispatched, usage: dict) -> AsyncIterator[D
         except StopAsyncIteration:
             raise errors.EngineFailure(f"worker {d.decision.worker_id} ended the stream before every choice "
                                        f"finished") from None
+        except ClientDeadline as e:
+            raise errors.RequestTimeout(f"the request's timeout passed while it was generating ({e.details})") \
+                from None
         except EngineCallError as e:
             raise errors.EngineFailure(f"worker {d.decision.worker_id} failed mid-stream: {e.code}: "
                                        f"{e.details}") from None

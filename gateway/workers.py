@@ -5,12 +5,20 @@ themselves in Redis with a TTL). One poll loop every `poll_interval_s` refreshes
 a grpc.health.v1 check and `GetLoad` on every worker (and `GetInfo` once per connection); per worker
 a task follows `WatchKvEvents` into the routing helper's `WorkerBlockIndex`. `views()` is the
 snapshot the routing policy reads; it does no I/O.
+
+Progress: `Worker.progress_at` is when a poll last saw the worker's step counter (`num_steps`)
+advance, a step running for no longer than `max_step_s` (one long prefill step on a slow device;
+the first-token deadline, since a whole prefill must fit in it), or the worker with no work at all.
+The stream watchdog (gateway/timeouts.py) takes a worker whose progress stopped while it has work for
+stalled; one that is merely busy keeps stepping.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +42,7 @@ class Worker:
     load: pb.EngineLoad | None = None
     healthy: bool = False
     watch_task: asyncio.Task | None = None
+    progress_at: float = -math.inf  # time.monotonic() of the last poll that saw progress (module doc)
 
     @property
     def worker_id(self) -> str:
@@ -61,7 +70,9 @@ class WorkerPool:
         state=None,
         poll_interval_s: float = 1.0,
         client_factory: Callable[[str], EngineClient] = GrpcEngineClient,
+        max_step_s: float | None = None,
     ) -> None:
+        self._max_step_s = max_step_s
         self._index = index
         self._metrics = metrics
         self._state = state
@@ -108,6 +119,10 @@ class WorkerPool:
 
     def workers(self) -> list[Worker]:
         return list(self._workers.values())
+
+    def progress_at(self, worker_id: str) -> float:
+        w = self._by_id.get(worker_id)
+        return w.progress_at if w is not None else -math.inf
 
     def mark_failed(self, worker_id: str) -> None:
         """A call to this worker failed: leave it out until the next successful health check."""
@@ -162,7 +177,9 @@ class WorkerPool:
                     self._by_id[w.worker_id] = w
                     w.watch_task = asyncio.create_task(self._watch_kv(w))
             if ok:
-                w.load = await w.client.get_load()
+                before, w.load = w.load, await w.client.get_load()
+                if before is None or self._progressed(before, w.load):
+                    w.progress_at = time.monotonic()
         except EngineCallError:
             ok = False
         w.healthy = ok
@@ -172,6 +189,11 @@ class WorkerPool:
             self._metrics.worker_running.labels(w.worker_id).set(w.load.num_running)
             total = w.load.kv_pages_total
             self._metrics.worker_kv_usage.labels(w.worker_id).set(w.load.kv_pages_used / total if total else 0)
+
+    def _progressed(self, before: pb.EngineLoad, now: pb.EngineLoad) -> bool:
+        if now.num_steps != before.num_steps or not (now.num_running or now.num_waiting):
+            return True
+        return 0 < now.step_running_s and (self._max_step_s is None or now.step_running_s <= self._max_step_s)
 
     async def _watch_kv(self, w: Worker) -> None:
         """Follow the worker's KV events; reconnect while the worker stays in the pool."""

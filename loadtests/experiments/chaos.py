@@ -9,6 +9,9 @@ bodies run throughout, while the drill injects, one after the other with `gap_s`
     freeze_worker    SIGSTOP of the prefix worker for stall_s + freeze_extra_s, then SIGCONT
     restart_redis    the redis-server stopped for redis_down_s, then started again on its port
     kill_gateway     SIGKILL of the second gateway (the supervisor restarts it)
+    long_prompt_flood  `flood_requests` long prompts at once (loadtests/chaos_load.flood): each is answered
+                     or refused at once with 429 + Retry-After; no breaker may open on the load alone
+                     (figures under "flood": ok, refused, max_ttft_s, breakers_opened)
 
 `recovery_s` of a fault runs from its injection until the stack is whole again: every gateway ready
 and seeing every worker healthy (for Redis: every gateway's state store back up). With `soak_minutes`
@@ -38,8 +41,10 @@ from duet.launcher import free_port
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
 from duet.supervisor import RestartPolicy
-from loadtests.experiments.chaos_load import Gateways, Tally, client_loop, fuzz_loop
+from loadtests.experiments.chaos_load import Gateways, Tally, client_loop, flood, fuzz_loop
 from loadtests.experiments.stack import ADMIN_KEY, ServingStack
+
+_BREAKER_OPENED = re.compile(r"^duet_worker_breaker_opened_total\{.*\} (\S+)$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,10 @@ class ChaosSettings:
     recovery_timeout_s: float = 120.0
     soak_minutes: float = 0.0
     seed: int = 0
+    first_token_s: float = 60.0  # the gateways' first-token deadline (from the engine's start of a request)
+    flood_requests: int = 24
+    flood_prompt_tokens: int = 1500  # capped to fit the model's context
+    flood_max_tokens: int = 32
 
 
 def _redis_binary() -> str:
@@ -114,6 +123,7 @@ class Drill:
         self.stack, self.redis, self.s, self.progress = stack, redis, s, progress
         self.gws = Gateways(stack.urls)
         self.recovery: dict[str, list[float]] = {}
+        self.flood: dict = {}
         self.http = httpx.AsyncClient(timeout=3.0, headers={"authorization": f"Bearer {ADMIN_KEY}"})
 
     async def _whole(self, check_state: bool = False) -> bool:
@@ -171,6 +181,29 @@ class Drill:
         await asyncio.sleep(0.5)
         await self._recovered("kill_gateway", t0)
 
+    async def _breakers_opened(self) -> float:
+        total = 0.0
+        for url in self.gws.urls:
+            try:
+                text = (await self.http.get(url + "/metrics")).text
+            except httpx.HTTPError:
+                continue
+            total += sum(float(v) for v in _BREAKER_OPENED.findall(text))
+        return total
+
+    async def long_prompt_flood(self) -> None:
+        from duet.model_dir import read_model_dir
+
+        config = read_model_dir(self.stack.model).config
+        tokens = min(self.s.flood_prompt_tokens, config.max_position_embeddings - self.s.flood_max_tokens - 8)
+        before = await self._breakers_opened()
+        self.flood = await flood(self.gws, self.stack.model.name, self.s.flood_requests, tokens,
+                                 self.s.flood_max_tokens, min(config.vocab_size, 32_000), self.s.seed,
+                                 self.s.hung_after_s)
+        self.flood["breakers_opened"] = await self._breakers_opened() - before
+        self.progress(f"chaos: flood: {self.flood['ok']} answered, {self.flood['refused']} refused, "
+                      f"{self.flood['lost']} lost; slowest first token {self.flood['max_ttft_s']} s")
+
     async def supervise(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             for e in self.stack.supervisor.poll():
@@ -189,7 +222,8 @@ class Drill:
         pids0 = {n: self.stack.supervisor.pid(n) for n in names}
         rss0 = {n: _rss_mb(p) for n, p in pids0.items()}
         t_start = time.monotonic()
-        faults = (self.kill_worker, self.freeze_worker, self.restart_redis, self.kill_gateway)
+        faults = (self.long_prompt_flood, self.kill_worker, self.freeze_worker, self.restart_redis,
+                  self.kill_gateway)
         cycles = 0
         while True:
             for fault in faults:
@@ -216,7 +250,7 @@ class Drill:
             "requests": sum(c.values()), "ok": c["ok"], "clean_errors": c["clean_error"], "cut_by_gateway_kill": c["cut"],
             "lost": c["lost"], "hung": c["hung"], "leaked_pages": leaked, "rss_growth_mb": rss,
             "recovery_s": {k: (v[0] if len(v) == 1 else v) for k, v in self.recovery.items()},
-            "fuzz": tally.fuzz, "cycles": cycles, "duration_s": round(time.monotonic() - t_start, 1),
+            "fuzz": tally.fuzz, "flood": self.flood, "cycles": cycles, "duration_s": round(time.monotonic() - t_start, 1),
             "examples": tally.examples, "settings": asdict(s),
         }
 
@@ -243,7 +277,7 @@ def run(s: ChaosSettings, model: str | None = None, log_dir: str | None = None, 
     model_path = Path(model) if model else default_model_dir()
     redis = RedisProcess(free_port())
     redis.start()
-    timeouts = {"stall_s": s.stall_s, "first_token_s": 60.0}
+    timeouts = {"stall_s": s.stall_s, "first_token_s": s.first_token_s}
     policy = RestartPolicy(backoff_initial_s=0.2, backoff_max_s=2.0, max_restarts=50, window_s=60.0,
                            stop_grace_s=10.0)
     try:

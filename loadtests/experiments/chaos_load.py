@@ -11,6 +11,9 @@ outcome classified the way a client sees it.
 
 A request whose connection is refused never reached a gateway: like a load balancer, the client sends
 it to the other gateway (up to every gateway once) and it is classified by that attempt.
+
+`flood` is the drill's long-prompt phase (issue 21): many long prompts at once, each either answered
+or refused at once with 429 + Retry-After (admission control); anything else is lost.
 """
 
 from __future__ import annotations
@@ -174,3 +177,52 @@ async def fuzz_loop(gws: Gateways, model: str, tally: Tally, stop: asyncio.Event
                     tally.add("lost", f"fuzz body {body[:60]!r} -> {r.status_code} {r.text[:100]}")
                 break
             await asyncio.sleep(interval_s)
+
+
+async def _flood_one(client: httpx.AsyncClient, url: str, body: dict) -> tuple[str, float, str]:
+    """(outcome, seconds to the first token or to the refusal, detail); outcome ok | refused | lost."""
+    t0 = time.monotonic()
+    try:
+        async with client.stream("POST", url + "/v1/completions", json=body) as resp:
+            if resp.status_code == 429:
+                raw = await resp.aread()
+                try:
+                    shaped = isinstance(json.loads(raw)["error"]["message"], str)
+                except (ValueError, KeyError, TypeError):
+                    shaped = False
+                if shaped and resp.headers.get("retry-after", "").isdigit():
+                    return "refused", time.monotonic() - t0, ""
+                return "lost", 0.0, f"429 without Retry-After or an error object: {raw[:120]!r}"
+            if resp.status_code != 200:
+                return "lost", 0.0, f"{resp.status_code}: {(await resp.aread())[:200]!r}"
+            first = None
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    return "lost", 0.0, f"error event: {event['error'].get('message', '')[:160]}"
+                if first is None and any(c.get("text") for c in event.get("choices", ())):
+                    first = time.monotonic() - t0
+            return ("ok", first, "") if first is not None else ("lost", 0.0, "no tokens")
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        return "lost", 0.0, f"{type(e).__name__}: {e}"
+
+
+async def flood(gws: Gateways, model: str, requests: int, prompt_tokens: int, max_tokens: int, vocab_size: int,
+                seed: int, timeout_s: float) -> dict:
+    """`requests` long prompts (distinct token ids: no cache hit shortens them) sent at once over the gateways."""
+    rng = random.Random(seed)
+    bodies = [{"model": model, "prompt": [rng.randrange(3, vocab_size) for _ in range(prompt_tokens)],
+               "max_tokens": max_tokens, "ignore_eos": True, "stream": True, "temperature": 0}
+              for _ in range(requests)]
+    t0 = time.monotonic()
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=2.0)) as client:
+        results = await asyncio.gather(*(_flood_one(client, gws.urls[i % len(gws.urls)], b)
+                                         for i, b in enumerate(bodies)))
+    ok = [t for o, t, _ in results if o == "ok"]
+    refused = [t for o, t, _ in results if o == "refused"]
+    return {"sent": requests, "ok": len(ok), "refused": len(refused), "lost": requests - len(ok) - len(refused),
+            "prompt_tokens": prompt_tokens, "max_ttft_s": round(max(ok), 2) if ok else None,
+            "max_refusal_s": round(max(refused), 2) if refused else None,
+            "duration_s": round(time.monotonic() - t0, 2), "examples": [d for o, _, d in results if o == "lost"][:5]}

@@ -81,6 +81,9 @@ class CountingScheduler:
         out, self.events = self.events, []
         return out
 
+    def take_started(self):
+        return []
+
 
 class NullRunner:
     def forward(self, chunks):

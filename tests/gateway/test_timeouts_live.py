@@ -144,3 +144,34 @@ def test_a_worker_failing_every_call_is_left_out_by_its_breaker(tmp_path):
         gw.stop()
         for s in sims:
             s.kill()
+
+
+@pytest.mark.timeout(120)
+def test_with_every_breaker_open_a_request_waits_for_the_half_open_probe_within_its_timeout(tmp_path):
+    sims = start_sims([Sim("paged", worker_id="a"), Sim("prefix", worker_id="b")], tmp_path)
+    gw = GatewayThread(gateway_config(sims, timeouts={**FAST_TIMEOUTS, "breaker_open_s": 1.5})).start()
+
+    def open_all() -> None:
+        for w in ("a", "b"):
+            for _ in range(FAST_TIMEOUTS["breaker_failures"]):
+                gw.gateway.breakers.record_failure(w)
+        assert sorted(gw.gateway.breakers.open_workers()) == ["a", "b"]
+
+    body = {"model": MODEL, "prompt": "wait for me", "max_tokens": 2}
+    try:
+        open_all()
+        t0 = time.monotonic()
+        r = httpx.post(gw.url + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 200, r.text  # served by the probe, not refused at once
+        assert 1.0 < time.monotonic() - t0 < 10
+        # a client whose timeout ends before any breaker turns half-open is told at once
+        open_all()
+        t0 = time.monotonic()
+        r = httpx.post(gw.url + "/v1/completions", json=body, headers={"x-stainless-read-timeout": "0.5"},
+                       timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_capable_worker", r.text
+        assert time.monotonic() - t0 < 1.4  # before the breakers' 1.5 s are up: it did not wait
+    finally:
+        gw.stop()
+        for s in sims:
+            s.kill()

@@ -1,0 +1,174 @@
+"""The stream watchdog tells a queued request from a stalled engine (issue 21), on a fake clock and
+fake streams: what it ends, when, and what it blames the worker for."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from duet.rpc import engine_pb2 as pb
+from gateway import errors
+from gateway.engine_client import EngineCallError
+from gateway.timeouts import (
+    DEADLINE,
+    ERROR,
+    FIRST_TOKEN,
+    OK,
+    STALL,
+    ClientDeadline,
+    StreamWatchdog,
+    Timeouts,
+    client_timeout_s,
+)
+
+T = Timeouts(first_token_s=5.0, stall_s=2.0)
+
+
+class FakeStream:
+    """A Generate call whose messages the test pushes; cancel() ends it as grpc.aio does."""
+
+    def __init__(self) -> None:
+        self.q: asyncio.Queue = asyncio.Queue()
+        self.cancelled = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        item = await self.q.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.q.put_nowait(asyncio.CancelledError())
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def rig():
+    clock, outcomes, progress = Clock(), [], {}
+    dog = StreamWatchdog(T, clock=clock, on_outcome=lambda w, o: outcomes.append((w, o)),
+                         progress_at=lambda w: progress.get(w, -math.inf))
+    return dog, clock, outcomes, progress
+
+
+async def _next(watched):
+    return await asyncio.wait_for(watched.__anext__(), 1.0)
+
+
+async def _settle() -> None:
+    for _ in range(5):  # let a reader task take what was pushed
+        await asyncio.sleep(0)
+
+
+async def test_a_queued_request_on_a_progressing_worker_waits_without_blame(rig):
+    dog, clock, outcomes, progress = rig
+    inner = FakeStream()
+    watched = dog.watch(inner, "w")
+    for t in range(1, 60):  # a minute in the queue, far past both timeouts; the worker keeps stepping
+        clock.now = float(t)
+        progress["w"] = clock.now
+        assert dog.check() == []
+    assert not inner.cancelled
+    inner.q.put_nowait(pb.GenerateResponse(started=True))
+    inner.q.put_nowait(pb.GenerateResponse(token_ids=[7]))
+    msg = await _next(watched)  # `started` is consumed: the reader sees the first token
+    assert list(msg.token_ids) == [7]
+    assert outcomes == [("w", OK)]
+
+
+async def test_the_first_token_deadline_runs_from_the_engine_s_start_and_blames_no_one(rig):
+    dog, clock, outcomes, progress = rig
+    inner = FakeStream()
+    watched = dog.watch(inner, "w")
+    clock.now = 30.0  # queued for 30 s
+    inner.q.put_nowait(pb.GenerateResponse(started=True))
+    reader = asyncio.ensure_future(_next(watched))
+    await _settle()
+    assert watched.started_at == 30.0
+    for t in (31.0, 34.0, 35.0):  # within first_token_s of the start
+        clock.now = progress["w"] = t
+        assert dog.check() == []
+    clock.now = progress["w"] = 35.5
+    assert dog.check() == [watched]
+    with pytest.raises(EngineCallError) as e:
+        await reader
+    assert e.value.retryable and "no first token" in e.value.details
+    assert outcomes == [("w", FIRST_TOKEN)]  # a timeout, not a breaker failure (the app counts only ERROR/STALL)
+
+
+async def test_a_frozen_worker_ends_its_queued_and_streaming_requests_as_stalled(rig):
+    dog, clock, outcomes, progress = rig
+    streaming, queued = FakeStream(), FakeStream()
+    a, b = dog.watch(streaming, "w"), dog.watch(queued, "w")
+    streaming.q.put_nowait(pb.GenerateResponse(token_ids=[1]))
+    await _next(a)
+    progress["w"] = 0.0  # the last poll that saw its steps advance; then it froze
+    clock.now = 1.9
+    assert dog.check() == []
+    clock.now = 2.1
+    assert set(dog.check()) == {a, b}
+    assert "stream stalled" in a.expired and "made no progress" in b.expired
+    assert outcomes == [("w", OK), ("w", STALL), ("w", STALL)]
+
+
+async def test_a_silent_stream_on_a_busy_worker_is_not_a_stall(rig):
+    dog, clock, outcomes, _ = rig
+    preempted, other = FakeStream(), FakeStream()
+    a, b = dog.watch(preempted, "w"), dog.watch(other, "w")
+    for s, w in ((preempted, a), (other, b)):
+        s.q.put_nowait(pb.GenerateResponse(token_ids=[1]))
+        await _next(w)
+    for t in range(1, 20):  # `a` is silent (preempted, say) while the worker streams `b`'s tokens
+        clock.now = float(t)
+        other.q.put_nowait(pb.GenerateResponse(token_ids=[t]))
+        await _next(b)
+        assert dog.check() == []
+    assert outcomes == [("w", OK), ("w", OK)]
+
+
+async def test_the_client_deadline_ends_the_request_without_blaming_the_worker(rig):
+    dog, clock, outcomes, progress = rig
+    inner = FakeStream()
+    watched = dog.watch(inner, "w", deadline=3.0)
+    reader = asyncio.ensure_future(_next(watched))
+    await _settle()
+    clock.now = progress["w"] = 3.5
+    assert dog.check() == [watched] and watched.expired_kind == DEADLINE
+    with pytest.raises(ClientDeadline):
+        await reader
+    assert inner.cancelled and outcomes == []
+
+
+async def test_a_worker_refusing_for_load_is_not_blamed(rig):
+    dog, _, outcomes, _ = rig
+    full, broken = FakeStream(), FakeStream()
+    a, b = dog.watch(full, "full"), dog.watch(broken, "broken")
+    full.q.put_nowait(EngineCallError("full", "RESOURCE_EXHAUSTED", "64 requests in flight", True))
+    broken.q.put_nowait(EngineCallError("broken", "UNAVAILABLE", "gone", True))
+    for w in (a, b):
+        with pytest.raises(EngineCallError):
+            await _next(w)
+    assert outcomes == [("broken", ERROR)]
+
+
+def test_the_client_s_timeout_comes_from_the_sdk_header_or_the_body():
+    assert client_timeout_s({"x-stainless-read-timeout": "600.0"}, {}) == 600.0  # the python SDK's default
+    assert client_timeout_s({"x-stainless-timeout": "30"}, {"timeout": 5}) == 30.0  # the header wins
+    assert client_timeout_s({}, {"timeout": 2.5}) == 2.5
+    assert client_timeout_s({}, {"model": "m"}) is None
+    for bad in ("soon", "0", "-1", "inf"):
+        with pytest.raises(errors.InvalidRequest) as e:
+            client_timeout_s({"x-stainless-timeout": bad}, {})
+        assert e.value.param == "timeout" and e.value.status == 400
