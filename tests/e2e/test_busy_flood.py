@@ -75,7 +75,7 @@ def engines(tmp_path):
 def _gateway(engines, **limits) -> GatewayThread:
     raw = {"host": "127.0.0.1", "port": free_port(), "models": [{"path": str(model_dir())}],
            "workers": [{"address": e.address} for e in engines], "health": {"poll_interval_s": 0.2},
-           "timeouts": TIMEOUTS, "routing": {"policy": "round_robin"}, "limits": limits}
+           "timeouts": TIMEOUTS, "limits": limits}
     return GatewayThread(raw).start(timeout_s=120)
 
 
@@ -91,9 +91,11 @@ def _flood(url: str, n: int, max_tokens: int, seed: int) -> list[dict]:
     def one(i: int) -> None:
         t0 = time.monotonic()
         try:
+            # Duet's routing sends a session to engine_prefix and a one-shot prompt to engine_paged: both queue
+            headers = {"x-session-id": f"flood-{seed + i}"} if i % 2 else None
             stream = client.completions.create(model=MODEL, prompt=_prompt(seed + i), max_tokens=max_tokens,
                                                temperature=0, stream=True, stream_options={"include_usage": True},
-                                               extra_body={"ignore_eos": True})
+                                               extra_body={"ignore_eos": True}, extra_headers=headers)
             tokens, first = 0, None
             for chunk in stream:
                 if chunk.choices and chunk.choices[0].text:
