@@ -11,16 +11,19 @@ import asyncio
 import hmac
 import logging
 import time
+from dataclasses import replace
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from gateway import completion_batch as batch
 from gateway import errors
 from gateway.body_parser import parse_json_body
 from gateway.generation import Dispatched, Prepared, dispatch, outputs, prepare
 from gateway.metrics import CONTENT_TYPE
-from gateway.protocol import parse_chat, parse_completion
+from gateway.protocol import parse_chat, parse_completions
 from gateway.responses import SSE_DONE, ResponseBuilder, sse
+from gateway.tokenize_api import model_card
 
 log = logging.getLogger("duet.gateway.api")
 
@@ -34,11 +37,11 @@ def _text_size(api) -> int:
 
 
 async def chat_completions(request: Request) -> Response:
-    return await _generate(request, parse_chat)
+    return await _generate(request, lambda body: [parse_chat(body)])
 
 
 async def completions(request: Request) -> Response:
-    return await _generate(request, parse_completion)
+    return await _generate(request, parse_completions)
 
 
 def _variant_override(request: Request, gw) -> str | None:
@@ -50,44 +53,72 @@ def _variant_override(request: Request, gw) -> str | None:
     return variant if hmac.compare_digest(given.encode(), gw.admin_key.encode()) else None
 
 
+async def _prepare(request: Request, gw, api) -> Prepared:
+    model = gw.models.get(api.model)
+    if model is None:
+        raise errors.ModelNotFound(api.model)
+    args = (api, model, request.state.request_id, request.state.cache_salt,
+            request.headers.get("x-session-id"), _variant_override(request, gw),
+            gw.config.limits.default_max_tokens)
+    # a long prompt tokenizes off the event loop (the tokenizer releases the GIL), so it does not
+    # stall every other stream's tokens
+    return await asyncio.to_thread(prepare, *args) if _text_size(api) > LONG_PROMPT_CHARS else prepare(*args)
+
+
 async def _generate(request: Request, parse) -> Response:
+    """`parse(body)` gives one ApiRequest per prompt (a completions batch gives several): each is
+    admitted, prepared and dispatched on its own, and the answers are merged into one response."""
     gw = request.app.state.gateway
     endpoint = request.url.path
-    admitted = False
-    api = None
+    admitted = 0
+    apis = None
+    dispatched: list[Dispatched] = []
     try:
-        api = parse(parse_json_body(await request.body()))
-        model = gw.models.get(api.model)
-        if model is None:
-            raise errors.ModelNotFound(api.model)
-        gw.admit()
-        admitted = True
-        args = (api, model, request.state.request_id, request.state.cache_salt,
-                request.headers.get("x-session-id"), _variant_override(request, gw),
-                gw.config.limits.default_max_tokens)
-        # a long prompt tokenizes off the event loop (the tokenizer releases the GIL), so it does not
-        # stall every other stream's tokens
-        prep = await asyncio.to_thread(prepare, *args) if _text_size(api) > LONG_PROMPT_CHARS else prepare(*args)
+        apis = parse(parse_json_body(await request.body()))
+        for api in apis:
+            if api.model not in gw.models:
+                raise errors.ModelNotFound(api.model)
+        for _ in apis:
+            gw.admit()
+            admitted += 1
+        preps = [await _prepare(request, gw, api) for api in apis]
+        if len(preps) > 1:  # one id per choice set: each engine call needs its own request id
+            preps = [replace(p, request_id=f"{p.request_id}-{i}") for i, p in enumerate(preps)]
         request.state.key_lease = await gw.limiter.admit(  # per-key limits; LeaseMiddleware releases it
-            getattr(request.state, "api_key_id", None), api.model,
-            len(prep.prompt_ids) + prep.max_tokens * api.sampling.n)
-        d = await dispatch(gw, prep)
+            getattr(request.state, "api_key_id", None), apis[0].model,
+            sum(len(p.prompt_ids) + p.max_tokens * p.api.sampling.n for p in preps))
+        results = await asyncio.gather(*(dispatch(gw, p) for p in preps), return_exceptions=True)
+        dispatched = [r for r in results if isinstance(r, Dispatched)]
+        failed = next((r for r in results if not isinstance(r, Dispatched)), None)
+        if failed is not None:
+            raise failed
     except errors.GatewayError as e:
-        if admitted:
+        for d in dispatched:
+            d.close()
+        for _ in range(admitted):
             gw.release()
         gw.metrics.requests.labels(endpoint, str(e.status)).inc()
-        if api is not None:
-            gw.stats.record(model=api.model, ok=False)
+        if apis:
+            gw.stats.record(model=apis[0].model, ok=False)
         return errors.error_response(e)
     except BaseException:
-        if admitted:
+        for d in dispatched:
+            d.close()
+        for _ in range(admitted):
             gw.release()
         raise
-    dec = d.decision
+    dec = dispatched[0].decision
     headers = {"x-duet-engine": dec.engine_kind, "x-duet-worker": dec.worker_id, "x-duet-variant": dec.variant,
                "x-duet-route-reason": dec.reason}
-    run = _Run(gw, prep, d, endpoint)
-    if prep.api.stream:
+    n = apis[0].sampling.n
+    runs = [_Run(gw, p, d, endpoint, index_offset=i * n) for i, (p, d) in enumerate(zip(preps, dispatched))]
+    if len(runs) > 1:
+        if apis[0].stream:
+            return StreamingResponse(batch.stream(runs), media_type="text/event-stream",
+                                     headers={**headers, "cache-control": "no-cache"})
+        return await batch.collect(runs, headers, disconnected(request))
+    run = runs[0]
+    if run.prep.api.stream:
         return StreamingResponse(run.stream(), media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache"})
     return await run.collect(request, headers)
@@ -96,9 +127,9 @@ async def _generate(request: Request, parse) -> Response:
 class _Run:
     """One dispatched request until its last byte: timing metrics, stats, release, cancel."""
 
-    def __init__(self, gw, prep: Prepared, d: Dispatched, endpoint: str) -> None:
+    def __init__(self, gw, prep: Prepared, d: Dispatched, endpoint: str, index_offset: int = 0) -> None:
         self.gw, self.prep, self.d, self.endpoint = gw, prep, d, endpoint
-        self.builder = ResponseBuilder(prep)
+        self.builder = ResponseBuilder(prep, index_offset)
         self.usage: dict = {}
         dec = d.decision
         self.labels = (prep.model.model_id, dec.engine_kind, dec.variant)
@@ -120,7 +151,7 @@ class _Run:
             self._itl.observe(itl)
         self.last_at = now
 
-    def _finish(self, status: str) -> None:
+    def finish(self, status: str) -> None:
         gw, dec = self.gw, self.d.decision
         self.d.close()
         gw.release()
@@ -143,9 +174,10 @@ class _Run:
             output_tokens=self.usage.get("completion_tokens", 0),
         )
 
-    async def stream(self):
+    async def stream(self, last: bool = True):
         """SSE bytes. Events produced together go out in one write (role + first token; the last
-        token + usage + [DONE]): fewer syscalls per request, same bytes."""
+        token + usage + [DONE]): fewer syscalls per request, same bytes. `last` False (one prompt of a
+        batch) leaves the usage chunk and [DONE] to the caller."""
         status = "499"  # until proven otherwise: the client went away
         error: errors.GatewayError | None = None
         out = [sse(chunk) for chunk in self.builder.role_chunks()]
@@ -158,7 +190,7 @@ class _Run:
                 if out and finished < n:  # the very last event waits for the stream's end, just after
                     yield b"".join(out)
                     out = []
-            if self.prep.api.include_usage:
+            if self.prep.api.include_usage and last:
                 out.append(sse(self.builder.usage_chunk(self.usage)))
             status = "200"
         except errors.GatewayError as e:
@@ -168,21 +200,23 @@ class _Run:
         finally:
             if status == "499":
                 self.gw.metrics.cancelled.inc()
-            self._finish(status)
+            self.finish(status)
         if error is not None:
             out.append(sse(errors.error_payload(error)))
-        out.append(SSE_DONE)
-        yield b"".join(out)
+        if last:
+            out.append(SSE_DONE)
+        if out:
+            yield b"".join(out)
 
-    async def _collect(self) -> None:
+    async def gather(self) -> None:
         async for delta in outputs(self.prep, self.d, self.usage):
             self._tick(delta)
             self.builder.add(delta)
 
     async def collect(self, request: Request, headers: dict) -> Response:
         """The whole response; a client that disconnects meanwhile cancels the engine call."""
-        work = asyncio.ensure_future(self._collect())
-        gone = asyncio.ensure_future(_disconnected(request))
+        work = asyncio.ensure_future(self.gather())
+        gone = asyncio.ensure_future(disconnected(request))
         status = "499"
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -200,10 +234,10 @@ class _Run:
             gone.cancel()
             if status == "499":
                 self.gw.metrics.cancelled.inc()
-            self._finish(status)
+            self.finish(status)
 
 
-async def _disconnected(request: Request) -> None:
+async def disconnected(request: Request) -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
@@ -212,8 +246,7 @@ async def _disconnected(request: Request) -> None:
 
 async def list_models(request: Request) -> Response:
     gw = request.app.state.gateway
-    data = [{"id": m.model_id, "object": "model", "created": 0, "owned_by": "duet",
-             "max_model_len": m.max_model_len} for m in gw.models.values()]
+    data = [model_card(m) for m in gw.models.values()]
     return JSONResponse({"object": "list", "data": data})
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from gateway.protocol import CHAT_ROLES, MAX_N, MAX_STOP_STRINGS, MAX_TOKEN_ID
+from gateway.protocol import CHAT_ROLES, MAX_BATCH_PROMPTS, MAX_N, MAX_STOP_STRINGS, MAX_TOKEN_ID
 
 _INT31 = 1 << 31
 
@@ -119,6 +119,15 @@ def _generation(summary: str, request_schema: str) -> dict:
     }}
 
 
+def _post(summary: str, request_schema: str, *statuses: int) -> dict:
+    return {"post": {
+        "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{request_schema}"}}}},
+        "responses": {"200": {"description": "ok", "content": {"application/json": {"schema": {"type": "object"}}}},
+                      **_error_responses(*statuses)}}}
+
+
 def _get(summary: str, *statuses: int) -> dict:
     return {"get": {"summary": summary, "responses": {
         "200": {"description": "ok", "content": {"application/json": {"schema": {"type": "object"}}}},
@@ -133,6 +142,15 @@ DOCUMENT = {
         "/v1/chat/completions": _generation("Create a chat completion", "ChatCompletionRequest"),
         "/v1/completions": _generation("Create a completion", "CompletionRequest"),
         "/v1/models": _get("List the served models", 401),
+        "/v1/models/{model_id}": {"get": {
+            "summary": "One served model (404 for an unknown id)",
+            "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "ok", "content": {"application/json": {"schema": {
+                "type": "object"}}}}, **_error_responses(401, 404)}}},
+        "/tokenize": _post("Token ids of a prompt or of a rendered chat (vLLM's shape)", "TokenizeRequest",
+                           400, 404, 413),
+        "/detokenize": _post("The text of token ids (vLLM's shape)", "DetokenizeRequest", 400, 404, 413),
+        "/version": _get("The server's version"),
         "/health": _get("Liveness"),
         "/ready": _get("Readiness: every model has a healthy worker", 503),
     },
@@ -159,13 +177,30 @@ DOCUMENT = {
                     "prompt": {"oneOf": [
                         {"type": "string", "minLength": 1},
                         {"type": "array", "minItems": 1, "items": _num(0, MAX_TOKEN_ID - 1, integer=True)},
-                        {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string", "minLength": 1}},
+                        {"type": "array", "minItems": 1, "maxItems": MAX_BATCH_PROMPTS,
+                         "items": {"type": "string", "minLength": 1}},
+                        {"type": "array", "minItems": 1, "maxItems": MAX_BATCH_PROMPTS,
+                         "items": {"type": "array", "minItems": 1,
+                                   "items": _num(0, MAX_TOKEN_ID - 1, integer=True)}},
                     ]},
                     "echo": {"type": "boolean"},
                     "logprobs": _num(0, 20, integer=True),
                     **_SAMPLING,
                 },
             },
+            "TokenizeRequest": {"oneOf": [
+                {"type": "object", "required": ["prompt"], "properties": {
+                    "model": {"type": "string"}, "prompt": {"type": "string"},
+                    "add_special_tokens": {"type": "boolean"}, "return_token_strs": {"type": "boolean"}}},
+                {"type": "object", "required": ["messages"], "properties": {
+                    "model": {"type": "string"}, "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
+                    "add_generation_prompt": {"type": "boolean"}, "continue_final_message": {"type": "boolean"},
+                    "add_special_tokens": {"type": "boolean"}, "return_token_strs": {"type": "boolean"},
+                    "tools": {"type": "array", "items": _TOOL}}},
+            ]},
+            "DetokenizeRequest": {"type": "object", "required": ["tokens"], "properties": {
+                "model": {"type": "string"}, "tokens": {"type": "array", "items": _num(0, MAX_TOKEN_ID - 1,
+                                                                                      integer=True)}}},
             "ErrorResponse": _ERROR,
         },
     },

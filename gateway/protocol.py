@@ -233,8 +233,32 @@ def parse_chat(body: object) -> ApiRequest:
     ))
 
 
+MAX_BATCH_PROMPTS = 256
+
+
+def _is_token_list(value: object) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def parse_completions(body: object) -> list[ApiRequest]:
+    """A completions body with one prompt or a batch: a list of strings or of token-id lists gives one
+    ApiRequest per prompt (each served as its own engine call, choices numbered prompt * n + j)."""
+    prompt = body.get("prompt") if isinstance(body, dict) else None
+    if isinstance(prompt, list) and len(prompt) > 1 and all(
+            isinstance(p, str) or _is_token_list(p) for p in prompt):
+        if len(prompt) > MAX_BATCH_PROMPTS:
+            raise InvalidRequest(f"'prompt' takes at most {MAX_BATCH_PROMPTS} prompts, got {len(prompt)}", "prompt")
+        return [parse_completion({**body, "prompt": p}) for p in prompt]
+    return [parse_completion(body)]
+
+
 def parse_completion(body: object) -> ApiRequest:
+    """One prompt (a string, token ids, or a batch of one); parse_completions splits a batch first."""
     model, stream, include_usage, user = _common(body)
+    if body.get("suffix") not in (None, ""):
+        raise InvalidRequest("'suffix' is not supported: this server does not do fill-in-the-middle completions",
+                             "suffix")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one

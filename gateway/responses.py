@@ -27,8 +27,9 @@ def usage_dict(usage: dict) -> dict:
 
 
 class ResponseBuilder:
-    def __init__(self, prep: Prepared) -> None:
+    def __init__(self, prep: Prepared, index_offset: int = 0) -> None:
         self.prep = prep
+        self.index_offset = index_offset  # choice indexes of this prompt start here (a completions batch)
         self.chat = prep.api.kind == "chat"
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + prep.request_id
         self.created = int(time.time())
@@ -88,7 +89,7 @@ class ResponseBuilder:
             return []
         return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                               "finish_reason": None}], with_usage=self.prep.api.include_usage)
-                for i in range(self.prep.api.sampling.n)]
+                for i in range(self.index_offset, self.index_offset + self.prep.api.sampling.n)]
 
     def chunks(self, d: Delta) -> list[dict]:
         """The chunks one delta makes: none while nothing is visible yet (an incomplete character, a
@@ -98,10 +99,10 @@ class ResponseBuilder:
         if not d.text and d.finish_reason is None and not (self.want_logprobs and d.logprobs):
             return []
         if self.chat:
-            choice = {"index": d.index, "delta": {"content": d.text} if d.text else {},
+            choice = {"index": d.index + self.index_offset, "delta": {"content": d.text} if d.text else {},
                       "logprobs": self._logprobs(d), "finish_reason": d.finish_reason}
         else:
-            choice = {"index": d.index, "text": d.text, "logprobs": self._logprobs(d),
+            choice = {"index": d.index + self.index_offset, "text": d.text, "logprobs": self._logprobs(d),
                       "finish_reason": d.finish_reason}
         return [self._chunk([choice], with_usage=self.prep.api.include_usage)]
 
@@ -126,7 +127,7 @@ class ResponseBuilder:
         out = []
         for i, delta in enumerate(deltas):
             last = i == len(deltas) - 1
-            choice = {"index": d.index, "delta": delta, "logprobs": logprobs if i == 0 else None,
+            choice = {"index": d.index + self.index_offset, "delta": delta, "logprobs": logprobs if i == 0 else None,
                       "finish_reason": self._finish_reason(d.finish_reason, parser.calls) if last else None}
             out.append(self._chunk([choice], with_usage=self.prep.api.include_usage))
         return out
@@ -154,7 +155,8 @@ class ResponseBuilder:
                     content, calls = parse_whole(text, *self.tool_mode)
                     message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
                     finish = self._finish_reason(finish, len(calls))
-                choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
+                choices.append({"index": i + self.index_offset, "message": message, "logprobs": lp,
+                                "finish_reason": finish})
             else:
                 lp = None
                 if self.want_logprobs:
@@ -162,6 +164,7 @@ class ResponseBuilder:
                           for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
                 if self.prep.api.echo:
                     text = self.prep.prompt_text + text
-                choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": self._finish[i]})
+                choices.append({"index": i + self.index_offset, "text": text, "logprobs": lp,
+                                "finish_reason": self._finish[i]})
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices, "usage": usage_dict(usage)}
