@@ -130,6 +130,8 @@ class _Run:
     def __init__(self, gw, prep: Prepared, d: Dispatched, endpoint: str, index_offset: int = 0) -> None:
         self.gw, self.prep, self.d, self.endpoint = gw, prep, d, endpoint
         self.builder = ResponseBuilder(prep, index_offset)
+        self.builder.prompt_lps = list(d.first.prompt_logprobs) if prep.api.sampling.prompt_logprobs is not None \
+            else None
         self.usage: dict = {}
         dec = d.decision
         self.labels = (prep.model.model_id, dec.engine_kind, dec.variant)
@@ -180,7 +182,7 @@ class _Run:
         batch) leaves the usage chunk and [DONE] to the caller."""
         status = "499"  # until proven otherwise: the client went away
         error: errors.GatewayError | None = None
-        out = [sse(chunk) for chunk in self.builder.role_chunks()]
+        out = [sse(chunk) for chunk in self.builder.opening_chunks()]
         finished, n = 0, self.prep.api.sampling.n
         try:
             async for delta in outputs(self.prep, self.d, self.usage):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 
+from gateway import prompt_logprobs
 from gateway.generation import Delta, Prepared
 from gateway.tool_calls import Arguments, CallStart, Content, ToolCallParser, parse_whole
 
@@ -39,7 +40,10 @@ class ResponseBuilder:
         self._texts = [[] for _ in range(n)]
         self._lp_parts = [[] for _ in range(n)]
         self._finish: list[str | None] = [None] * n
-        self._offsets = [0] * n
+        self.echo = not self.chat and prep.api.echo
+        # text_offset counts characters of the returned text, which starts with the prompt when echoed
+        self._offsets = [len(prep.prompt_text) if self.echo else 0] * n
+        self.prompt_lps = None  # the engine's prompt logprobs (set by the caller from the first message)
         tools = prep.api.tools
         self.tool_mode = None
         if self.chat and tools is not None and tools.active:
@@ -67,7 +71,7 @@ class ResponseBuilder:
             self._offsets[d.index] += len(tok)
             tokens.append(tok)
             lps.append(lp.logprob)
-            tops.append({self._token(a.token_id): a.logprob for a in lp.top[: self.prep.api.sampling.top_logprobs]})
+            tops.append(prompt_logprobs.top_map(self.prep.model.tokenizer, lp.top[: self.prep.api.sampling.top_logprobs]))
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
     def _logprobs(self, d: Delta):
@@ -83,8 +87,26 @@ class ResponseBuilder:
             obj["usage"] = usage
         return obj
 
-    def role_chunks(self) -> list[dict]:
-        """Chat streams open each choice with the assistant role (as OpenAI does)."""
+    def _prompt_fields(self) -> dict:
+        if self.prompt_lps is None or self.prep.api.sampling.prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": prompt_logprobs.vllm(self.prep.model.tokenizer, self.prep.prompt_ids,
+                                                        self.prompt_lps)}
+
+    def _echo_logprobs(self) -> dict | None:
+        if not self.want_logprobs:
+            return None
+        return prompt_logprobs.legacy(self.prep.model.tokenizer, self.prep.prompt_ids, self.prompt_lps or [],
+                                      self.prep.api.sampling.top_logprobs)
+
+    def opening_chunks(self) -> list[dict]:
+        """Chat streams open each choice with the assistant role (as OpenAI does); an echoed completion
+        opens with the prompt (and its logprobs)."""
+        if self.echo:
+            return [self._chunk([{"index": i, "text": self.prep.prompt_text, "logprobs": self._echo_logprobs(),
+                                  "finish_reason": None, **self._prompt_fields()}],
+                                with_usage=self.prep.api.include_usage)
+                    for i in range(self.index_offset, self.index_offset + self.prep.api.sampling.n)]
         if not self.chat:
             return []
         return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -159,12 +181,16 @@ class ResponseBuilder:
                                 "finish_reason": finish})
             else:
                 lp = None
+                keys = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
                 if self.want_logprobs:
-                    lp = {k: [v for part in self._lp_parts[i] for v in part[k]]
-                          for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
-                if self.prep.api.echo:
+                    parts = ([self._echo_logprobs()] if self.echo else []) + self._lp_parts[i]
+                    lp = {k: [v for part in parts for v in part[k]] for k in keys}
+                if self.echo:
                     text = self.prep.prompt_text + text
                 choices.append({"index": i + self.index_offset, "text": text, "logprobs": lp,
-                                "finish_reason": self._finish[i]})
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices, "usage": usage_dict(usage)}
+                                "finish_reason": self._finish[i], **self._prompt_fields()})
+        whole = {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                 "created": self.created, "model": self.model, "choices": choices, "usage": usage_dict(usage)}
+        if self.chat:
+            whole.update(self._prompt_fields())  # vLLM puts a chat's prompt logprobs beside the choices
+        return whole

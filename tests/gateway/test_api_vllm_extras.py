@@ -141,3 +141,53 @@ def test_suffix_is_refused_naming_it(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt="def f(", suffix="return x", max_tokens=2)
     assert e.value.body["param"] == "suffix" and "not supported" in e.value.body["message"]
+
+
+def test_echo_with_logprobs_scores_every_prompt_token_and_offsets_follow_the_echo(client, tok):
+    prompt = "Once upon a time there was"
+    ids = tok.encode(prompt, add_special_tokens=True)
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, logprobs=1, echo=True, seed=2)
+    c = r.choices[0]
+    assert c.text.startswith(prompt)
+    lp = c.logprobs
+    assert len(lp.tokens) == len(ids) + 3 and len(lp.token_logprobs) == len(ids) + 3
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(isinstance(v, float) for v in lp.token_logprobs[1:])
+    # every offset points at its token's text in the returned (echoed) text
+    assert lp.text_offset[len(ids)] == len(prompt)
+    assert lp.text_offset == sorted(lp.text_offset)
+    for off, token in zip(lp.text_offset[len(ids):], lp.tokens[len(ids):]):
+        assert c.text[off:].startswith(token) or "\ufffd" in token
+
+
+def test_max_tokens_zero_with_echo_scores_the_prompt_without_generating(client, tok):
+    ids = [5, 6, 7, 8]
+    r = client.completions.create(model=MODEL, prompt=[ids, [9, 10]], max_tokens=0, logprobs=1, echo=True)
+    assert r.usage.completion_tokens == 0
+    first, second = r.choices
+    assert first.text == tok.decode(ids) and len(first.logprobs.token_logprobs) == 4
+    assert first.logprobs.token_logprobs[0] is None and len(second.logprobs.tokens) == 2
+    assert first.finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as e:  # without echo there is nothing to return
+        client.completions.create(model=MODEL, prompt="x", max_tokens=0)
+    assert e.value.body["param"] == "max_tokens"
+
+
+def test_vllm_prompt_logprobs_field(client):
+    r = client.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=2, extra_body={"prompt_logprobs": 0})
+    plp = r.model_extra.get("prompt_logprobs") or r.choices[0].model_extra["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == 3
+    assert set(plp[1]) == {"6"} and plp[1]["6"]["logprob"] <= 0
+
+
+@pytest.mark.parametrize("bias, match", [({"abc": 1}, "token ids"), ({"5": 101}, r"\[-100, 100\]"),
+                                         ({"5": "x"}, "numbers"), ({"99999999": 1}, "vocabulary"), ([1], "object")])
+def test_bad_logit_bias_is_a_400_naming_it(client, bias, match):
+    with pytest.raises(openai.BadRequestError, match=match) as e:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2, logit_bias=bias)
+    assert e.value.body["param"] == "logit_bias"
+
+
+def test_sim_applies_logit_bias_to_its_draw(client, tok):
+    r = client.completions.create(model=MODEL, prompt="x", max_tokens=6, logprobs=0, logit_bias={"42": 100})
+    assert r.choices[0].logprobs.tokens == [tok.decode([42], skip_special_tokens=False)] * 6
