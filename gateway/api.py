@@ -8,6 +8,7 @@ Every error becomes an OpenAI error object through gateway/errors.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import time
@@ -53,35 +54,35 @@ def _variant_override(request: Request, gw) -> str | None:
     return variant if hmac.compare_digest(given.encode(), gw.admin_key.encode()) else None
 
 
-async def _prepare(request: Request, gw, api) -> Prepared:
+async def _prepare(request: Request, gw, api, session_key: str | None) -> Prepared:
     model = gw.models.get(api.model)
     if model is None:
         raise errors.ModelNotFound(api.model)
     args = (api, model, request.state.request_id, request.state.cache_salt,
-            request.headers.get("x-session-id"), _variant_override(request, gw),
+            session_key or request.headers.get("x-session-id"), _variant_override(request, gw),
             gw.config.limits.default_max_tokens)
     # a long prompt tokenizes off the event loop (the tokenizer releases the GIL), so it does not
     # stall every other stream's tokens
     return await asyncio.to_thread(prepare, *args) if _text_size(api) > LONG_PROMPT_CHARS else prepare(*args)
 
 
-async def _generate(request: Request, parse) -> Response:
-    """`parse(body)` gives one ApiRequest per prompt (a completions batch gives several): each is
-    admitted, prepared and dispatched on its own, and the answers are merged into one response."""
+async def start(request: Request, apis: list, session_key: str | None = None) -> tuple[list[_Run], dict]:
+    """Admit, prepare and dispatch each ApiRequest (one per prompt; a completions batch has several):
+    the runs, and the routing headers of the first. Raises GatewayError with nothing left held (and the
+    failure counted); the other APIs (gateway/responses_api.py, messages_api.py) start here too.
+    `session_key` (a conversation's id) overrides the x-session-id header for affinity."""
     gw = request.app.state.gateway
     endpoint = request.url.path
     admitted = 0
-    apis = None
     dispatched: list[Dispatched] = []
     try:
-        apis = parse(parse_json_body(await request.body()))
         for api in apis:
             if api.model not in gw.models:
                 raise errors.ModelNotFound(api.model)
         for _ in apis:
             gw.admit()
             admitted += 1
-        preps = [await _prepare(request, gw, api) for api in apis]
+        preps = [await _prepare(request, gw, api, session_key) for api in apis]
         if len(preps) > 1:  # one id per choice set: each engine call needs its own request id
             preps = [replace(p, request_id=f"{p.request_id}-{i}") for i, p in enumerate(preps)]
         request.state.key_lease = await gw.limiter.admit(  # per-key limits; LeaseMiddleware releases it
@@ -98,9 +99,8 @@ async def _generate(request: Request, parse) -> Response:
         for _ in range(admitted):
             gw.release()
         gw.metrics.requests.labels(endpoint, str(e.status)).inc()
-        if apis:
-            gw.stats.record(model=apis[0].model, ok=False)
-        return errors.error_response(e)
+        gw.stats.record(model=apis[0].model, ok=False)
+        raise
     except BaseException:
         for d in dispatched:
             d.close()
@@ -111,7 +111,21 @@ async def _generate(request: Request, parse) -> Response:
     headers = {"x-duet-engine": dec.engine_kind, "x-duet-worker": dec.worker_id, "x-duet-variant": dec.variant,
                "x-duet-route-reason": dec.reason}
     n = apis[0].sampling.n
-    runs = [_Run(gw, p, d, endpoint, index_offset=i * n) for i, (p, d) in enumerate(zip(preps, dispatched))]
+    return [_Run(gw, p, d, endpoint, index_offset=i * n) for i, (p, d) in enumerate(zip(preps, dispatched))], headers
+
+
+async def _generate(request: Request, parse) -> Response:
+    """`parse(body)` gives one ApiRequest per prompt; the answers are merged into one response."""
+    gw = request.app.state.gateway
+    try:
+        apis = parse(parse_json_body(await request.body()))
+    except errors.GatewayError as e:
+        gw.metrics.requests.labels(request.url.path, str(e.status)).inc()
+        return errors.error_response(e)
+    try:
+        runs, headers = await start(request, apis)
+    except errors.GatewayError as e:
+        return errors.error_response(e)
     if len(runs) > 1:
         if apis[0].stream:
             return StreamingResponse(batch.stream(runs), media_type="text/event-stream",
@@ -176,33 +190,46 @@ class _Run:
             output_tokens=self.usage.get("completion_tokens", 0),
         )
 
-    async def stream(self, last: bool = True):
-        """SSE bytes. Events produced together go out in one write (role + first token; the last
-        token + usage + [DONE]): fewer syscalls per request, same bytes. `last` False (one prompt of a
-        batch) leaves the usage chunk and [DONE] to the caller."""
+    async def chunk_groups(self, last: bool = True):
+        """(delta, chunk dicts) as the engine produces them: the opening chunks first (delta None), the
+        usage chunk last when asked for and `last`. A failure mid-stream is counted and re-raised; the run
+        is finished however the iteration ends (the other APIs translate these chunks into their events)."""
         status = "499"  # until proven otherwise: the client went away
-        error: errors.GatewayError | None = None
-        out = [sse(chunk) for chunk in self.builder.opening_chunks()]
-        finished, n = 0, self.prep.api.sampling.n
         try:
+            yield None, self.builder.opening_chunks()
             async for delta in outputs(self.prep, self.d, self.usage):
                 self._tick(delta)
-                out.extend(sse(chunk) for chunk in self.builder.chunks(delta))
-                finished += delta.finish_reason is not None
-                if out and finished < n:  # the very last event waits for the stream's end, just after
-                    yield b"".join(out)
-                    out = []
+                yield delta, self.builder.chunks(delta)
             if self.prep.api.include_usage and last:
-                out.append(sse(self.builder.usage_chunk(self.usage)))
+                yield None, [self.builder.usage_chunk(self.usage)]
             status = "200"
         except errors.GatewayError as e:
-            error, status = e, str(e.status)
+            status = str(e.status)
             self.gw.metrics.stream_errors.labels(self.d.decision.worker_id).inc()
             log.warning("request %s: %s", self.prep.request_id, e.message)
+            raise
         finally:
             if status == "499":
                 self.gw.metrics.cancelled.inc()
             self.finish(status)
+
+    async def stream(self, last: bool = True):
+        """SSE bytes. Events produced together go out in one write (role + first token; the last
+        token + usage + [DONE]): fewer syscalls per request, same bytes. `last` False (one prompt of a
+        batch) leaves the usage chunk and [DONE] to the caller."""
+        error: errors.GatewayError | None = None
+        out: list[bytes] = []
+        finished, n = 0, self.prep.api.sampling.n
+        try:
+            async with contextlib.aclosing(self.chunk_groups(last)) as groups:
+                async for delta, chunks in groups:
+                    out.extend(sse(chunk) for chunk in chunks)
+                    finished += delta is not None and delta.finish_reason is not None
+                    if out and delta is not None and finished < n:  # the very last event waits for the end
+                        yield b"".join(out)
+                        out = []
+        except errors.GatewayError as e:
+            error = e
         if error is not None:
             out.append(sse(errors.error_payload(error)))
         if last:
