@@ -242,8 +242,11 @@ class _Run:
             self._tick(delta)
             self.builder.add(delta)
 
-    async def collect(self, request: Request, headers: dict) -> Response:
-        """The whole response; a client that disconnects meanwhile cancels the engine call."""
+    async def collect(self, request: Request, headers: dict, shape=None, render_error=errors.error_response
+                      ) -> Response:
+        """The whole response; a client that disconnects meanwhile cancels the engine call. `shape`
+        (async) turns the chat/completion object into another API's, `render_error` an error into its
+        error shape."""
         work = asyncio.ensure_future(self.gather())
         gone = asyncio.ensure_future(disconnected(request))
         status = "499"
@@ -256,9 +259,10 @@ class _Run:
                 work.result()
             except errors.GatewayError as e:
                 status = str(e.status)
-                return errors.error_response(e, headers)
+                return render_error(e, headers)
             status = "200"
-            return JSONResponse(self.builder.whole(self.usage), headers=headers)
+            whole = self.builder.whole(self.usage)
+            return JSONResponse(await shape(whole) if shape else whole, headers=headers)
         finally:
             gone.cancel()
             if status == "499":

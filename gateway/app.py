@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from gateway import api, tokenize_api
+from gateway import api, responses_api, tokenize_api
 from gateway.admin import admin_routes
 from gateway.circuit_breaker import CircuitBreakers
 from gateway.config import GatewayConfig
@@ -205,6 +205,9 @@ def build_app(config: GatewayConfig, **gateway_kwargs) -> Starlette:
     routes = [
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/responses", responses_api.create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses_api.retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses_api.delete, methods=["DELETE"]),
         Route("/v1/models", api.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", tokenize_api.retrieve_model, methods=["GET"]),
         Route("/tokenize", tokenize_api.tokenize, methods=["POST"]),

@@ -9,6 +9,7 @@ Hierarchy:
     ├── AuthenticationFailed          401 invalid_api_key
     ├── PermissionDenied              403 permission_denied (admin endpoints)
     ├── ModelNotFound                 404 model_not_found
+    ├── ResponseNotFound              404 response_not_found (an unknown or expired stored response)
     ├── WorkerNotFound                404 worker_not_found (admin drain)
     ├── RequestTooLarge               413 request_too_large
     ├── QueueFull                     429 rate_limit_exceeded (admission queue full)
@@ -80,6 +81,16 @@ class ModelNotFound(GatewayError):
 
     def __init__(self, model: str) -> None:
         super().__init__(f"The model '{model}' does not exist or you do not have access to it.", "model")
+
+
+class ResponseNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "response_not_found"
+
+    def __init__(self, response_id: str, param: str | None = None) -> None:
+        super().__init__(f"No response with id '{response_id}' is stored (unknown, deleted, expired, or made "
+                         "with store: false).", param)
 
 
 class WorkerNotFound(GatewayError):
