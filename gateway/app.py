@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from gateway import api, responses_api, tokenize_api
+from gateway import api, messages_api, responses_api, tokenize_api
 from gateway.admin import admin_routes
 from gateway.circuit_breaker import CircuitBreakers
 from gateway.config import GatewayConfig
@@ -208,6 +208,8 @@ def build_app(config: GatewayConfig, **gateway_kwargs) -> Starlette:
         Route("/v1/responses", responses_api.create, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses_api.retrieve, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses_api.delete, methods=["DELETE"]),
+        Route("/v1/messages", messages_api.create, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages_api.count_tokens, methods=["POST"]),
         Route("/v1/models", api.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", tokenize_api.retrieve_model, methods=["GET"]),
         Route("/tokenize", tokenize_api.tokenize, methods=["POST"]),

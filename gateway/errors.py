@@ -19,7 +19,9 @@ Hierarchy:
     └── EngineFailure                 502 engine_error (every attempt failed / failed mid-stream)
 
 Raise these anywhere in the request path; `error_response` (for HTTP) and `error_payload` (for an
-SSE error event) are the only code that knows the wire shape; `http_exception_response` gives
+SSE error event) are the only code that knows the wire shape, `anthropic_payload` and
+`anthropic_response` the Anthropic Messages API's (`/v1/messages*`, where `error_response_for`
+picks it by path); `http_exception_response` gives
 Starlette's routing errors (404 unknown path, 405 wrong method) the same shape.
 """
 
@@ -143,7 +145,7 @@ async def http_exception_response(request, exc) -> JSONResponse:
     codes = {404: "not_found", 405: "method_not_allowed"}
     err = GatewayError(f"{exc.detail}: {request.method} {request.url.path}")
     err.status, err.type, err.code = exc.status_code, "invalid_request_error", codes.get(exc.status_code)
-    return error_response(err, dict(exc.headers or {}))
+    return error_response_for(request.url.path, err, dict(exc.headers or {}))
 
 
 def error_payload(exc: GatewayError) -> dict:
@@ -154,3 +156,27 @@ def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> 
     own = getattr(exc, "headers", None)  # e.g. Retry-After of a 429
     return JSONResponse(error_payload(exc), status_code=exc.status, headers={**(headers or {}), **own} if own
                         else headers)
+
+
+# The Anthropic Messages API's error types, by HTTP status (https://docs.anthropic.com/en/api/errors).
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                    502: "api_error", 503: "overloaded_error"}
+
+
+def anthropic_payload(exc: GatewayError) -> dict:
+    message = f"{exc.param}: {exc.message}" if exc.param and not exc.message.startswith(exc.param) else exc.message
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(exc.status, "api_error"), "message": message}}
+
+
+def anthropic_response(exc: GatewayError, headers: dict[str, str] | None = None) -> JSONResponse:
+    own = getattr(exc, "headers", None)
+    return JSONResponse(anthropic_payload(exc), status_code=exc.status,
+                        headers={**(headers or {}), **own} if own else headers)
+
+
+def error_response_for(path: str, exc: GatewayError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The error in the shape of the API this path belongs to."""
+    if path.startswith("/v1/messages"):
+        return anthropic_response(exc, headers)
+    return error_response(exc, headers)

@@ -59,6 +59,7 @@ class Delta:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list = field(default_factory=list)  # pb.TokenLogprob, one per token id
     finish_reason: str | None = None
+    stop_sequence: str | None = None  # the stop string that ended this choice (finish_reason "stop")
 
 
 def prepare(api: ApiRequest, model: ServedModel, request_id: str, cache_salt: str,
@@ -312,4 +313,4 @@ def _step(c: _Choice, msg: pb.GenerateResponse) -> Delta:
         finish = "stop" if c.stops.stopped else _FINISH.get(msg.finish_reason, "stop")
         text += c.stops.flush()
     c.done = finish is not None
-    return Delta(c.index, text, ids, list(msg.logprobs), finish)
+    return Delta(c.index, text, ids, list(msg.logprobs), finish, c.stops.matched if c.stops.stopped else None)

@@ -40,6 +40,7 @@ class ResponseBuilder:
         self._texts = [[] for _ in range(n)]
         self._lp_parts = [[] for _ in range(n)]
         self._finish: list[str | None] = [None] * n
+        self.stop_sequences: list[str | None] = [None] * n  # which stop string ended each choice
         self.echo = not self.chat and prep.api.echo
         # text_offset counts characters of the returned text, which starts with the prompt when echoed
         self._offsets = [len(prep.prompt_text) if self.echo else 0] * n
@@ -164,6 +165,7 @@ class ResponseBuilder:
             self._lp_parts[d.index].append(self._logprobs(d))
         if d.finish_reason is not None:
             self._finish[d.index] = d.finish_reason
+            self.stop_sequences[d.index] = d.stop_sequence
 
     def whole(self, usage: dict) -> dict:
         choices = []
