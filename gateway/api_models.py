@@ -112,6 +112,14 @@ class _Sampling(_Body):
     logit_bias: Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")], Bias],
                           Field(max_length=1024)] | None = None
     prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    # vLLM's extras (gateway/extra_params.py)
+    use_beam_search: bool | None = None
+    best_of: Annotated[int, Field(ge=1, le=64)] | None = None
+    length_penalty: float | None = None
+    regex: Text | None = None
+    guided_regex: Text | None = None
+    guided_choice: Annotated[list[Text], Field(min_length=1, max_length=256)] | None = None
+    speculative: bool | None = None
 
 
 class ChatCompletionRequest(_Sampling):

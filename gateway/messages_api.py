@@ -50,7 +50,8 @@ def _tool_use(call: dict) -> dict:
     return {"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": arguments}
 
 
-def _parse(body: object):
+def parse_request(body: object):
+    """The validated chat request of a Messages body (InvalidRequest naming the Anthropic field)."""
     try:
         return parse_chat(parse_messages(body))
     except errors.InvalidRequest as e:
@@ -61,7 +62,7 @@ def _parse(body: object):
 
 async def create(request: Request) -> Response:
     try:
-        api = _parse(parse_json_body(await request.body()))
+        api = parse_request(parse_json_body(await request.body()))
         runs, headers = await start(request, [api])
     except errors.GatewayError as e:
         return errors.anthropic_response(e)
@@ -154,7 +155,7 @@ async def count_tokens(request: Request) -> Response:
         body = parse_json_body(await request.body())
         if isinstance(body, dict):
             body = {**body, "max_tokens": body.get("max_tokens") or 1}  # not needed to count
-        api = _parse(body)
+        api = parse_request(body)
         model = gw.models.get(api.model)
         if model is None:
             raise errors.ModelNotFound(api.model)
