@@ -14,6 +14,7 @@ shape `{"type": "error", "error": {"type", "message"}}`; `x-api-key` is accepted
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from starlette.requests import Request
@@ -115,28 +116,29 @@ async def _events(run, message_id: str, model: str):
         "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": _usage(usage)}))
     try:
-        async for delta, chunks in run.chunk_groups():
-            for chunk in chunks:
-                for choice in chunk["choices"]:
-                    d = choice["delta"]
-                    if d.get("content"):
-                        if kind != "text":
-                            open_block({"type": "text", "text": ""})
-                        out.append(_event("content_block_delta", index=block,
-                                          delta={"type": "text_delta", "text": d["content"]}))
-                    for tc in d.get("tool_calls") or ():
-                        if "id" in tc:
-                            open_block({"type": "tool_use", "id": tc["id"], "name": tc["function"]["name"],
-                                        "input": {}})
-                        elif tc["function"].get("arguments"):
-                            out.append(_event("content_block_delta", index=block, delta={
-                                "type": "input_json_delta", "partial_json": tc["function"]["arguments"]}))
-                    finish = choice.get("finish_reason") or finish
-            if delta is not None and delta.finish_reason is not None:
-                stop_sequence = delta.stop_sequence
-            if out:
-                yield b"".join(out)
-                out = []
+        async with contextlib.aclosing(run.chunk_groups()) as groups:  # finishes the run on any exit
+            async for delta, chunks in groups:
+                for chunk in chunks:
+                    for choice in chunk["choices"]:
+                        d = choice["delta"]
+                        if d.get("content"):
+                            if kind != "text":
+                                open_block({"type": "text", "text": ""})
+                            out.append(_event("content_block_delta", index=block,
+                                              delta={"type": "text_delta", "text": d["content"]}))
+                        for tc in d.get("tool_calls") or ():
+                            if "id" in tc:
+                                open_block({"type": "tool_use", "id": tc["id"], "name": tc["function"]["name"],
+                                            "input": {}})
+                            elif tc["function"].get("arguments"):
+                                out.append(_event("content_block_delta", index=block, delta={
+                                    "type": "input_json_delta", "partial_json": tc["function"]["arguments"]}))
+                        finish = choice.get("finish_reason") or finish
+                if delta is not None and delta.finish_reason is not None:
+                    stop_sequence = delta.stop_sequence
+                if out:
+                    yield b"".join(out)
+                    out = []
     except errors.GatewayError as e:
         yield _event("error", error=errors.anthropic_payload(e)["error"])
         return

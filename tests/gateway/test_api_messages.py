@@ -143,3 +143,15 @@ def test_unknown_model_is_anthropics_not_found(client):
     with pytest.raises(anthropic.NotFoundError) as e:
         client.messages.create(model="nope", max_tokens=1, messages=ASK)
     assert e.value.body["error"]["type"] == "not_found_error"
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_request(stack):
+    import time
+
+    body = {"model": MODEL, "max_tokens": 2000, "messages": ASK, "stream": True}
+    with httpx.stream("POST", stack.url + "/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=30) as r:
+        next(r.iter_lines())  # the stream has started
+    deadline = time.monotonic() + 10
+    while stack.gateway.pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stack.gateway.pending == 0

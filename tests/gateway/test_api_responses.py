@@ -152,3 +152,15 @@ def test_a_function_call_round_trip_in_items_is_accepted(clients):
     tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
     r = clients[0].responses.create(model=MODEL, input=items, tools=tools, tool_choice="none", max_output_tokens=3)
     assert r.output[0].type == "message" and r.usage.output_tokens == 3
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_request(stack):
+    import time
+
+    body = {"model": MODEL, "input": "Tell me a long story.", "max_output_tokens": 2000, "stream": True}
+    with httpx.stream("POST", stack[0].url + "/v1/responses", json=body, timeout=30) as r:
+        next(r.iter_lines())  # the stream has started
+    deadline = time.monotonic() + 10
+    while stack[0].gateway.pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stack[0].gateway.pending == 0
