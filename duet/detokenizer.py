@@ -10,12 +10,20 @@ replacement character, i.e. once the pending bytes complete a character.
 
 Contract: the concatenation of every `push` result and the final `flush` equals
 `tokenizer.decode(all_ids, skip_special_tokens)` for byte-level tokenizers.
+
+A tokenizer that exposes its `tokenizers.Tokenizer` (`raw`, as duet.tokenizer.Tokenizer does) is
+decoded by that library's own streaming decoder, `tokenizers.decoders.DecodeStream`, which keeps the
+same window in Rust and gives the same pieces (tests/duet/test_detokenizer.py checks piece for piece,
+on the tiny vocabulary and on SmolLM2's); `flush` still decodes the held-back tail itself (the
+stream has no way to give up its pending bytes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Protocol
+
+from tokenizers.decoders import DecodeStream
 
 _REPLACEMENT = "\ufffd"
 
@@ -27,12 +35,14 @@ class _Decoder(Protocol):
 class IncrementalDetokenizer:
     """One per output stream; not thread-safe."""
 
-    def __init__(self, tokenizer: _Decoder, skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer: _Decoder, skip_special_tokens: bool = True, use_decode_stream: bool = True) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
         self._ids: list[int] = []
         self._prefix_offset = 0  # start of the context window (already emitted)
         self._read_offset = 0  # first token whose text is not emitted yet
+        self._raw = getattr(tokenizer, "raw", None) if use_decode_stream else None
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens) if self._raw is not None else None
 
     @property
     def token_ids(self) -> list[int]:
@@ -40,7 +50,16 @@ class IncrementalDetokenizer:
 
     def push(self, token_ids: Iterable[int]) -> str:
         """Add tokens; return the text they complete ("" while a character is still incomplete)."""
+        start = len(self._ids)
         self._ids.extend(token_ids)
+        if self._stream is not None:
+            pieces = []
+            for k in range(start, len(self._ids)):
+                piece = self._stream.step(self._raw, self._ids[k])
+                if piece:  # the same offsets the window below keeps, so that flush() continues from them
+                    pieces.append(piece)
+                    self._prefix_offset, self._read_offset = self._read_offset, k + 1
+            return "".join(pieces)
         if len(self._ids) == self._read_offset:
             return ""
         emitted = self._decode(self._prefix_offset, self._read_offset)

@@ -5,8 +5,10 @@ decoded token), keeps a simulated prefix cache (an LRU of duet.hashing block has
 WatchKvEvents and in `PromptInfo.cached_tokens`), accounts KV pages per running request so GetLoad
 shows pages coming back on abort or cancel, and serves grpc.health.v1. It has no queue: a request
 starts at once (a `started` message when asked), and its prefill and tokens advance `num_steps` as a
-real engine's steps do, in ticks of at most PREFILL_TICK_S (a frozen sim stops advancing it). Token ids are deterministic:
-a seeded RNG (the request's seed, else a hash of the prompt) over the model's vocabulary.
+real engine's steps do, in ticks of at most PREFILL_TICK_S (a frozen sim stops advancing it). Token ids are
+deterministic: a seeded RNG (the request's seed, else a hash of the prompt) over the model's vocabulary. A
+request's `logit_bias` weighs that draw as it would weigh logits (weight e**bias: -100 bans a token,
++100 all but forces it). `prompt_logprobs` get made-up values (there is no model to score with).
 
 It is light: one coroutine per stream and no per-token work beyond an RNG draw, so one process can
 hold thousands of concurrent streams for gateway load tests. Torch-free: `duet up --sim` and the gateway's
@@ -18,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
+import math
 import random
 import signal
 from collections import OrderedDict
@@ -171,6 +175,7 @@ class SimEngine(pb_grpc.EngineServicer):
                 self.num_steps += 1
             seed = sp.seed if sp.HasField("seed") else _prompt_seed(prompt)
             rngs = [random.Random(seed * 1000003 + i) for i in range(n)]
+            draw = self._draw(dict(sp.logit_bias))
             stop_ids = set(sp.stop_token_ids)
             prompt_info = pb.PromptInfo(prompt_tokens=len(prompt), cached_tokens=cached)
             done = [False] * n
@@ -188,10 +193,12 @@ class SimEngine(pb_grpc.EngineServicer):
                 for i in range(n):
                     if done[i]:
                         continue
-                    msg = self._token(rngs[i], sp, step, stop_ids, cumulative, i)
+                    msg = self._token(rngs[i], draw, sp, step, stop_ids, cumulative, i)
                     done[i] = msg.finish_reason != pb.FINISH_REASON_UNSPECIFIED
                     if step == 0 and i == 0:
                         msg.prompt.CopyFrom(prompt_info)
+                        if sp.HasField("prompt_logprobs"):
+                            msg.prompt_logprobs.extend(_made_up_prompt_logprobs(prompt, sp.prompt_logprobs))
                     yield msg
                 if all(done):
                     return
@@ -204,8 +211,17 @@ class SimEngine(pb_grpc.EngineServicer):
             self.running.pop(rid, None)
             self.abort_flags.pop(rid, None)
 
-    def _token(self, rng, sp, step, stop_ids, cumulative, index):
-        token = self._ids[rng.randrange(len(self._ids))]
+    def _draw(self, bias: dict[int, float]):
+        """rng -> token id: uniform over the vocabulary, or weighted by e**bias when a logit bias is given."""
+        ids = self._ids
+        if not bias:
+            return lambda rng: ids[rng.randrange(len(ids))]
+        weights = [math.exp(bias.get(t, 0.0)) for t in ids]
+        cumulative = list(itertools.accumulate(weights))
+        return lambda rng: rng.choices(ids, cum_weights=cumulative)[0]
+
+    def _token(self, rng, draw, sp, step, stop_ids, cumulative, index):
+        token = draw(rng)
         lp = -rng.random() * 2
         cumulative[index] += lp
         msg = pb.GenerateResponse(index=index, token_ids=[token], cumulative_logprob=cumulative[index])
@@ -249,6 +265,16 @@ class SimEngine(pb_grpc.EngineServicer):
                 yield await q.get()
         finally:
             self.cache.unsubscribe(q)
+
+
+def _made_up_prompt_logprobs(prompt: list[int], k: int) -> list[pb.TokenLogprob]:
+    rng = random.Random(_prompt_seed(prompt))
+    out = []
+    for token in prompt[1:]:
+        lp = -rng.random() * 4
+        out.append(pb.TokenLogprob(token_id=token, logprob=lp,
+                                   top=[pb.TopLogprob(token_id=token, logprob=lp)][:k]))
+    return out
 
 
 def _prompt_seed(prompt: list[int]) -> int:

@@ -85,6 +85,11 @@ class Tokenizer:
         return cls(tok, chat_template=template, special_tokens=special, extra_eos_token_ids=tuple(extra))
 
     @property
+    def raw(self):
+        """The `tokenizers.Tokenizer` underneath (duet.detokenizer streams with its DecodeStream)."""
+        return self._tok
+
+    @property
     def vocab_size(self) -> int:
         """Number of token ids the tokenizer knows, added tokens included."""
         return self._tok.get_vocab_size(with_added_tokens=True)

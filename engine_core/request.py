@@ -50,7 +50,8 @@ class StepOutput:
 
     `replaces_previous`: token_ids hold the WHOLE output of this index (beam search sends each
     finished beam this way). `prompt_tokens`/`cached_tokens` are set on the first message of a
-    request only. `finish_reason` set means this index is done; when every index of a request is
+    request only, as are `prompt_logprobs` (with params.prompt_logprobs: one per prompt token from the
+    second on). `finish_reason` set means this index is done; when every index of a request is
     done the request is done. FinishReason.ERROR carries a human-readable `error`. `started` marks a
     progress message (no tokens) for callers that asked (`Request.report_started`): the request
     left the queue.
@@ -65,6 +66,7 @@ class StepOutput:
     replaces_previous: bool = False
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
     error: Exception | None = None
     started: bool = False  # a progress message, no tokens: the request left the queue (prefill begins)
 

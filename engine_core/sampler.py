@@ -1,8 +1,8 @@
 """Batched next-token sampling with per-row settings.
 
 Pipeline for one step (vLLM order), on logits [B, V] fp32:
-  raw logprobs (for the logprobs output) -> min_tokens mask (EOS/stop ids -inf) -> repetition, frequency,
-  presence penalties -> greedy rows: argmax | others: temperature -> min_p -> top_k -> top_p -> sample.
+  raw logprobs (for the logprobs output) -> min_tokens mask (EOS/stop ids -inf) -> logit_bias -> repetition,
+  frequency, presence penalties -> greedy rows: argmax | others: temperature -> min_p -> top_k -> top_p -> sample.
 
 Sampling uses the exponential race (argmax of p / E, E ~ Exp(1)), which draws exactly one noise vector per
 row. A seeded row draws its noise from its own torch.Generator, so its tokens depend only on its seed and its
@@ -85,18 +85,22 @@ class Sampler:
         return SamplerOutput(token_ids, logprobs)
 
     def penalized_logits(self, logits: Tensor, rows: Sequence[SampleRow]) -> Tensor:
-        """`logits` in fp32 after the min_tokens mask and the penalties: what greedy rows take the argmax of and
-        what temperature/top-k/top-p/min-p then shape for the others. The caller's tensor is never changed
-        (a copy is made when there is something to change)."""
+        """`logits` in fp32 after the min_tokens mask, the logit bias and the penalties: what greedy rows take the
+        argmax of and what temperature/top-k/top-p/min-p then shape for the others. The caller's tensor is never
+        changed (a copy is made when there is something to change)."""
         banned = self._banned_tokens(rows)
+        biased = [(i, t, b) for i, r in enumerate(rows) for t, b in r.params.logit_bias]
         penalized = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0
                      or r.params.frequency_penalty != 0.0 or r.params.presence_penalty != 0.0]
-        if not banned and not penalized:
+        if not banned and not biased and not penalized:
             return logits.float()
         logits = logits.float().clone()  # callers may reuse their tensor
         if banned:
             row_ids, token_ids = zip(*banned)
             logits[list(row_ids), list(token_ids)] = float("-inf")
+        if biased:
+            row_ids, token_ids, values = zip(*biased)
+            logits[list(row_ids), list(token_ids)] += torch.tensor(values, device=logits.device)
         if penalized:
             self._apply_penalties(logits, rows, penalized)
         return logits
@@ -153,6 +157,22 @@ class Sampler:
         chosen = logits.argmax(dim=-1)
         chosen[index] = sampled
         return chosen.tolist()
+
+
+@torch.inference_mode()
+def prompt_logprobs(logits: Tensor, next_ids: Sequence[int], k: int) -> list[TokenLogprob]:
+    """Row i of `logits` [R, V] is the model's prediction after some prompt position; `next_ids[i]` is the
+    prompt token that follows it. Its logprob and the top k alternatives, from the raw logits (the scores
+    vLLM's prompt_logprobs and OpenAI's echo return)."""
+    assert logits.shape[0] == len(next_ids), "one prompt token per logits row"
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    ids = torch.as_tensor(list(next_ids), dtype=torch.int64, device=logp.device)
+    chosen = logp.gather(1, ids[:, None])[:, 0].tolist()
+    tops = [()] * len(chosen)
+    if k > 0:
+        values, top_ids = logp.topk(min(k, logp.shape[1]), dim=-1)
+        tops = [tuple(zip(i, v)) for i, v in zip(top_ids.tolist(), values.tolist())]
+    return [TokenLogprob(t, lp, top) for t, lp, top in zip(next_ids, chosen, tops)]
 
 
 def _token_counts(sequences: Sequence[Sequence[int]], vocab_size: int, device) -> Tensor:

@@ -9,6 +9,10 @@ Semantics follow vLLM / the OpenAI API:
   raw model logits (before penalties and temperature), at most 20;
 - min_tokens keeps EOS and stop_token_ids from being sampled until that many tokens exist;
 - ignore_eos keeps generating past EOS (stop_token_ids still stop);
+- logit_bias adds its value (in [-100, 100]) to those token ids' logits after the min_tokens mask and before
+  the penalties (vLLM's order); logprobs stay those of the unbiased model;
+- prompt_logprobs=k returns each prompt token's logprob (from the second token on) plus the top k
+  alternatives, from the raw model logits;
 - speculative None follows the worker's setting, True asks for speculative decoding (an engine without it
   refuses the request), False turns drafting off for this request.
 """
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from engine_core.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,8 @@ class SamplingParams:
     json_object: bool = False
     regex: str | None = None
     speculative: bool | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
+    prompt_logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -69,8 +76,15 @@ class SamplingParams:
                f"repetition_penalty must be > 0 (1 means none), got {self.repetition_penalty!r}")
         _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**64),
                f"seed must be an integer in [0, 2**64), got {self.seed!r}")
-        _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
-               f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS),
+                   f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
+        for token_id, bias in self.logit_bias:
+            _check(isinstance(token_id, int) and 0 <= token_id < vocab_size,
+                   f"logit_bias token id {token_id!r} is not in this model's vocabulary (0..{vocab_size - 1})")
+            _check(_finite(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS,
+                   f"logit_bias values must be in [-100, 100], got {bias!r} for token {token_id}")
         for token_id in self.stop_token_ids:
             _check(isinstance(token_id, int) and 0 <= token_id < vocab_size,
                    f"stop token id {token_id!r} is not in this model's vocabulary (0..{vocab_size - 1})")

@@ -102,6 +102,8 @@ def sampling_from_pb(s: pb.SamplingParams, default_max_tokens: int) -> SamplingP
         json_object=constraint == "json_object" and s.json_object,
         regex=s.regex if constraint == "regex" else None,
         speculative=s.speculative if s.HasField("speculative") else None,
+        logit_bias=tuple(sorted(s.logit_bias.items())),
+        prompt_logprobs=s.prompt_logprobs if s.HasField("prompt_logprobs") else None,
     )
 
 
@@ -128,6 +130,9 @@ def output_to_pb(out: StepOutput) -> pb.GenerateResponse:
         for lp in out.logprobs:
             msg.logprobs.add(token_id=lp.token_id, logprob=lp.logprob,
                              top=[pb.TopLogprob(token_id=t, logprob=v) for t, v in lp.top])
+    for lp in out.prompt_logprobs or ():
+        msg.prompt_logprobs.add(token_id=lp.token_id, logprob=lp.logprob,
+                                top=[pb.TopLogprob(token_id=t, logprob=v) for t, v in lp.top])
     if out.prompt_tokens is not None:
         msg.prompt.CopyFrom(pb.PromptInfo(prompt_tokens=out.prompt_tokens, cached_tokens=out.cached_tokens or 0))
     return msg

@@ -168,11 +168,12 @@ class BlockManager:
         """How many of `pages` are cached and unheld: taking them uses up free pages."""
         return sum(1 for p in set(pages) if p not in self.ref_counts)
 
-    def allocate_cached(self, seq_id: Hashable, token_ids: list[int], salt: str = "") -> int:
-        """Start `seq_id`'s table with its longest cached prefix; return the number of tokens it covers."""
+    def allocate_cached(self, seq_id: Hashable, token_ids: list[int], salt: str = "", use_cache: bool = True) -> int:
+        """Start `seq_id`'s table with its longest cached prefix (none when not `use_cache`); return the number
+        of tokens it covers."""
         assert seq_id not in self.tables, f"sequence {seq_id!r} already has a table"
         table = self.tables[seq_id] = BlockTable()
-        if self.cache is None:
+        if self.cache is None or not use_cache:
             return 0
         hits = self.cache.match(token_ids, salt, (len(token_ids) - 1) // self.page_size)
         for b in hits:

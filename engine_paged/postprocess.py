@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from engine_core.request import FinishReason, StepOutput
-from engine_core.sampler import Sampler, SampleRow
+from engine_core.sampler import Sampler, SampleRow, prompt_logprobs
 from engine_paged.block_manager import BlockManager
 from engine_paged.sequence import GroupStatus, PagedBatch, Sequence, SequenceGroup
 
@@ -42,6 +42,12 @@ def process(proc: OutputProcessor, batch: PagedBatch, logits: torch.Tensor) -> l
     beam_groups: dict[int, SequenceGroup] = {}
     row = 0
     for e in batch.entries:
+        if e.prompt_rows:
+            start = e.seq.num_computed + 1  # the row at position p scores prompt token p + 1
+            e.group.prompt_logprobs += prompt_logprobs(logits[row:row + e.prompt_rows],
+                                                       e.seq.token_ids[start:start + e.prompt_rows],
+                                                       e.group.request.params.prompt_logprobs)
+            row += e.prompt_rows
         e.seq.num_computed += e.num_tokens
         proc.bm.cache_full_blocks(e.seq.seq_id, e.seq.token_ids, e.seq.num_computed, e.group.request.cache_salt)
         if not e.wants_logits:
@@ -90,8 +96,11 @@ def _finish_reason(proc: OutputProcessor, group: SequenceGroup, seq: Sequence) -
 def _prompt_info(group: SequenceGroup) -> dict:
     if group.prompt_sent:
         return {}
+    info = {"prompt_tokens": len(group.request.prompt_token_ids), "cached_tokens": group.cached_tokens or 0}
+    if group.request.params.prompt_logprobs is not None:
+        info["prompt_logprobs"], group.prompt_logprobs = group.prompt_logprobs, []
     group.prompt_sent = True
-    return {"prompt_tokens": len(group.request.prompt_token_ids), "cached_tokens": group.cached_tokens or 0}
+    return info
 
 
 def _append(proc: OutputProcessor, group: SequenceGroup, seq: Sequence, token: int, lp) -> StepOutput:
@@ -122,7 +131,11 @@ def _beam_step(proc: OutputProcessor, group: SequenceGroup, beam_rows: list[tupl
     width = params.beam_width
     stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(proc.eos_token_ids))
     parents = [s for s, _ in beam_rows]
-    logp = torch.log_softmax(torch.stack([r for _, r in beam_rows]).float(), dim=-1)  # [beams, vocab]
+    logits = torch.stack([r for _, r in beam_rows]).float()  # [beams, vocab]
+    if params.logit_bias:  # beams rank by the biased distribution, as sampling would draw from it
+        ids, values = zip(*params.logit_bias)
+        logits[:, list(ids)] += torch.tensor(values, device=logits.device)
+    logp = torch.log_softmax(logits, dim=-1)
     if len(parents[0].output_token_ids) < params.min_tokens and stops:
         logp[:, sorted(stops)] = float("-inf")
     total = logp + torch.tensor([p.cumulative_logprob for p in parents])[:, None]

@@ -194,7 +194,7 @@ class PagedScheduler:
                 left = budget - sum(k for _, k in plan)
                 if left <= 0:
                     break
-                hit = self.bm.match_prefix(seq.token_ids, salt)
+                hit = [] if group.scores_prompt else self.bm.match_prefix(seq.token_ids, salt)
                 cached = len(hit) * self.bm.page_size
                 n = min(len(seq.token_ids) - cached, left)
                 plan.append((seq, n))
@@ -207,7 +207,8 @@ class PagedScheduler:
             self._started.append(group.request_id)
             bisect.insort(self.running, group, key=lambda g: g.order)
             for seq, _ in plan:  # take every hit first, so this group's own appends cannot evict them
-                seq.num_computed = self.bm.allocate_cached(seq.seq_id, seq.token_ids, salt)
+                seq.num_computed = self.bm.allocate_cached(seq.seq_id, seq.token_ids, salt,
+                                                           use_cache=not group.scores_prompt)
             if group.cached_tokens is None:
                 group.cached_tokens = plan[0][0].num_computed
                 self.prompt_tokens_queried += len(group.request.prompt_token_ids)
@@ -225,9 +226,12 @@ class PagedScheduler:
             self.copy_pages(copies)
         start = seq.num_computed
         last = start + n == len(seq.token_ids)
+        # scoring the prompt: every prompt position's logits, each scoring the prompt token after it
+        prompt_rows = max(0, min(n, seq.num_prompt - 1 - start)) if group.scores_prompt else 0
+        positions = tuple(range(prompt_rows)) + ((n - 1,) if last else ())
         batch.chunks.append(SeqChunk(seq.token_ids[start:start + n], start, self.bm.block_table(seq.seq_id),
-                                     (-1,) if last else ()))
-        batch.entries.append(ScheduledSeq(group, seq, n, last))
+                                     positions))
+        batch.entries.append(ScheduledSeq(group, seq, n, last, prompt_rows))
 
     # -- state changes ----------------------------------------------------------------------
     def _preempt(self, group: SequenceGroup) -> None:
@@ -238,6 +242,8 @@ class PagedScheduler:
             seq.num_computed = 0
         group.status = GroupStatus.WAITING
         group.beam_logits = {}
+        if group.scores_prompt:
+            group.prompt_logprobs = []  # the prompt is scored again as it is recomputed
         bisect.insort(self.waiting, group, key=lambda g: g.order)
         self.num_preemptions += 1
 

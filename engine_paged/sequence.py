@@ -66,6 +66,13 @@ class SequenceGroup:
     cached_tokens: int | None = None  # prompt tokens the prefix cache held at first admission
     beams_done: list[Sequence] = field(default_factory=list)  # beam search: finished hypotheses
     beam_logits: dict = field(default_factory=dict)  # beam search: seq_id -> this step's logits row
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # gathered while the prompt prefills
+
+    @property
+    def scores_prompt(self) -> bool:
+        """The prompt's own logprobs are asked for and not sent yet: its prefill needs every position's
+        logits, so it cannot start from the prefix cache (a cached prefix's logits were never kept)."""
+        return self.request.params.prompt_logprobs is not None and not self.prompt_sent
 
     @property
     def request_id(self) -> str:
@@ -92,6 +99,7 @@ class ScheduledSeq:
     seq: Sequence
     num_tokens: int
     wants_logits: bool
+    prompt_rows: int = 0  # leading logits rows that score prompt tokens (before the sampling row, if any)
 
 
 @dataclass

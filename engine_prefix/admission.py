@@ -144,7 +144,8 @@ def _admit(s: AdmissionHost, entries: list, budget: int) -> int:
             break
         seq: Seq = cand.item
         salt = seq.req.cache_salt
-        m = s.cache.match_prefix(seq.tokens[:-1], salt)  # fresh: an earlier admission may have evicted
+        # fresh: an earlier admission may have evicted; none for a prompt to score (every position's logits)
+        m = s.cache.match_prefix([] if seq.scores_prompt else seq.tokens[:-1], salt)
         if dedup.should_wait(seq.tokens, salt, m.length):
             continue
         s.cache.lock(m.node)
@@ -181,7 +182,10 @@ def _chunk(e: Entry) -> SeqChunk:
     if e.prefill:
         end = start + e.num_tokens
         last = end == len(seq.tokens)
-        return SeqChunk(seq.tokens[start:end], start, seq.pages, (-1,) if last else ())
+        # scoring the prompt: every prompt position's logits, each scoring the prompt token after it
+        e.prompt_rows = max(0, min(e.num_tokens, seq.num_prompt - 1 - start)) if seq.scores_prompt else 0
+        return SeqChunk(seq.tokens[start:end], start, seq.pages,
+                        tuple(range(e.prompt_rows)) + ((e.num_tokens - 1,) if last else ()))
     if e.draft:
         tokens = [seq.tokens[-1], *e.draft]
         return SeqChunk(tokens, start, seq.pages, tuple(range(len(tokens))))

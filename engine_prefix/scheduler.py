@@ -25,7 +25,7 @@ import torch
 from duet.engine_config import ENGINE_DEFAULTS
 from engine_core.errors import CapacityError, InvalidRequestError
 from engine_core.request import FinishReason, KvEvent, LoadStats, Request, StepOutput
-from engine_core.sampler import Sampler, SampleRow
+from engine_core.sampler import Sampler, SampleRow, prompt_logprobs
 from engine_prefix import speculative
 from engine_prefix.admission import schedule_step
 from engine_prefix.kv_events import KvEventRecorder
@@ -156,6 +156,12 @@ class PrefixScheduler:
         drafted: list[tuple[Entry, int]] = []
         for e in batch.entries:
             seq = e.seq
+            if e.prompt_rows:
+                first = seq.num_computed + 1  # the row at position p scores prompt token p + 1
+                seq.prompt_logprobs += prompt_logprobs(logits[row:row + e.prompt_rows],
+                                                       seq.tokens[first:first + e.prompt_rows],
+                                                       seq.req.params.prompt_logprobs)
+                row += e.prompt_rows
             if e.prefill:
                 self.prefill_tokens += e.num_tokens
                 seq.num_computed += e.num_tokens
@@ -223,6 +229,8 @@ class PrefixScheduler:
             seq.reported = True
             out.prompt_tokens = seq.num_prompt
             out.cached_tokens = seq.cached_prompt_tokens
+            if seq.req.params.prompt_logprobs is not None:
+                out.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, []
 
     def _cache_prefix(self, seq: Seq) -> None:
         """Insert the computed whole pages into the tree and move the lock to their end."""
@@ -253,6 +261,8 @@ class PrefixScheduler:
         """Back to the head of the queue; its computed pages stay in the cache for its return."""
         self.running.remove(seq)
         self._release(seq, cache=True)
+        if seq.scores_prompt:
+            seq.prompt_logprobs = []  # scored again as the prompt is recomputed
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
         self.new_token_ratio = min(1.0, self.new_token_ratio + 0.3)

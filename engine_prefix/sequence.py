@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine_core.forward_batch import SeqChunk
-from engine_core.request import Request
+from engine_core.request import Request, TokenLogprob
 from engine_prefix.radix_cache import Node
 from engine_prefix.structured import Constraint
 
@@ -33,6 +33,13 @@ class Seq:
     cached_prompt_tokens: int = 0
     draft_misses: int = 0  # drafts in a row with nothing accepted
     draft_cooldown: int = 0  # steps to decode without drafting
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # gathered while the prompt prefills
+
+    @property
+    def scores_prompt(self) -> bool:
+        """The prompt's own logprobs are asked for and not sent yet: its prefill needs every position's
+        logits, so it skips the radix cache's match (a cached prefix's logits were never kept)."""
+        return self.req.params.prompt_logprobs is not None and not self.reported
 
     @property
     def num_prompt(self) -> int:
@@ -52,6 +59,7 @@ class Entry:
     num_tokens: int
     draft: list[int] = field(default_factory=list)
     prefill: bool = False
+    prompt_rows: int = 0  # leading logits rows that score prompt tokens (set by admission._chunk)
 
 
 @dataclass

@@ -13,8 +13,8 @@ target's choices, plus the target's own next token: greedy output is token-ident
 Back-off: a request whose draft was wholly rejected skips drafting for 2, 4, 8 .. 32 steps (reset by any
 accepted draft), so text that does not repeat costs almost nothing extra; output is unaffected.
 
-Which requests draft: greedy ones (temperature 0) without penalties, logprobs, min_tokens or a grammar
-constraint. Sampled requests are not drafted (exact rejection sampling would need the draft's distribution,
+Which requests draft: greedy ones (temperature 0) without penalties, logit bias, logprobs, min_tokens or a
+grammar constraint. Sampled requests are not drafted (exact rejection sampling would need the draft's distribution,
 which prompt lookup does not have; a point-mass draft makes it ordinary sampling per position, so drafting
 them would buy little and risk subtle bias) — they decode one token per step, unchanged.
 """
@@ -51,6 +51,7 @@ def can_draft(params: SamplingParams, num_output_tokens: int) -> bool:
         and params.presence_penalty == 0.0
         and params.frequency_penalty == 0.0
         and params.repetition_penalty == 1.0
+        and not params.logit_bias
         and params.logprobs is None
         and num_output_tokens >= params.min_tokens
         and params.json_schema is None

@@ -10,6 +10,7 @@ Every error becomes an OpenAI error object through gateway/errors.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import time
@@ -19,12 +20,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway import admission, errors
+from gateway import completion_batch as batch
 from gateway.body_parser import parse_json_body
 from gateway.generation import Dispatched, Prepared, dispatch, outputs, prepare
 from gateway.metrics import CONTENT_TYPE
-from gateway.protocol import parse_chat, parse_completion
+from gateway.protocol import parse_chat, parse_completions
 from gateway.responses import SSE_DONE, ResponseBuilder, sse
 from gateway.timeouts import client_timeout_s
+from gateway.tokenize_api import model_card
 
 log = logging.getLogger("duet.gateway.api")
 
@@ -38,11 +41,11 @@ def _text_size(api) -> int:
 
 
 async def chat_completions(request: Request) -> Response:
-    return await _generate(request, parse_chat)
+    return await _generate(request, lambda body: [parse_chat(body)])
 
 
 async def completions(request: Request) -> Response:
-    return await _generate(request, parse_completion)
+    return await _generate(request, parse_completions)
 
 
 def _variant_override(request: Request, gw) -> str | None:
@@ -54,50 +57,94 @@ def _variant_override(request: Request, gw) -> str | None:
     return variant if hmac.compare_digest(given.encode(), gw.admin_key.encode()) else None
 
 
-async def _generate(request: Request, parse) -> Response:
+async def _prepare(request: Request, gw, api, session_key: str | None) -> Prepared:
+    model = gw.models.get(api.model)
+    if model is None:
+        raise errors.ModelNotFound(api.model)
+    args = (api, model, request.state.request_id, request.state.cache_salt,
+            session_key or request.headers.get("x-session-id"), _variant_override(request, gw),
+            gw.config.limits.default_max_tokens)
+    # a long prompt tokenizes off the event loop (the tokenizer releases the GIL), so it does not
+    # stall every other stream's tokens
+    return await asyncio.to_thread(prepare, *args) if _text_size(api) > LONG_PROMPT_CHARS else prepare(*args)
+
+
+async def start(request: Request, apis: list, session_key: str | None = None,
+                timeout_s: float | None = None) -> tuple[list[_Run], dict]:
+    """Admit, prepare and dispatch each ApiRequest (one per prompt; a completions batch has several):
+    the runs, and the routing headers of the first. Raises GatewayError with nothing left held (and the
+    failure counted); the other APIs (gateway/responses_api.py, messages_api.py) start here too.
+    `session_key` (a conversation's id) overrides the x-session-id header for affinity; `timeout_s` (the
+    client's own timeout, gateway.timeouts.client_timeout_s) bounds the wait and ends the request."""
     gw = request.app.state.gateway
     endpoint = request.url.path
-    admitted = False
-    api = None
+    deadline = time.monotonic() + timeout_s if timeout_s is not None else None
+    admitted = 0
+    dispatched: list[Dispatched] = []
+    try:
+        for api in apis:
+            if api.model not in gw.models:
+                raise errors.ModelNotFound(api.model)
+        for _ in apis:
+            gw.admit()
+            admitted += 1
+        preps = [await _prepare(request, gw, api, session_key) for api in apis]
+        if len(preps) > 1:  # one id per choice set: each engine call needs its own request id
+            preps = [replace(p, request_id=f"{p.request_id}-{i}") for i, p in enumerate(preps)]
+        if deadline is not None:
+            preps = [replace(p, deadline=deadline) for p in preps]
+        for p in preps:  # a wait past max_queue_wait_s (or the client's timeout) is a 429 before any work
+            admission.admit_request(gw, p, None if deadline is None else deadline - time.monotonic())
+        request.state.key_lease = await gw.limiter.admit(  # per-key limits; LeaseMiddleware releases it
+            getattr(request.state, "api_key_id", None), apis[0].model,
+            sum(len(p.prompt_ids) + p.max_tokens * p.api.sampling.n for p in preps))
+        results = await asyncio.gather(*(dispatch(gw, p) for p in preps), return_exceptions=True)
+        dispatched = [r for r in results if isinstance(r, Dispatched)]
+        failed = next((r for r in results if not isinstance(r, Dispatched)), None)
+        if failed is not None:
+            raise failed
+    except errors.GatewayError as e:
+        for d in dispatched:
+            d.close()
+        for _ in range(admitted):
+            gw.release()
+        gw.metrics.requests.labels(endpoint, str(e.status)).inc()
+        gw.stats.record(model=apis[0].model, ok=False)
+        raise
+    except BaseException:
+        for d in dispatched:
+            d.close()
+        for _ in range(admitted):
+            gw.release()
+        raise
+    dec = dispatched[0].decision
+    headers = {"x-duet-engine": dec.engine_kind, "x-duet-worker": dec.worker_id, "x-duet-variant": dec.variant,
+               "x-duet-route-reason": dec.reason}
+    n = apis[0].sampling.n
+    return [_Run(gw, p, d, endpoint, index_offset=i * n) for i, (p, d) in enumerate(zip(preps, dispatched))], headers
+
+
+async def _generate(request: Request, parse) -> Response:
+    """`parse(body)` gives one ApiRequest per prompt; the answers are merged into one response."""
+    gw = request.app.state.gateway
     try:
         body = parse_json_body(await request.body())
         timeout_s = client_timeout_s(request.headers, body)
-        deadline = time.monotonic() + timeout_s if timeout_s is not None else None
-        api = parse(body)
-        model = gw.models.get(api.model)
-        if model is None:
-            raise errors.ModelNotFound(api.model)
-        gw.admit()
-        admitted = True
-        args = (api, model, request.state.request_id, request.state.cache_salt,
-                request.headers.get("x-session-id"), _variant_override(request, gw),
-                gw.config.limits.default_max_tokens)
-        # a long prompt tokenizes off the event loop (the tokenizer releases the GIL), so it does not
-        # stall every other stream's tokens
-        prep = await asyncio.to_thread(prepare, *args) if _text_size(api) > LONG_PROMPT_CHARS else prepare(*args)
-        if deadline is not None:
-            prep = replace(prep, deadline=deadline)
-        admission.admit_request(gw, prep, None if deadline is None else deadline - time.monotonic())
-        request.state.key_lease = await gw.limiter.admit(  # per-key limits; LeaseMiddleware releases it
-            getattr(request.state, "api_key_id", None), api.model,
-            len(prep.prompt_ids) + prep.max_tokens * api.sampling.n)
-        d = await dispatch(gw, prep)
+        apis = parse(body)
     except errors.GatewayError as e:
-        if admitted:
-            gw.release()
-        gw.metrics.requests.labels(endpoint, str(e.status)).inc()
-        if api is not None:
-            gw.stats.record(model=api.model, ok=False)
+        gw.metrics.requests.labels(request.url.path, str(e.status)).inc()
         return errors.error_response(e)
-    except BaseException:
-        if admitted:
-            gw.release()
-        raise
-    dec = d.decision
-    headers = {"x-duet-engine": dec.engine_kind, "x-duet-worker": dec.worker_id, "x-duet-variant": dec.variant,
-               "x-duet-route-reason": dec.reason}
-    run = _Run(gw, prep, d, endpoint)
-    if prep.api.stream:
+    try:
+        runs, headers = await start(request, apis, timeout_s=timeout_s)
+    except errors.GatewayError as e:
+        return errors.error_response(e)
+    if len(runs) > 1:
+        if apis[0].stream:
+            return StreamingResponse(batch.stream(runs), media_type="text/event-stream",
+                                     headers={**headers, "cache-control": "no-cache"})
+        return await batch.collect(runs, headers, disconnected(request))
+    run = runs[0]
+    if run.prep.api.stream:
         return StreamingResponse(run.stream(), media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache"})
     return await run.collect(request, headers)
@@ -106,9 +153,11 @@ async def _generate(request: Request, parse) -> Response:
 class _Run:
     """One dispatched request until its last byte: timing metrics, stats, release, cancel."""
 
-    def __init__(self, gw, prep: Prepared, d: Dispatched, endpoint: str) -> None:
+    def __init__(self, gw, prep: Prepared, d: Dispatched, endpoint: str, index_offset: int = 0) -> None:
         self.gw, self.prep, self.d, self.endpoint = gw, prep, d, endpoint
-        self.builder = ResponseBuilder(prep)
+        self.builder = ResponseBuilder(prep, index_offset)
+        self.builder.prompt_lps = list(d.first.prompt_logprobs) if prep.api.sampling.prompt_logprobs is not None \
+            else None
         self.usage: dict = {}
         dec = d.decision
         self.labels = (prep.model.model_id, dec.engine_kind, dec.variant)
@@ -130,7 +179,7 @@ class _Run:
             self._itl.observe(itl)
         self.last_at = now
 
-    def _finish(self, status: str) -> None:
+    def finish(self, status: str) -> None:
         gw, dec = self.gw, self.d.decision
         self.d.close()
         gw.release()
@@ -153,46 +202,65 @@ class _Run:
             output_tokens=self.usage.get("completion_tokens", 0),
         )
 
-    async def stream(self):
-        """SSE bytes. Events produced together go out in one write (role + first token; the last
-        token + usage + [DONE]): fewer syscalls per request, same bytes."""
+    async def chunk_groups(self, last: bool = True):
+        """(delta, chunk dicts) as the engine produces them: the opening chunks first (delta None), the
+        usage chunk last when asked for and `last`. A failure mid-stream is counted and re-raised; the run
+        is finished however the iteration ends (the other APIs translate these chunks into their events)."""
         status = "499"  # until proven otherwise: the client went away
-        error: errors.GatewayError | None = None
-        out = [sse(chunk) for chunk in self.builder.role_chunks()]
-        finished, n = 0, self.prep.api.sampling.n
         try:
+            yield None, self.builder.opening_chunks()
             async for delta in outputs(self.prep, self.d, self.usage):
                 self._tick(delta)
-                out.extend(sse(chunk) for chunk in self.builder.chunks(delta))
-                finished += delta.finish_reason is not None
-                if out and finished < n:  # the very last event waits for the stream's end, just after
-                    yield b"".join(out)
-                    out = []
-            if self.prep.api.include_usage:
-                out.append(sse(self.builder.usage_chunk(self.usage)))
+                yield delta, self.builder.chunks(delta)
+            if self.prep.api.include_usage and last:
+                yield None, [self.builder.usage_chunk(self.usage)]
             status = "200"
         except errors.GatewayError as e:
-            error, status = e, str(e.status)
+            status = str(e.status)
             self.gw.metrics.stream_errors.labels(self.d.decision.worker_id).inc()
             log.warning("request %s: %s", self.prep.request_id, e.message)
+            raise
         finally:
             if status == "499":
                 self.gw.metrics.cancelled.inc()
-            self._finish(status)
+            self.finish(status)
+
+    async def stream(self, last: bool = True):
+        """SSE bytes. Events produced together go out in one write (role + first token; the last
+        token + usage + [DONE]): fewer syscalls per request, same bytes. `last` False (one prompt of a
+        batch) leaves the usage chunk and [DONE] to the caller."""
+        error: errors.GatewayError | None = None
+        out: list[bytes] = []
+        finished, n = 0, self.prep.api.sampling.n
+        try:
+            async with contextlib.aclosing(self.chunk_groups(last)) as groups:
+                async for delta, chunks in groups:
+                    out.extend(sse(chunk) for chunk in chunks)
+                    finished += delta is not None and delta.finish_reason is not None
+                    if out and delta is not None and finished < n:  # the very last event waits for the end
+                        yield b"".join(out)
+                        out = []
+        except errors.GatewayError as e:
+            error = e
         if error is not None:
             out.append(sse(errors.error_payload(error)))
-        out.append(SSE_DONE)
-        yield b"".join(out)
+        if last:
+            out.append(SSE_DONE)
+        if out:
+            yield b"".join(out)
 
-    async def _collect(self) -> None:
+    async def gather(self) -> None:
         async for delta in outputs(self.prep, self.d, self.usage):
             self._tick(delta)
             self.builder.add(delta)
 
-    async def collect(self, request: Request, headers: dict) -> Response:
-        """The whole response; a client that disconnects meanwhile cancels the engine call."""
-        work = asyncio.ensure_future(self._collect())
-        gone = asyncio.ensure_future(_disconnected(request))
+    async def collect(self, request: Request, headers: dict, shape=None, render_error=errors.error_response
+                      ) -> Response:
+        """The whole response; a client that disconnects meanwhile cancels the engine call. `shape`
+        (async) turns the chat/completion object into another API's, `render_error` an error into its
+        error shape."""
+        work = asyncio.ensure_future(self.gather())
+        gone = asyncio.ensure_future(disconnected(request))
         status = "499"
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -203,17 +271,18 @@ class _Run:
                 work.result()
             except errors.GatewayError as e:
                 status = str(e.status)
-                return errors.error_response(e, headers)
+                return render_error(e, headers)
             status = "200"
-            return JSONResponse(self.builder.whole(self.usage), headers=headers)
+            whole = self.builder.whole(self.usage)
+            return JSONResponse(await shape(whole) if shape else whole, headers=headers)
         finally:
             gone.cancel()
             if status == "499":
                 self.gw.metrics.cancelled.inc()
-            self._finish(status)
+            self.finish(status)
 
 
-async def _disconnected(request: Request) -> None:
+async def disconnected(request: Request) -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
@@ -222,8 +291,7 @@ async def _disconnected(request: Request) -> None:
 
 async def list_models(request: Request) -> Response:
     gw = request.app.state.gateway
-    data = [{"id": m.model_id, "object": "model", "created": 0, "owned_by": "duet",
-             "max_model_len": m.max_model_len} for m in gw.models.values()]
+    data = [model_card(m) for m in gw.models.values()]
     return JSONResponse({"object": "list", "data": data})
 
 

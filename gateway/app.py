@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from gateway import api, timeouts
+from gateway import api, messages_api, responses_api, timeouts, tokenize_api
 from gateway.admin import admin_routes
 from gateway.circuit_breaker import CircuitBreakers
 from gateway.config import GatewayConfig, load_routing_policy
@@ -222,7 +222,16 @@ def build_app(config: GatewayConfig, **gateway_kwargs) -> Starlette:
     routes = [
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/responses", responses_api.create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses_api.retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses_api.delete, methods=["DELETE"]),
+        Route("/v1/messages", messages_api.create, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages_api.count_tokens, methods=["POST"]),
         Route("/v1/models", api.list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", tokenize_api.retrieve_model, methods=["GET"]),
+        Route("/tokenize", tokenize_api.tokenize, methods=["POST"]),
+        Route("/detokenize", tokenize_api.detokenize, methods=["POST"]),
+        Route("/version", tokenize_api.version, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/ready", api.ready, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),

@@ -9,6 +9,7 @@ Hierarchy:
     ├── AuthenticationFailed          401 invalid_api_key
     ├── PermissionDenied              403 permission_denied (admin endpoints)
     ├── ModelNotFound                 404 model_not_found
+    ├── ResponseNotFound              404 response_not_found (an unknown or expired stored response)
     ├── WorkerNotFound                404 worker_not_found (admin drain)
     ├── RequestTooLarge               413 request_too_large
     ├── QueueFull                     429 rate_limit_exceeded (admission queue full)
@@ -21,7 +22,9 @@ Hierarchy:
     └── RequestTimeout                408 timeout (the client's own `timeout` passed; the engine aborted it)
 
 Raise these anywhere in the request path; `error_response` (for HTTP) and `error_payload` (for an
-SSE error event) are the only code that knows the wire shape; `http_exception_response` gives
+SSE error event) are the only code that knows the wire shape, `anthropic_payload` and
+`anthropic_response` the Anthropic Messages API's (`/v1/messages*`, where `error_response_for`
+picks it by path); `http_exception_response` gives
 Starlette's routing errors (404 unknown path, 405 wrong method) the same shape.
 """
 
@@ -83,6 +86,16 @@ class ModelNotFound(GatewayError):
 
     def __init__(self, model: str) -> None:
         super().__init__(f"The model '{model}' does not exist or you do not have access to it.", "model")
+
+
+class ResponseNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "response_not_found"
+
+    def __init__(self, response_id: str, param: str | None = None) -> None:
+        super().__init__(f"No response with id '{response_id}' is stored (unknown, deleted, expired, or made "
+                         "with store: false).", param)
 
 
 class WorkerNotFound(GatewayError):
@@ -151,7 +164,7 @@ async def http_exception_response(request, exc) -> JSONResponse:
     codes = {404: "not_found", 405: "method_not_allowed"}
     err = GatewayError(f"{exc.detail}: {request.method} {request.url.path}")
     err.status, err.type, err.code = exc.status_code, "invalid_request_error", codes.get(exc.status_code)
-    return error_response(err, dict(exc.headers or {}))
+    return error_response_for(request.url.path, err, dict(exc.headers or {}))
 
 
 def error_payload(exc: GatewayError) -> dict:
@@ -162,3 +175,27 @@ def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> 
     own = getattr(exc, "headers", None)  # e.g. Retry-After of a 429
     return JSONResponse(error_payload(exc), status_code=exc.status, headers={**(headers or {}), **own} if own
                         else headers)
+
+
+# The Anthropic Messages API's error types, by HTTP status (https://docs.anthropic.com/en/api/errors).
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                    502: "api_error", 503: "overloaded_error"}
+
+
+def anthropic_payload(exc: GatewayError) -> dict:
+    message = f"{exc.param}: {exc.message}" if exc.param and not exc.message.startswith(exc.param) else exc.message
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(exc.status, "api_error"), "message": message}}
+
+
+def anthropic_response(exc: GatewayError, headers: dict[str, str] | None = None) -> JSONResponse:
+    own = getattr(exc, "headers", None)
+    return JSONResponse(anthropic_payload(exc), status_code=exc.status,
+                        headers={**(headers or {}), **own} if own else headers)
+
+
+def error_response_for(path: str, exc: GatewayError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The error in the shape of the API this path belongs to."""
+    if path.startswith("/v1/messages"):
+        return anthropic_response(exc, headers)
+    return error_response(exc, headers)

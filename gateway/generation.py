@@ -68,6 +68,7 @@ class Delta:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list = field(default_factory=list)  # pb.TokenLogprob, one per token id
     finish_reason: str | None = None
+    stop_sequence: str | None = None  # the stop string that ended this choice (finish_reason "stop")
 
 
 def prepare(api: ApiRequest, model: ServedModel, request_id: str, cache_salt: str,
@@ -93,6 +94,10 @@ def prepare(api: ApiRequest, model: ServedModel, request_id: str, cache_salt: st
                                     else "prompt") from None
     if not ids:
         raise errors.InvalidRequest("the prompt is empty after tokenization", "prompt")
+    bad_bias = [t for t, _ in api.sampling.logit_bias if t >= tok.vocab_size]
+    if bad_bias:
+        raise errors.InvalidRequest(f"logit_bias token id {bad_bias[0]} is out of the vocabulary ({tok.vocab_size})",
+                                    "logit_bias")
     room = model.max_model_len - len(ids)
     max_tokens = api.sampling.max_tokens
     param = "messages" if api.kind == "chat" else "prompt"
@@ -107,8 +112,9 @@ def prepare(api: ApiRequest, model: ServedModel, request_id: str, cache_salt: st
 
 def to_pb(prep: Prepared) -> pb.GenerateRequest:
     s = prep.api.sampling
+    # max_tokens 0 (scoring the prompt): the engine makes one token, which outputs() drops
     sp = pb.SamplingParams(
-        max_tokens=prep.max_tokens, temperature=s.temperature, top_p=s.top_p, min_p=s.min_p,
+        max_tokens=max(1, prep.max_tokens), temperature=s.temperature, top_p=s.top_p, min_p=s.min_p,
         presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
         repetition_penalty=s.repetition_penalty, stop_token_ids=list(s.stop_token_ids),
         min_tokens=s.min_tokens, ignore_eos=s.ignore_eos, n=s.n,
@@ -134,6 +140,10 @@ def to_pb(prep: Prepared) -> pb.GenerateRequest:
         sp.length_penalty = s.length_penalty
     if s.speculative is not None:
         sp.speculative = s.speculative
+    if s.logit_bias:
+        sp.logit_bias.update(dict(s.logit_bias))
+    if s.prompt_logprobs is not None:
+        sp.prompt_logprobs = s.prompt_logprobs
     # report_started: the first-token deadline runs from the engine's start, not from the queue
     return pb.GenerateRequest(request_id=prep.request_id, prompt_token_ids=prep.prompt_ids,
                               sampling=sp, cache_salt=prep.cache_salt, priority=s.priority,
@@ -295,7 +305,7 @@ async def outputs(prep: Prepared, d: Dispatched, usage: dict) -> AsyncIterator[D
     while True:
         c = choices[msg.index] if msg.index < n else None
         if c is not None and not c.done:
-            yield _step(c, msg)
+            yield _step(c, msg) if prep.max_tokens else _scored_only(c, msg)
             usage["completion_tokens"] = sum(ch.num_tokens for ch in choices)
         if all(ch.done for ch in choices):
             if msg.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
@@ -323,6 +333,14 @@ async def _read_trailer(d: Dispatched) -> None:
         pass
 
 
+def _scored_only(c: _Choice, msg: pb.GenerateResponse) -> Delta:
+    """max_tokens 0: the engine ran the prompt (for its logprobs) and made one token nobody asked for."""
+    if msg.finish_reason == pb.FINISH_REASON_ABORT:
+        raise errors.EngineFailure("the engine aborted the request")
+    c.done = msg.finish_reason != pb.FINISH_REASON_UNSPECIFIED
+    return Delta(c.index, finish_reason="length" if c.done else None)
+
+
 def _step(c: _Choice, msg: pb.GenerateResponse) -> Delta:
     if msg.replaces_previous:  # a finished beam arrives whole
         c.detok = IncrementalDetokenizer(c.tokenizer)
@@ -340,4 +358,4 @@ def _step(c: _Choice, msg: pb.GenerateResponse) -> Delta:
         finish = "stop" if c.stops.stopped else _FINISH.get(msg.finish_reason, "stop")
         text += c.stops.flush()
     c.done = finish is not None
-    return Delta(c.index, text, ids, list(msg.logprobs), finish)
+    return Delta(c.index, text, ids, list(msg.logprobs), finish, c.stops.matched if c.stops.stopped else None)

@@ -16,7 +16,13 @@ import uuid
 from opentelemetry import trace
 from opentelemetry.propagate import extract
 
-from gateway.errors import AuthenticationFailed, GatewayError, RequestTooLarge, error_payload, error_response
+from gateway.errors import (
+    AuthenticationFailed,
+    GatewayError,
+    RequestTooLarge,
+    error_payload,
+    error_response_for,
+)
 from gateway.limits import api_key_id
 
 log = logging.getLogger("duet.gateway")
@@ -32,7 +38,7 @@ def _header(scope, name: bytes) -> str | None:
 
 
 async def _reject(exc: GatewayError, scope, receive, send) -> None:
-    await error_response(exc)(scope, receive, send)
+    await error_response_for(scope.get("path", ""), exc)(scope, receive, send)
 
 
 class RequestIdMiddleware:
@@ -83,7 +89,7 @@ class ErrorShieldMiddleware:
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             err = GatewayError(f"internal error: {type(e).__name__}")
             if started["sse"] is None:
-                return await error_response(err)(scope, receive, send)
+                return await error_response_for(scope.get("path", ""), err)(scope, receive, send)
             tail = b""
             if started["sse"]:
                 tail = b"data: " + json.dumps(error_payload(err)).encode() + b"\n\ndata: [DONE]\n\n"
@@ -155,8 +161,8 @@ class BodyLimitMiddleware:
 
 
 class ApiKeyMiddleware:
-    """Bearer API keys for `/v1/*` when any are configured; constant-time comparison against every
-    key (no early exit). The matching key's `cache_salt` goes to `scope["state"]`."""
+    """Bearer API keys for `/v1/*` when any are configured (or `x-api-key`, as Anthropic clients send
+    it); constant-time comparison against every key (no early exit). The matching key's `cache_salt` goes to `scope["state"]`."""
 
     def __init__(self, app, api_keys: dict[str, str]) -> None:
         self.app = app
@@ -171,6 +177,8 @@ class ApiKeyMiddleware:
             return await self.app(scope, receive, send)
         auth = _header(scope, b"authorization") or ""
         token = auth[7:].strip().encode() if auth[:7].lower() == "bearer " else b""
+        if not token:  # Anthropic clients send the key as x-api-key
+            token = (_header(scope, b"x-api-key") or "").strip().encode()
         salt = None
         for key, key_salt in self.keys:
             if hmac.compare_digest(key, token) and salt is None:

@@ -48,6 +48,8 @@ class Sampling:
     regex: str | None = None
     speculative: bool | None = None
     priority: int = 0  # lower is admitted first by an engine scheduling by priority
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]); ids checked in prepare()
+    prompt_logprobs: int | None = None  # alternatives per prompt token (echo + logprobs, or vLLM's field)
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,30 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stop)
 
 
+MAX_LOGIT_BIAS_TOKENS = 1024
+
+
+def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `{"token id": bias}` map; the ids are checked against the vocabulary in prepare()."""
+    raw = body.get("logit_bias")
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or len(raw) > MAX_LOGIT_BIAS_TOKENS:
+        raise InvalidRequest(f"'logit_bias' must be an object of at most {MAX_LOGIT_BIAS_TOKENS} "
+                             "{\"token id\": bias} entries", "logit_bias")
+    out = {}
+    for key, bias in raw.items():
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10 else None
+        if token is None or token >= MAX_TOKEN_ID:
+            raise InvalidRequest(f"'logit_bias' keys must be token ids (0 <= id < {MAX_TOKEN_ID}), got {key!r}",
+                                 "logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise InvalidRequest(f"'logit_bias' values must be numbers in [-100, 100], got {bias!r} for {key}",
+                                 "logit_bias")
+        out[token] = float(bias)
+    return tuple(sorted(out.items()))
+
+
 def _response_format(body: dict) -> tuple[bool, str | None]:
     rf = body.get("response_format")
     if rf is None:
@@ -138,7 +164,10 @@ def _response_format(body: dict) -> tuple[bool, str | None]:
 
 
 def _sampling(body: dict, chat: bool) -> Sampling:
-    max_tokens = _num(body, "max_tokens", None, 1, 1 << 31, integer=True)
+    # a completion that echoes its prompt may ask for no new tokens: it scores the prompt
+    # (lm-evaluation-harness's loglikelihood requests: echo, logprobs, max_tokens 0)
+    scoring = not chat and body.get("echo") is True
+    max_tokens = _num(body, "max_tokens", None, 0 if scoring else 1, 1 << 31, integer=True)
     if chat:
         max_tokens = _num(body, "max_completion_tokens", max_tokens, 1, 1 << 31, integer=True)
         logprobs = _flag(body, "logprobs")
@@ -148,6 +177,9 @@ def _sampling(body: dict, chat: bool) -> Sampling:
     else:
         top = _num(body, "logprobs", None, 0, 20, integer=True)
         logprobs, top = top is not None, top or 0
+    prompt_logprobs = _num(body, "prompt_logprobs", None, 0, 20, integer=True)
+    if scoring and logprobs and prompt_logprobs is None:
+        prompt_logprobs = top  # OpenAI's legacy shape: echo with logprobs scores the prompt's tokens too
     json_object, json_schema = _response_format(body)
     n = _num(body, "n", 1, 1, MAX_N, integer=True)
     extra = extra_sampling(body, n)
@@ -177,6 +209,8 @@ def _sampling(body: dict, chat: bool) -> Sampling:
         min_tokens=_num(body, "min_tokens", 0, 0, 1 << 31, integer=True),
         json_object=json_object,
         json_schema=json_schema,
+        logit_bias=_logit_bias(body),
+        prompt_logprobs=prompt_logprobs,
         **extra,
     )
 
@@ -234,8 +268,32 @@ def parse_chat(body: object) -> ApiRequest:
     ))
 
 
+MAX_BATCH_PROMPTS = 256
+
+
+def _is_token_list(value: object) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def parse_completions(body: object) -> list[ApiRequest]:
+    """A completions body with one prompt or a batch: a list of strings or of token-id lists gives one
+    ApiRequest per prompt (each served as its own engine call, choices numbered prompt * n + j)."""
+    prompt = body.get("prompt") if isinstance(body, dict) else None
+    if isinstance(prompt, list) and len(prompt) > 1 and all(
+            isinstance(p, str) or _is_token_list(p) for p in prompt):
+        if len(prompt) > MAX_BATCH_PROMPTS:
+            raise InvalidRequest(f"'prompt' takes at most {MAX_BATCH_PROMPTS} prompts, got {len(prompt)}", "prompt")
+        return [parse_completion({**body, "prompt": p}) for p in prompt]
+    return [parse_completion(body)]
+
+
 def parse_completion(body: object) -> ApiRequest:
+    """One prompt (a string, token ids, or a batch of one); parse_completions splits a batch first."""
     model, stream, include_usage, user = _common(body)
+    if body.get("suffix") not in (None, ""):
+        raise InvalidRequest("'suffix' is not supported: this server does not do fill-in-the-middle completions",
+                             "suffix")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one

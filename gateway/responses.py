@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 
+from gateway import prompt_logprobs
 from gateway.generation import Delta, Prepared
 from gateway.tool_calls import Arguments, CallStart, Content, ToolCallParser, parse_whole
 
@@ -27,8 +28,9 @@ def usage_dict(usage: dict) -> dict:
 
 
 class ResponseBuilder:
-    def __init__(self, prep: Prepared) -> None:
+    def __init__(self, prep: Prepared, index_offset: int = 0) -> None:
         self.prep = prep
+        self.index_offset = index_offset  # choice indexes of this prompt start here (a completions batch)
         self.chat = prep.api.kind == "chat"
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + prep.request_id
         self.created = int(time.time())
@@ -38,7 +40,11 @@ class ResponseBuilder:
         self._texts = [[] for _ in range(n)]
         self._lp_parts = [[] for _ in range(n)]
         self._finish: list[str | None] = [None] * n
-        self._offsets = [0] * n
+        self.stop_sequences: list[str | None] = [None] * n  # which stop string ended each choice
+        self.echo = not self.chat and prep.api.echo
+        # text_offset counts characters of the returned text, which starts with the prompt when echoed
+        self._offsets = [len(prep.prompt_text) if self.echo else 0] * n
+        self.prompt_lps = None  # the engine's prompt logprobs (set by the caller from the first message)
         tools = prep.api.tools
         self.tool_mode = None
         if self.chat and tools is not None and tools.active:
@@ -66,7 +72,7 @@ class ResponseBuilder:
             self._offsets[d.index] += len(tok)
             tokens.append(tok)
             lps.append(lp.logprob)
-            tops.append({self._token(a.token_id): a.logprob for a in lp.top[: self.prep.api.sampling.top_logprobs]})
+            tops.append(prompt_logprobs.top_map(self.prep.model.tokenizer, lp.top[: self.prep.api.sampling.top_logprobs]))
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
     def _logprobs(self, d: Delta):
@@ -82,13 +88,31 @@ class ResponseBuilder:
             obj["usage"] = usage
         return obj
 
-    def role_chunks(self) -> list[dict]:
-        """Chat streams open each choice with the assistant role (as OpenAI does)."""
+    def _prompt_fields(self) -> dict:
+        if self.prompt_lps is None or self.prep.api.sampling.prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": prompt_logprobs.vllm(self.prep.model.tokenizer, self.prep.prompt_ids,
+                                                        self.prompt_lps)}
+
+    def _echo_logprobs(self) -> dict | None:
+        if not self.want_logprobs:
+            return None
+        return prompt_logprobs.legacy(self.prep.model.tokenizer, self.prep.prompt_ids, self.prompt_lps or [],
+                                      self.prep.api.sampling.top_logprobs)
+
+    def opening_chunks(self) -> list[dict]:
+        """Chat streams open each choice with the assistant role (as OpenAI does); an echoed completion
+        opens with the prompt (and its logprobs)."""
+        if self.echo:
+            return [self._chunk([{"index": i, "text": self.prep.prompt_text, "logprobs": self._echo_logprobs(),
+                                  "finish_reason": None, **self._prompt_fields()}],
+                                with_usage=self.prep.api.include_usage)
+                    for i in range(self.index_offset, self.index_offset + self.prep.api.sampling.n)]
         if not self.chat:
             return []
         return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                               "finish_reason": None}], with_usage=self.prep.api.include_usage)
-                for i in range(self.prep.api.sampling.n)]
+                for i in range(self.index_offset, self.index_offset + self.prep.api.sampling.n)]
 
     def chunks(self, d: Delta) -> list[dict]:
         """The chunks one delta makes: none while nothing is visible yet (an incomplete character, a
@@ -98,10 +122,10 @@ class ResponseBuilder:
         if not d.text and d.finish_reason is None and not (self.want_logprobs and d.logprobs):
             return []
         if self.chat:
-            choice = {"index": d.index, "delta": {"content": d.text} if d.text else {},
+            choice = {"index": d.index + self.index_offset, "delta": {"content": d.text} if d.text else {},
                       "logprobs": self._logprobs(d), "finish_reason": d.finish_reason}
         else:
-            choice = {"index": d.index, "text": d.text, "logprobs": self._logprobs(d),
+            choice = {"index": d.index + self.index_offset, "text": d.text, "logprobs": self._logprobs(d),
                       "finish_reason": d.finish_reason}
         return [self._chunk([choice], with_usage=self.prep.api.include_usage)]
 
@@ -126,7 +150,7 @@ class ResponseBuilder:
         out = []
         for i, delta in enumerate(deltas):
             last = i == len(deltas) - 1
-            choice = {"index": d.index, "delta": delta, "logprobs": logprobs if i == 0 else None,
+            choice = {"index": d.index + self.index_offset, "delta": delta, "logprobs": logprobs if i == 0 else None,
                       "finish_reason": self._finish_reason(d.finish_reason, parser.calls) if last else None}
             out.append(self._chunk([choice], with_usage=self.prep.api.include_usage))
         return out
@@ -141,6 +165,7 @@ class ResponseBuilder:
             self._lp_parts[d.index].append(self._logprobs(d))
         if d.finish_reason is not None:
             self._finish[d.index] = d.finish_reason
+            self.stop_sequences[d.index] = d.stop_sequence
 
     def whole(self, usage: dict) -> dict:
         choices = []
@@ -154,14 +179,20 @@ class ResponseBuilder:
                     content, calls = parse_whole(text, *self.tool_mode)
                     message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
                     finish = self._finish_reason(finish, len(calls))
-                choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
+                choices.append({"index": i + self.index_offset, "message": message, "logprobs": lp,
+                                "finish_reason": finish})
             else:
                 lp = None
+                keys = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
                 if self.want_logprobs:
-                    lp = {k: [v for part in self._lp_parts[i] for v in part[k]]
-                          for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
-                if self.prep.api.echo:
+                    parts = ([self._echo_logprobs()] if self.echo else []) + self._lp_parts[i]
+                    lp = {k: [v for part in parts for v in part[k]] for k in keys}
+                if self.echo:
                     text = self.prep.prompt_text + text
-                choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": self._finish[i]})
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices, "usage": usage_dict(usage)}
+                choices.append({"index": i + self.index_offset, "text": text, "logprobs": lp,
+                                "finish_reason": self._finish[i], **self._prompt_fields()})
+        whole = {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                 "created": self.created, "model": self.model, "choices": choices, "usage": usage_dict(usage)}
+        if self.chat:
+            whole.update(self._prompt_fields())  # vLLM puts a chat's prompt logprobs beside the choices
+        return whole

@@ -13,6 +13,7 @@ class StopMatcher:
         self.stops = tuple(s for s in stops if s)
         self._pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text (the earliest in it)
 
     def push(self, text: str) -> str:
         """Feed new text; returns the text safe to emit. After a match `stopped` is True and the
@@ -26,7 +27,7 @@ class StopMatcher:
         for s in self.stops:
             i = buf.find(s)
             if i >= 0 and (first < 0 or i < first):
-                first = i
+                first, self.matched = i, s
         if first >= 0:
             self.stopped = True
             self._pending = ""

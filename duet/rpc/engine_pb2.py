@@ -24,47 +24,51 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x65ngine.proto\x12\x0e\x64uet.engine.v1\"\xdb\x04\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\rH\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x08 \x01(\x02H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\t \x01(\x04H\x06\x88\x01\x01\x12\x15\n\x08logprobs\x18\n \x01(\rH\x07\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\r\x12\x12\n\nmin_tokens\x18\x0c \x01(\r\x12\x12\n\nignore_eos\x18\r \x01(\x08\x12\t\n\x01n\x18\x0e \x01(\r\x12\x12\n\nbeam_width\x18\x0f \x01(\r\x12\x1b\n\x0elength_penalty\x18\x10 \x01(\x02H\x08\x88\x01\x01\x12\x18\n\x0bspeculative\x18\x11 \x01(\x08H\t\x88\x01\x01\x12\x15\n\x0bjson_schema\x18\x14 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x15 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x16 \x01(\tH\x00\x42\x0c\n\nconstraintB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x07\n\x05_seedB\x0b\n\t_logprobsB\x11\n\x0f_length_penaltyB\x0e\n\x0c_speculative\"\xaf\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.duet.engine.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x04 \x01(\t\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x16\n\x0ereport_started\x18\x06 \x01(\x08\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"Z\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\'\n\x03top\x18\x03 \x03(\x0b\x32\x1a.duet.engine.v1.TopLogprob\":\n\nPromptInfo\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\"\x8d\x02\n\x10GenerateResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12.\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1c.duet.engine.v1.TokenLogprob\x12\x33\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1c.duet.engine.v1.FinishReason\x12*\n\x06prompt\x18\x05 \x01(\x0b\x32\x1a.duet.engine.v1.PromptInfo\x12\x1a\n\x12\x63umulative_logprob\x18\x06 \x01(\x01\x12\x19\n\x11replaces_previous\x18\x07 \x01(\x08\x12\x0f\n\x07started\x18\x08 \x01(\x08\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x10\n\x0eGetInfoRequest\"\xf8\x01\n\nEngineInfo\x12\x13\n\x0b\x65ngine_kind\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x15\n\rmax_model_len\x18\x05 \x01(\r\x12\x14\n\x0c\x63\x61pabilities\x18\x06 \x03(\t\x12\x1a\n\x12kv_capacity_tokens\x18\x07 \x01(\x04\x12\x16\n\x0ekv_total_pages\x18\x08 \x01(\r\x12\x17\n\x0fhash_block_size\x18\t \x01(\r\x12\x12\n\nvocab_size\x18\n \x01(\r\x12\x11\n\tworker_id\x18\x0b \x01(\t\"\x10\n\x0eGetLoadRequest\"\xf6\x02\n\nEngineLoad\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x15\n\rkv_pages_used\x18\x03 \x01(\r\x12\x16\n\x0ekv_pages_total\x18\x04 \x01(\r\x12#\n\x1bprefix_cache_queries_tokens\x18\x05 \x01(\x04\x12 \n\x18prefix_cache_hits_tokens\x18\x06 \x01(\x04\x12\x17\n\x0fnum_preemptions\x18\x07 \x01(\x04\x12\x10\n\x08\x64raining\x18\x08 \x01(\x08\x12\x19\n\x11spec_draft_tokens\x18\t \x01(\x04\x12\x1c\n\x14spec_accepted_tokens\x18\n \x01(\x04\x12\x11\n\tnum_steps\x18\x0b \x01(\x04\x12\x1c\n\x14prefill_tokens_per_s\x18\x0c \x01(\x01\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\r \x01(\x01\x12\x16\n\x0estep_running_s\x18\x0e \x01(\x01\"\x16\n\x14WatchKvEventsRequest\"\xa4\x01\n\x07KvEvent\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.duet.engine.v1.KvEvent.Kind\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x04\x12\x13\n\x0bparent_hash\x18\x03 \x01(\x04\"B\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\n\n\x06STORED\x10\x01\x12\x0b\n\x07\x45VICTED\x10\x02\x12\x0b\n\x07\x43LEARED\x10\x03\"I\n\x0cKvEventBatch\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\'\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x17.duet.engine.v1.KvEvent*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\x84\x03\n\x06\x45ngine\x12O\n\x08Generate\x12\x1f.duet.engine.v1.GenerateRequest\x1a .duet.engine.v1.GenerateResponse0\x01\x12\x44\n\x05\x41\x62ort\x12\x1c.duet.engine.v1.AbortRequest\x1a\x1d.duet.engine.v1.AbortResponse\x12\x45\n\x07GetInfo\x12\x1e.duet.engine.v1.GetInfoRequest\x1a\x1a.duet.engine.v1.EngineInfo\x12\x45\n\x07GetLoad\x12\x1e.duet.engine.v1.GetLoadRequest\x1a\x1a.duet.engine.v1.EngineLoad\x12U\n\rWatchKvEvents\x12$.duet.engine.v1.WatchKvEventsRequest\x1a\x1c.duet.engine.v1.KvEventBatch0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x65ngine.proto\x12\x0e\x64uet.engine.v1\"\x82\x06\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\rH\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x08 \x01(\x02H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\t \x01(\x04H\x06\x88\x01\x01\x12\x15\n\x08logprobs\x18\n \x01(\rH\x07\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\r\x12\x12\n\nmin_tokens\x18\x0c \x01(\r\x12\x12\n\nignore_eos\x18\r \x01(\x08\x12\t\n\x01n\x18\x0e \x01(\r\x12\x12\n\nbeam_width\x18\x0f \x01(\r\x12\x1b\n\x0elength_penalty\x18\x10 \x01(\x02H\x08\x88\x01\x01\x12\x18\n\x0bspeculative\x18\x11 \x01(\x08H\t\x88\x01\x01\x12\x41\n\nlogit_bias\x18\x12 \x03(\x0b\x32-.duet.engine.v1.SamplingParams.LogitBiasEntry\x12\x1c\n\x0fprompt_logprobs\x18\x13 \x01(\rH\n\x88\x01\x01\x12\x15\n\x0bjson_schema\x18\x14 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x15 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x16 \x01(\tH\x00\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0c\n\nconstraintB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x07\n\x05_seedB\x0b\n\t_logprobsB\x11\n\x0f_length_penaltyB\x0e\n\x0c_speculativeB\x12\n\x10_prompt_logprobs\"\xaf\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.duet.engine.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x04 \x01(\t\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x16\n\x0ereport_started\x18\x06 \x01(\x08\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"Z\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\'\n\x03top\x18\x03 \x03(\x0b\x32\x1a.duet.engine.v1.TopLogprob\":\n\nPromptInfo\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\"\xc4\x02\n\x10GenerateResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12.\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1c.duet.engine.v1.TokenLogprob\x12\x33\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1c.duet.engine.v1.FinishReason\x12*\n\x06prompt\x18\x05 \x01(\x0b\x32\x1a.duet.engine.v1.PromptInfo\x12\x1a\n\x12\x63umulative_logprob\x18\x06 \x01(\x01\x12\x19\n\x11replaces_previous\x18\x07 \x01(\x08\x12\x0f\n\x07started\x18\x08 \x01(\x08\x12\x35\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x1c.duet.engine.v1.TokenLogprob\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x10\n\x0eGetInfoRequest\"\xf8\x01\n\nEngineInfo\x12\x13\n\x0b\x65ngine_kind\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x15\n\rmax_model_len\x18\x05 \x01(\r\x12\x14\n\x0c\x63\x61pabilities\x18\x06 \x03(\t\x12\x1a\n\x12kv_capacity_tokens\x18\x07 \x01(\x04\x12\x16\n\x0ekv_total_pages\x18\x08 \x01(\r\x12\x17\n\x0fhash_block_size\x18\t \x01(\r\x12\x12\n\nvocab_size\x18\n \x01(\r\x12\x11\n\tworker_id\x18\x0b \x01(\t\"\x10\n\x0eGetLoadRequest\"\xf6\x02\n\nEngineLoad\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x15\n\rkv_pages_used\x18\x03 \x01(\r\x12\x16\n\x0ekv_pages_total\x18\x04 \x01(\r\x12#\n\x1bprefix_cache_queries_tokens\x18\x05 \x01(\x04\x12 \n\x18prefix_cache_hits_tokens\x18\x06 \x01(\x04\x12\x17\n\x0fnum_preemptions\x18\x07 \x01(\x04\x12\x10\n\x08\x64raining\x18\x08 \x01(\x08\x12\x19\n\x11spec_draft_tokens\x18\t \x01(\x04\x12\x1c\n\x14spec_accepted_tokens\x18\n \x01(\x04\x12\x11\n\tnum_steps\x18\x0b \x01(\x04\x12\x1c\n\x14prefill_tokens_per_s\x18\x0c \x01(\x01\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\r \x01(\x01\x12\x16\n\x0estep_running_s\x18\x0e \x01(\x01\"\x16\n\x14WatchKvEventsRequest\"\xa4\x01\n\x07KvEvent\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.duet.engine.v1.KvEvent.Kind\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x04\x12\x13\n\x0bparent_hash\x18\x03 \x01(\x04\"B\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\n\n\x06STORED\x10\x01\x12\x0b\n\x07\x45VICTED\x10\x02\x12\x0b\n\x07\x43LEARED\x10\x03\"I\n\x0cKvEventBatch\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\'\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x17.duet.engine.v1.KvEvent*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\x84\x03\n\x06\x45ngine\x12O\n\x08Generate\x12\x1f.duet.engine.v1.GenerateRequest\x1a .duet.engine.v1.GenerateResponse0\x01\x12\x44\n\x05\x41\x62ort\x12\x1c.duet.engine.v1.AbortRequest\x1a\x1d.duet.engine.v1.AbortResponse\x12\x45\n\x07GetInfo\x12\x1e.duet.engine.v1.GetInfoRequest\x1a\x1a.duet.engine.v1.EngineInfo\x12\x45\n\x07GetLoad\x12\x1e.duet.engine.v1.GetLoadRequest\x1a\x1a.duet.engine.v1.EngineLoad\x12U\n\rWatchKvEvents\x12$.duet.engine.v1.WatchKvEventsRequest\x1a\x1c.duet.engine.v1.KvEventBatch0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'engine_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2287
-  _globals['_FINISHREASON']._serialized_end=2407
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_FINISHREASON']._serialized_start=2509
+  _globals['_FINISHREASON']._serialized_end=2629
   _globals['_SAMPLINGPARAMS']._serialized_start=33
-  _globals['_SAMPLINGPARAMS']._serialized_end=636
-  _globals['_GENERATEREQUEST']._serialized_start=639
-  _globals['_GENERATEREQUEST']._serialized_end=814
-  _globals['_TOPLOGPROB']._serialized_start=816
-  _globals['_TOPLOGPROB']._serialized_end=863
-  _globals['_TOKENLOGPROB']._serialized_start=865
-  _globals['_TOKENLOGPROB']._serialized_end=955
-  _globals['_PROMPTINFO']._serialized_start=957
-  _globals['_PROMPTINFO']._serialized_end=1015
-  _globals['_GENERATERESPONSE']._serialized_start=1018
-  _globals['_GENERATERESPONSE']._serialized_end=1287
-  _globals['_ABORTREQUEST']._serialized_start=1289
-  _globals['_ABORTREQUEST']._serialized_end=1323
-  _globals['_ABORTRESPONSE']._serialized_start=1325
-  _globals['_ABORTRESPONSE']._serialized_end=1355
-  _globals['_GETINFOREQUEST']._serialized_start=1357
-  _globals['_GETINFOREQUEST']._serialized_end=1373
-  _globals['_ENGINEINFO']._serialized_start=1376
-  _globals['_ENGINEINFO']._serialized_end=1624
-  _globals['_GETLOADREQUEST']._serialized_start=1626
-  _globals['_GETLOADREQUEST']._serialized_end=1642
-  _globals['_ENGINELOAD']._serialized_start=1645
-  _globals['_ENGINELOAD']._serialized_end=2019
-  _globals['_WATCHKVEVENTSREQUEST']._serialized_start=2021
-  _globals['_WATCHKVEVENTSREQUEST']._serialized_end=2043
-  _globals['_KVEVENT']._serialized_start=2046
-  _globals['_KVEVENT']._serialized_end=2210
-  _globals['_KVEVENT_KIND']._serialized_start=2144
-  _globals['_KVEVENT_KIND']._serialized_end=2210
-  _globals['_KVEVENTBATCH']._serialized_start=2212
-  _globals['_KVEVENTBATCH']._serialized_end=2285
-  _globals['_ENGINE']._serialized_start=2410
-  _globals['_ENGINE']._serialized_end=2798
+  _globals['_SAMPLINGPARAMS']._serialized_end=803
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=595
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=643
+  _globals['_GENERATEREQUEST']._serialized_start=806
+  _globals['_GENERATEREQUEST']._serialized_end=981
+  _globals['_TOPLOGPROB']._serialized_start=983
+  _globals['_TOPLOGPROB']._serialized_end=1030
+  _globals['_TOKENLOGPROB']._serialized_start=1032
+  _globals['_TOKENLOGPROB']._serialized_end=1122
+  _globals['_PROMPTINFO']._serialized_start=1124
+  _globals['_PROMPTINFO']._serialized_end=1182
+  _globals['_GENERATERESPONSE']._serialized_start=1185
+  _globals['_GENERATERESPONSE']._serialized_end=1509
+  _globals['_ABORTREQUEST']._serialized_start=1511
+  _globals['_ABORTREQUEST']._serialized_end=1545
+  _globals['_ABORTRESPONSE']._serialized_start=1547
+  _globals['_ABORTRESPONSE']._serialized_end=1577
+  _globals['_GETINFOREQUEST']._serialized_start=1579
+  _globals['_GETINFOREQUEST']._serialized_end=1595
+  _globals['_ENGINEINFO']._serialized_start=1598
+  _globals['_ENGINEINFO']._serialized_end=1846
+  _globals['_GETLOADREQUEST']._serialized_start=1848
+  _globals['_GETLOADREQUEST']._serialized_end=1864
+  _globals['_ENGINELOAD']._serialized_start=1867
+  _globals['_ENGINELOAD']._serialized_end=2241
+  _globals['_WATCHKVEVENTSREQUEST']._serialized_start=2243
+  _globals['_WATCHKVEVENTSREQUEST']._serialized_end=2265
+  _globals['_KVEVENT']._serialized_start=2268
+  _globals['_KVEVENT']._serialized_end=2432
+  _globals['_KVEVENT_KIND']._serialized_start=2366
+  _globals['_KVEVENT_KIND']._serialized_end=2432
+  _globals['_KVEVENTBATCH']._serialized_start=2434
+  _globals['_KVEVENTBATCH']._serialized_end=2507
+  _globals['_ENGINE']._serialized_start=2632
+  _globals['_ENGINE']._serialized_end=3020
 # @@protoc_insertion_point(module_scope)

@@ -6,7 +6,8 @@
 What lives here: session affinity (key -> worker id, with a TTL the gateway refreshes by
 calling `set_affinity` on every routed request), the routing config of each model (with a
 change feed, `watch_routing`), the worker registry (entries expire unless heartbeated), and
-an audit log of config changes. Routing configs are served from a local copy, so reading
+an audit log of config changes, and stored conversation documents (the Responses API's
+`store: true` responses, JSON with a TTL). Routing configs are served from a local copy, so reading
 them costs no round trip and survives a Redis outage.
 """
 
@@ -56,6 +57,17 @@ class StateStore(Protocol):
 
     async def audit_log(self, limit: int = 100) -> list[dict[str, Any]]:
         """Newest first: {"time", "actor", "model", "before", "after"} of config changes."""
+
+    async def put_document(self, kind: str, doc_id: str, doc: dict[str, Any], ttl_s: float) -> None:
+        """Keep a JSON document for ttl_s seconds (every replica reads it). Raises StateUnavailable when
+        the shared backend cannot take it."""
+
+    async def get_document(self, kind: str, doc_id: str) -> dict[str, Any] | None:
+        """The document, or None (unknown or expired). Raises StateUnavailable when the shared backend
+        is down (a document another replica wrote cannot be answered from a local copy)."""
+
+    async def delete_document(self, kind: str, doc_id: str) -> bool:
+        """Forget the document; False when there was none. Raises StateUnavailable when down."""
 
     async def close(self) -> None:
         """Stop background work and release connections."""

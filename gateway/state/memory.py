@@ -7,6 +7,7 @@ without bound."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
@@ -17,7 +18,8 @@ from gateway.state.codec import config_to_dict
 
 
 class MemoryStore:
-    def __init__(self, max_affinities: int = 1_000_000, audit_capacity: int = 1000) -> None:
+    def __init__(self, max_affinities: int = 1_000_000, audit_capacity: int = 1000,
+                 max_documents: int = 100_000) -> None:
         self.healthy = True
         self.redis_errors_total = 0  # no backend: never fails
         self._max_affinities = max_affinities
@@ -26,6 +28,8 @@ class MemoryStore:
         self._workers: dict[str, tuple[dict[str, Any], float]] = {}
         self._audit: deque[dict[str, Any]] = deque(maxlen=audit_capacity)
         self._watchers: set[asyncio.Queue[str]] = set()
+        self._max_documents = max_documents
+        self._documents: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()  # -> (json, expires)
 
     async def get_affinity(self, key: str) -> str | None:
         entry = self._affinity.get(key)
@@ -87,6 +91,22 @@ class MemoryStore:
 
     async def audit_log(self, limit: int = 100) -> list[dict[str, Any]]:
         return list(self._audit)[:limit]
+
+    async def put_document(self, kind: str, doc_id: str, doc: dict[str, Any], ttl_s: float) -> None:
+        self._documents[(kind, doc_id)] = (json.dumps(doc), time.monotonic() + ttl_s)
+        self._documents.move_to_end((kind, doc_id))
+        while len(self._documents) > self._max_documents:  # the oldest go first
+            self._documents.popitem(last=False)
+
+    async def get_document(self, kind: str, doc_id: str) -> dict[str, Any] | None:
+        entry = self._documents.get((kind, doc_id))
+        if entry is None or entry[1] <= time.monotonic():
+            self._documents.pop((kind, doc_id), None)
+            return None
+        return json.loads(entry[0])  # a copy: callers may change what they get
+
+    async def delete_document(self, kind: str, doc_id: str) -> bool:
+        return self._documents.pop((kind, doc_id), None) is not None
 
     async def close(self) -> None:
         self._watchers.clear()

@@ -306,6 +306,26 @@ class RedisStore:
             pass
         return [dict(w) for w in self._workers]
 
+    # documents (stored responses) -----------------------------------------------------------
+
+    async def put_document(self, kind: str, doc_id: str, doc: dict[str, Any], ttl_s: float) -> None:
+        ttl_ms = max(1, int(ttl_s * 1000))
+        await self._document_call(lambda: self._redis.set(f"{self._p}:doc:{kind}:{doc_id}", json.dumps(doc),
+                                                          px=ttl_ms))
+
+    async def get_document(self, kind: str, doc_id: str) -> dict[str, Any] | None:
+        raw = await self._document_call(lambda: self._redis.get(f"{self._p}:doc:{kind}:{doc_id}"))
+        return None if raw is None else json.loads(raw)
+
+    async def delete_document(self, kind: str, doc_id: str) -> bool:
+        return bool(await self._document_call(lambda: self._redis.delete(f"{self._p}:doc:{kind}:{doc_id}")))
+
+    async def _document_call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await self._call(fn)
+        except _Down:
+            raise StateUnavailable(f"Redis at {self.url} is unreachable: stored responses are unavailable") from None
+
     # audit ---------------------------------------------------------------------------------
 
     async def audit_log(self, limit: int = 100) -> list[dict[str, Any]]:

@@ -158,3 +158,30 @@ def test_the_callers_logits_are_never_changed():
         out = sampler.sample(logits, [_row(params, output=(7,)) for _ in range(4)])
         assert torch.equal(logits, before)
         assert (EOS in out.token_ids) == (params.min_tokens == 0)
+
+
+def test_logit_bias_forces_and_bans_tokens_per_row_and_leaves_logprobs_unbiased():
+    sampler = Sampler(V, [EOS], seed=0)
+    logits = _logits(3, seed=4)
+    top = logits.argmax(dim=-1).tolist()
+    forced = SamplingParams(temperature=0.0, logit_bias=((11, 100.0),), logprobs=0)
+    banned = SamplingParams(temperature=0.0, logit_bias=((top[1], -100.0),))
+    sampled = SamplingParams(temperature=1.0, seed=3, logit_bias=((top[2], -100.0), (9, 100.0)))
+    out = sampler.sample(logits, [_row(forced), _row(banned), _row(sampled, generator=make_generator(3, "cpu"))])
+    assert out.token_ids[0] == 11
+    assert out.token_ids[1] != top[1] and out.token_ids[1] == logits[1].topk(2).indices[1].item()
+    assert out.token_ids[2] == 9
+    raw = torch.log_softmax(logits[0], dim=-1)[11].item()
+    assert out.logprobs[0].logprob == pytest.approx(raw)  # the model's own logprob, not the biased one
+    assert torch.equal(logits, _logits(3, seed=4))  # the caller's tensor is untouched
+
+
+def test_logit_bias_keys_and_values_are_validated():
+    from engine_core.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="vocabulary"):
+        SamplingParams(logit_bias=((V, 1.0),)).validate(V)
+    with pytest.raises(InvalidRequestError, match=r"\[-100, 100\]"):
+        SamplingParams(logit_bias=((1, 101.0),)).validate(V)
+    with pytest.raises(InvalidRequestError, match="prompt_logprobs"):
+        SamplingParams(prompt_logprobs=21).validate(V)

@@ -38,8 +38,23 @@ def fuzz_gateway(tmp_path_factory):
 POSITIVE, NEGATIVE = GenerationMode.POSITIVE, GenerationMode.NEGATIVE
 OPERATIONS = [("POST", "/v1/chat/completions", POSITIVE), ("POST", "/v1/chat/completions", NEGATIVE),
               ("POST", "/v1/completions", POSITIVE), ("POST", "/v1/completions", NEGATIVE),
+              ("POST", "/v1/responses", POSITIVE), ("POST", "/v1/responses", NEGATIVE),
+              ("POST", "/v1/messages", POSITIVE), ("POST", "/v1/messages", NEGATIVE),
+              ("POST", "/v1/messages/count_tokens", POSITIVE), ("POST", "/v1/messages/count_tokens", NEGATIVE),
+              ("GET", "/v1/responses/{response_id}", POSITIVE), ("DELETE", "/v1/responses/{response_id}", POSITIVE),
+              ("POST", "/tokenize", POSITIVE), ("POST", "/tokenize", NEGATIVE),
+              ("POST", "/detokenize", POSITIVE), ("POST", "/detokenize", NEGATIVE),
+              ("GET", "/v1/models/{model_id}", POSITIVE),
               # no parameters: one request each, and nothing to make invalid
-              ("GET", "/v1/models", POSITIVE), ("GET", "/health", POSITIVE), ("GET", "/ready", POSITIVE)]
+              ("GET", "/v1/models", POSITIVE), ("GET", "/health", POSITIVE), ("GET", "/ready", POSITIVE),
+              ("GET", "/version", POSITIVE)]
+GENERATION = ("/v1/chat/completions", "/v1/completions")
+SERVED_CHECK = {  # one plain body per generation operation: valid bodies do get served
+    "/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    "/v1/completions": {"model": MODEL, "prompt": "hi", "max_tokens": 2},
+    "/v1/responses": {"model": MODEL, "input": "hi", "max_output_tokens": 2},
+    "/v1/messages": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+}
 SCHEMA = schemathesis.openapi.from_dict(DOCUMENT)
 
 
@@ -49,7 +64,7 @@ def test_no_input_gets_a_5xx_and_every_4xx_is_an_openai_error(fuzz_gateway, meth
     seen = {"count": 0, "2xx": 0, "4xx": 0}
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(max_examples=EXAMPLES if method == "POST" else 5, deadline=None, database=None, derandomize=True,
+    @settings(max_examples=(EXAMPLES if path in GENERATION else EXAMPLES // 3) if method == "POST" else 10, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
     def check(case):
         if isinstance(case.body, dict) and isinstance(case.body.get("model"), str) and case.body["model"] != MODEL:
@@ -58,20 +73,20 @@ def test_no_input_gets_a_5xx_and_every_4xx_is_an_openai_error(fuzz_gateway, meth
         seen["count"] += 1
         assert r.status_code < 500, f"{method} {path} {case.body!r} -> {r.status_code} {r.text[:500]}"
         if r.status_code >= 400:
-            err = r.json()["error"]
+            err = r.json()["error"]  # OpenAI's shape, and Anthropic's on /v1/messages*: both have these
             assert isinstance(err["message"], str) and isinstance(err["type"], str), r.text
+            if path.startswith("/v1/messages"):
+                assert r.json()["type"] == "error", r.text
             seen["4xx"] += 1
         else:
             seen["2xx"] += 1
 
     check()
-    assert seen["count"] >= (EXAMPLES // 2 if method == "POST" else 1)
-    if method == "POST" and mode == POSITIVE:  # valid bodies do get served, not just refused
+    assert seen["count"] >= ((EXAMPLES // 2 if path in GENERATION else EXAMPLES // 6) if method == "POST" else 1)
+    if path in SERVED_CHECK and mode == POSITIVE:  # valid bodies do get served, not just refused
         # (which generated bodies get a 2xx depends on the workers' state at that moment: a generated body may
         # ask for n > 1 with a tool, a 400; so the served check is one plain body of this operation)
-        body = ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-                if path.endswith("chat/completions") else {"model": MODEL, "prompt": "hi", "max_tokens": 2})
-        assert httpx.post(fuzz_gateway.url + path, json=body, timeout=30).status_code == 200
+        assert httpx.post(fuzz_gateway.url + path, json=SERVED_CHECK[path], timeout=30).status_code == 200
 
 
 def test_the_stack_is_healthy_after_the_fuzzing(fuzz_gateway):
@@ -84,6 +99,7 @@ def test_the_stack_is_healthy_after_the_fuzzing(fuzz_gateway):
 def test_openapi_document_describes_the_public_api(fuzz_gateway):
     doc = httpx.get(fuzz_gateway.url + "/openapi.json").json()
     assert doc["openapi"].startswith("3.1")
-    assert {"/v1/chat/completions", "/v1/completions", "/v1/models"} <= set(doc["paths"])
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses", "/v1/messages",
+            "/tokenize"} <= set(doc["paths"])
     chat = doc["components"]["schemas"]["ChatCompletionRequest"]
     assert chat["required"] == ["model", "messages"] and chat["properties"]["temperature"]["maximum"] == 2
