@@ -22,11 +22,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from duet.tokenizer import ChatTemplateError, TokenizerError
 from gateway import errors
-from gateway.timeouts import client_timeout_s
 from gateway.api import start
 from gateway.body_parser import parse_json_body
 from gateway.messages_input import parse_messages
 from gateway.protocol import parse_chat
+from gateway.timeouts import client_timeout_s
 from gateway.tools import render_chat
 
 _STOP = {"length": "max_tokens", "tool_calls": "tool_use"}

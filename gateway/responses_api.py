@@ -29,12 +29,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway import errors
-from gateway.timeouts import client_timeout_s
 from gateway.api import start
 from gateway.body_parser import parse_json_body
 from gateway.protocol import parse_chat
 from gateway.responses_input import ResponsesRequest, parse_responses
 from gateway.state import StateUnavailable
+from gateway.timeouts import client_timeout_s
 
 log = logging.getLogger("duet.gateway.responses")
 

@@ -78,7 +78,8 @@ TIMEOUT_HEADERS = ("x-stainless-timeout", "x-stainless-read-timeout")
 def client_timeout_s(headers, body) -> float | None:
     """The client's timeout for this request: the SDK's header, else a body field `timeout` (seconds).
     Raises InvalidRequest (400, param "timeout") for a value that is not a positive number."""
-    values = [headers.get(h) for h in TIMEOUT_HEADERS]
+    # an SDK header that is not a number says there is none: the anthropic SDK sends "NOT_GIVEN" when streaming
+    values = [v for h in TIMEOUT_HEADERS if _is_number(v := headers.get(h))]
     if isinstance(body, dict):
         values.append(body.get("timeout"))
     for value in values:
@@ -92,6 +93,14 @@ def client_timeout_s(headers, body) -> float | None:
             raise InvalidRequest(f"timeout must be > 0 seconds, got {value!r}", "timeout")
         return seconds
     return None
+
+
+def _is_number(value) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 class ClientDeadline(EngineCallError):

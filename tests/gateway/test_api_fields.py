@@ -24,6 +24,7 @@ from gateway.messages_api import parse_request as parse_messages_chat
 from gateway.openapi import DOCUMENT
 from gateway.protocol import parse_chat, parse_completions
 from gateway.responses_input import parse_responses
+from gateway.timeouts import client_timeout_s
 
 WIRED, REFUSED = "wired", "refused"
 # read and passed on, with no effect this test can see on the tiny model's tokenizer (it adds no special
@@ -42,7 +43,8 @@ SAMPLING = {  # field: (value, extra base fields, expectation)
     "response_format": ({"type": "json_object"}, {}, WIRED), "logit_bias": ({"5": 3}, {}, WIRED),
     "prompt_logprobs": (1, {}, WIRED), "use_beam_search": (True, {"n": 2}, WIRED), "best_of": (3, {"n": 2, "use_beam_search": True}, WIRED),
     "length_penalty": (0.5, {}, WIRED), "regex": ("a+", {}, WIRED), "guided_regex": ("a+", {}, WIRED),
-    "guided_choice": (["a", "b"], {}, WIRED), "speculative": (True, {}, WIRED),
+    "guided_choice": (["a", "b"], {}, WIRED), "speculative": (True, {}, WIRED), "priority": (3, {}, WIRED),
+    "timeout": (30, {}, WIRED),  # the client's deadline: read beside the parse (gateway.timeouts.client_timeout_s)
 }
 SAMPLES = {
     "ChatCompletionRequest": ({"model": "m", "messages": MSGS}, {
@@ -95,9 +97,9 @@ EARLIER = {"conversation": [{"role": "user", "content": "earlier"}, {"role": "as
 def effect(schema: str, body: dict):
     """What the gateway makes of this body before any engine call."""
     if schema == "ChatCompletionRequest":
-        return parse_chat(body)
+        return parse_chat(body), client_timeout_s({}, body)
     if schema == "CompletionRequest":
-        return parse_completions(body)
+        return parse_completions(body), client_timeout_s({}, body)
     if schema == "ResponsesRequest":
         rr = parse_responses(body, EARLIER if body.get("previous_response_id") else None)
         return parse_chat(rr.chat_body), rr.store, rr.conversation, rr.echo["metadata"]

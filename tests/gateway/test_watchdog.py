@@ -168,7 +168,13 @@ def test_the_client_s_timeout_comes_from_the_sdk_header_or_the_body():
     assert client_timeout_s({"x-stainless-timeout": "30"}, {"timeout": 5}) == 30.0  # the header wins
     assert client_timeout_s({}, {"timeout": 2.5}) == 2.5
     assert client_timeout_s({}, {"model": "m"}) is None
-    for bad in ("soon", "0", "-1", "inf"):
+    for bad in ("0", "-1", "inf"):
         with pytest.raises(errors.InvalidRequest) as e:
             client_timeout_s({"x-stainless-timeout": bad}, {})
+        assert e.value.param == "timeout" and e.value.status == 400
+    # a header that is no number is an SDK's "none" (the anthropic SDK streams with "NOT_GIVEN")
+    assert client_timeout_s({"x-stainless-timeout": "NOT_GIVEN"}, {}) is None
+    for bad in ("soon", 0, -1):  # the body field is the client's own words: checked strictly
+        with pytest.raises(errors.InvalidRequest) as e:
+            client_timeout_s({}, {"timeout": bad})
         assert e.value.param == "timeout" and e.value.status == 400
