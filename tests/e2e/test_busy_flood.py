@@ -29,6 +29,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from duet_stack import ROOT, GatewayThread, free_port, model_dir
 
+from duet.launcher import EngineLimits, WorkerSpec, worker_argv
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
 
@@ -44,11 +45,10 @@ class Engine:
         self.kind, self.port = kind, free_port()
         self.address = f"127.0.0.1:{self.port}"
         with open(tmp / f"{kind}.log", "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "duet.cli", "engine", kind, "--model", str(model_dir()), "--port",
-                 str(self.port), "--device", "cpu", "--kv-cache-tokens", "8192", "--max-num-seqs", "1",
-                 "--max-num-batched-tokens", "512", "--worker-id", f"{kind}-0"],
-                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            limits = EngineLimits(kv_cache_tokens=8192, max_num_seqs=1, max_num_batched_tokens=512)
+            spec = WorkerSpec(kind, model_dir(), self.port, worker_id=f"{kind}-0", device="cpu", limits=limits)
+            self.proc = subprocess.Popen(worker_argv(spec), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
     def load(self) -> pb.EngineLoad:
         with grpc.insecure_channel(self.address) as ch:
