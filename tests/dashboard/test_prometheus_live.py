@@ -30,6 +30,7 @@ from test_up import Up
 DASHBOARD = ROOT / "deploy" / "grafana" / "duet.json"
 RULES = ROOT / "deploy" / "prometheus" / "duet-rules.yml"
 PROMETHEUS = shutil.which("prometheus")
+VOCAB_SIZE = json.loads((model_dir() / "config.json").read_text())["vocab_size"]
 RATE_INTERVAL = "1m"  # what Grafana's $__rate_interval becomes here (scrapes every second)
 # (panel title, target index) -> why this test's traffic cannot make it return data
 NEEDS_OTHER_TRAFFIC = {
@@ -136,9 +137,10 @@ def one_round(client: openai.OpenAI, model: str, r: int) -> None:
             model=model, messages=[system, {"role": "user", "content": f"Question number {r}.{i}"}], max_tokens=12,
             temperature=0, stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
         assert list(stream)[-1].usage.completion_tokens == 12
-    for _ in range(1):
-        client.completions.create(model=model, prompt="one two three one two three one two three", max_tokens=12,
-                                  temperature=0, extra_body={"speculative": True, "ignore_eos": True})
+    # every token id of the vocabulary as the prompt: whatever token the (random) model emits has been seen
+    # before, so the n-gram proposer drafts from the second step on, whatever the weights
+    client.completions.create(model=model, prompt=list(range(VOCAB_SIZE)), max_tokens=12,
+                              temperature=0, extra_body={"speculative": True, "ignore_eos": True})
     long_prompt = "A document about something unrelated to everything else. " * 8
     for _ in range(2):
         client.completions.create(model=model, prompt=long_prompt, max_tokens=4, n=2, seed=1,
