@@ -150,6 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="admin API / dashboard key (or DUET_ADMIN_KEY); default: a random one, printed")
     up.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     up.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks (devices) per engine worker")
+    up.add_argument("--paged-args", default=None, metavar="FLAGS",
+                    help="more flags for every engine_paged worker, as `duet engine paged` reads them "
+                         "(with =, as the value starts with --: --paged-args=\"--no-enable-prefix-caching\")")
+    up.add_argument("--prefix-args", default=None, metavar="FLAGS",
+                    help="more flags for every engine_prefix worker (--prefix-args=\"--speculative ngram\")")
     up.add_argument("--sim", action="store_true", help="model-free sim workers instead of real engines (tests)")
     up.add_argument("--sim-ms-per-token", type=float, default=20.0, help="with --sim: decode time per token")
     up.add_argument("--gateways", type=int, default=1,

@@ -91,6 +91,8 @@ class WorkerSpec:
     threads: int | None = None  # real engines only
     tensor_parallel_size: int = 1  # real engines only: ranks (devices) the worker splits its model over
     limits: EngineLimits | None = None  # real engines only
+    metrics_port: int | None = None  # real engines only: where it serves Prometheus /metrics (None: off)
+    extra_args: tuple[str, ...] = ()  # real engines only: more `duet engine KIND` flags, passed as they are
     sim: SimOptions | None = None  # sim only
 
 
@@ -106,7 +108,8 @@ def worker_argv(spec: WorkerSpec) -> list[str]:
     argv += _flags([("--worker-id", spec.worker_id), ("--version", spec.version), ("--redis", spec.redis)])
     if spec.kind == "sim":
         assert spec.limits is None and spec.device is None and spec.threads is None and \
-            spec.tensor_parallel_size == 1, "a sim reads no engine limits"
+            spec.tensor_parallel_size == 1 and spec.metrics_port is None and not spec.extra_args, \
+            "a sim reads no engine limits"
         sim = spec.sim or SimOptions()
         return argv + _flags([("--sim-as", sim.as_kind), ("--sim-ms-per-token", sim.ms_per_token),
                               ("--sim-prefill-ms-per-token", sim.prefill_ms_per_token),
@@ -114,7 +117,8 @@ def worker_argv(spec: WorkerSpec) -> list[str]:
                               ("--sim-capabilities", sim.capabilities)])
     assert spec.sim is None, "sim options on a real engine worker"
     argv += _flags([("--device", spec.device), ("--threads", spec.threads),
-                    ("--tensor-parallel-size", spec.tensor_parallel_size if spec.tensor_parallel_size > 1 else None)])
+                    ("--tensor-parallel-size", spec.tensor_parallel_size if spec.tensor_parallel_size > 1 else None),
+                    ("--metrics-port", spec.metrics_port)])
     lim = spec.limits
     if lim is not None:
         argv += _flags([("--page-size", lim.page_size), ("--kv-cache-tokens", lim.kv_cache_tokens),
@@ -122,7 +126,7 @@ def worker_argv(spec: WorkerSpec) -> list[str]:
                         ("--max-num-batched-tokens", lim.max_num_batched_tokens)])
         if spec.kind == "paged":
             argv.append("--enable-prefix-caching" if lim.paged_prefix_caching else "--no-enable-prefix-caching")
-    return argv
+    return argv + list(spec.extra_args)
 
 
 def worker_env(spec: WorkerSpec) -> dict[str, str] | None:

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import secrets
+import shlex
 import signal
 import sys
 import tempfile
@@ -117,6 +118,7 @@ class _Up:
     def __init__(self, args: argparse.Namespace, plan: _Plan, launcher: Launcher) -> None:
         self.args, self.plan, self.launcher = args, plan, launcher
         self.slots: list[tuple[str, str, int]] = []  # (worker id, kind, port) per worker, in start order
+        self.metrics_ports: dict[str, int] = {}  # real engine workers' Prometheus ports, kept across restarts
         self.gateway_ports: list[int] = []
         self.stop_signal: int | None = None
         self.gateways_down = False
@@ -135,8 +137,11 @@ class _Up:
             spec = WorkerSpec("sim", model, port, worker_id,
                               sim=SimOptions(as_kind=kind, ms_per_token=a.sim_ms_per_token))
         else:
+            metrics_port = self.metrics_ports.setdefault(worker_id, free_port())
+            extra = shlex.split(getattr(a, f"{kind}_args", None) or "")
             spec = WorkerSpec(kind, model, port, worker_id, device=a.device, threads=self.plan.threads,
-                              tensor_parallel_size=getattr(a, "tensor_parallel_size", 1))
+                              tensor_parallel_size=getattr(a, "tensor_parallel_size", 1),
+                              metrics_port=metrics_port, extra_args=tuple(extra))
         self.launcher.start_worker(worker_id, spec)
 
     def start_workers(self) -> None:
@@ -191,7 +196,11 @@ class _Up:
         p = self.plan
         shown_key = "as given (--admin-key / DUET_ADMIN_KEY)" if p.admin_key_given else p.admin_key
         print(f"API:       {p.url}/v1\nDashboard: {p.url}/dashboard  (admin key: {shown_key})\n"
-              f"Metrics:   {p.url}/metrics\nCtrl-C to stop.", flush=True)
+              f"Metrics:   {p.url}/metrics", flush=True)
+        if self.metrics_ports:  # each engine worker's own metrics, for a Prometheus to scrape (sims have none)
+            print("Worker metrics: " + " ".join(f"{w} http://127.0.0.1:{port}/metrics"
+                                               for w, port in self.metrics_ports.items()), flush=True)
+        print("Ctrl-C to stop.", flush=True)
 
     def should_stop(self) -> bool:
         """Supervise once. From here on a child that exits is restarted (its streams end with an error event

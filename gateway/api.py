@@ -25,6 +25,7 @@ from gateway.body_parser import parse_json_body
 from gateway.generation import Dispatched, Prepared, dispatch, outputs, prepare
 from gateway.metrics import CONTENT_TYPE
 from gateway.protocol import parse_chat, parse_completions
+from gateway.request_class import request_class
 from gateway.responses import SSE_DONE, ResponseBuilder, sse
 from gateway.timeouts import client_timeout_s
 from gateway.tokenize_api import model_card
@@ -160,7 +161,8 @@ class _Run:
             else None
         self.usage: dict = {}
         dec = d.decision
-        self.labels = (prep.model.model_id, dec.engine_kind, dec.variant)
+        self.labels = (prep.model.model_id, dec.engine_kind, dec.variant,
+                       request_class(prep.api, prep.session_key, len(prep.prompt_ids)))
         self._itl = gw.metrics.itl.labels(*self.labels)  # resolved once, observed per token
         self.first_at: float | None = None
         self.last_at: float | None = None

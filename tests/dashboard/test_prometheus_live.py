@@ -1,15 +1,18 @@
-"""A real Prometheus (Debian's `prometheus` package) scrapes a small real stack — an engine_paged and an
-engine_prefix worker on the tiny model, each with its metrics port, behind one gateway — while traffic
-runs; then every query of deploy/grafana/duet.json and every rule of deploy/prometheus/duet-rules.yml is
-evaluated through Prometheus's HTTP API. Every query must evaluate without error, every dashboard query must
-return data (a finite value) for what the traffic produced, and every rule must be loaded and evaluated
-healthy. Panels the traffic here cannot feed are listed in `NEEDS_OTHER_TRAFFIC` with the reason."""
+"""A real Prometheus (Debian's `prometheus` package) scrapes a running `duet up` — one engine_paged and one
+engine_prefix worker on the tiny model, each on the metrics port `duet up` gives it and prints, behind its
+gateway — while traffic runs; then every query of deploy/grafana/duet.json and every rule of
+deploy/prometheus/duet-rules.yml is evaluated through Prometheus's HTTP API. Every query must evaluate without
+error, every dashboard query must return data (a finite value) for what the traffic produced, and every rule
+must be loaded and evaluated healthy. Panels the traffic here cannot feed are listed in `NEEDS_OTHER_TRAFFIC`
+with the reason."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -21,15 +24,13 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import ROOT, GatewayThread, RealWorkers, Sim, free_port, gateway_config, model_dir
-
-from duet.engine_config import EngineConfig, PagedConfig, PrefixConfig
-from engine_paged.worker import build_engine as build_paged
-from engine_prefix.worker import build_engine as build_prefix
+from duet_stack import ROOT, free_port, model_dir
+from test_up import Up
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "duet.json"
 RULES = ROOT / "deploy" / "prometheus" / "duet-rules.yml"
 PROMETHEUS = shutil.which("prometheus")
+VOCAB_SIZE = json.loads((model_dir() / "config.json").read_text())["vocab_size"]
 RATE_INTERVAL = "1m"  # what Grafana's $__rate_interval becomes here (scrapes every second)
 # (panel title, target index) -> why this test's traffic cannot make it return data
 NEEDS_OTHER_TRAFFIC = {
@@ -42,30 +43,35 @@ NEEDS_OTHER_TRAFFIC = {
 }
 
 pytestmark = [pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus package (`make setup`)"),
-              pytest.mark.timeout(300)]
+              pytest.mark.timeout(480)]  # `duet up` loads two real engines first
 
 
 class Stack:
-    """Two real workers with metrics on their own ports, one gateway thread."""
+    """`duet up --paged 1 --prefix 1` as a subprocess; the worker metrics URLs it prints."""
 
     def __init__(self) -> None:
-        model = str(model_dir())
-        self.metrics_ports = [free_port(), free_port()]
         # the paged worker without prefix caching: the gateway's index (fed by its routing decisions) then
-        # expects blocks that worker never kept, which is what the stale-decision panel counts
-        self.workers = RealWorkers([
-            lambda: build_paged(PagedConfig(EngineConfig(model=str(model), device="cpu", kv_cache_tokens=2048,
-                                                         worker_id="paged-w"), enable_prefix_caching=False)),
-            lambda: build_prefix(PrefixConfig(EngineConfig(model=str(model), device="cpu", kv_cache_tokens=2048,
-                                                           worker_id="prefix-w"),
-                                              speculative="ngram", num_draft_tokens=3)),
-        ], metrics_ports=self.metrics_ports)
-        self.gateway = GatewayThread(gateway_config([Sim(port=p) for p in self.workers.ports])).start(
-            wait_workers=2)
+        # expects blocks that worker never kept, which is what the stale-decision panel counts; the prefix
+        # worker drafts n-gram tokens, which the speculative panel shows
+        self.up = Up("--device", "cpu", "--paged", "1", "--prefix", "1",
+                     "--paged-args=--no-enable-prefix-caching --kv-cache-tokens 2048",
+                     "--prefix-args=--speculative ngram --num-draft-tokens 3 --kv-cache-tokens 2048")
+        try:
+            self.up.wait_ready(240)
+        except BaseException:
+            self.up.stop()
+            raise
+        self.url = self.up.url
+        (line,) = [ln for ln in self.up.out if ln.startswith("Worker metrics:")]
+        self.worker_metrics = re.findall(r"(paged-0|prefix-0) http://(127\.0\.0\.1:\d+)/metrics", line)
+        assert [w for w, _ in self.worker_metrics] == ["paged-0", "prefix-0"], line
+
+    @property
+    def engine_targets(self) -> list[str]:
+        return [target for _, target in self.worker_metrics]
 
     def stop(self) -> None:
-        self.gateway.stop()
-        self.workers.stop()
+        assert self.up.stop(signal.SIGTERM) == 0
 
 
 class Prometheus:
@@ -131,9 +137,10 @@ def one_round(client: openai.OpenAI, model: str, r: int) -> None:
             model=model, messages=[system, {"role": "user", "content": f"Question number {r}.{i}"}], max_tokens=12,
             temperature=0, stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
         assert list(stream)[-1].usage.completion_tokens == 12
-    for _ in range(1):
-        client.completions.create(model=model, prompt="one two three one two three one two three", max_tokens=12,
-                                  temperature=0, extra_body={"speculative": True, "ignore_eos": True})
+    # every token id of the vocabulary as the prompt: whatever token the (random) model emits has been seen
+    # before, so the n-gram proposer drafts from the second step on, whatever the weights
+    client.completions.create(model=model, prompt=list(range(VOCAB_SIZE)), max_tokens=12,
+                              temperature=0, extra_body={"speculative": True, "ignore_eos": True})
     long_prompt = "A document about something unrelated to everything else. " * 8
     for _ in range(2):
         client.completions.create(model=model, prompt=long_prompt, max_tokens=4, n=2, seed=1,
@@ -147,11 +154,11 @@ def scraped(tmp_path_factory):
     stack = Stack()
     prom = None
     try:
-        gw = stack.gateway.url.removeprefix("http://")
-        prom = Prometheus(tmp_path_factory.mktemp("prometheus"), gw, [f"127.0.0.1:{p}" for p in stack.metrics_ports])
+        gw = stack.url.removeprefix("http://")
+        prom = Prometheus(tmp_path_factory.mktemp("prometheus"), gw, stack.engine_targets)
         prom.wait(lambda: all(t["health"] == "up" for t in prom.api("targets")["activeTargets"])
                   and len(prom.api("targets")["activeTargets"]) == 3, 30, "scraping all three targets")
-        traffic(stack.gateway.url, model_dir().name)
+        traffic(stack.url, model_dir().name)
         time.sleep(2.0)  # the gateway's pool planner and health poll publish their gauges
         # a few scrapes after the traffic, so every rate() has two samples that differ
         prom.wait(lambda: prom.api("query", query="sum(duet_generation_tokens_total)")["result"]

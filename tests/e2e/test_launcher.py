@@ -81,3 +81,20 @@ def test_the_tensor_parallel_size_reaches_real_engines_only_when_it_splits():
         assert argv[argv.index("--tensor-parallel-size") + 1] == "3"
         assert "--tensor-parallel-size" not in worker_argv(WorkerSpec(kind, Path("m"), 1))
     assert "--tensor-parallel-size" not in worker_argv(WorkerSpec("sim", Path("m"), 1))
+
+
+def test_real_engines_get_their_metrics_port_and_extra_flags_and_the_flags_parse():
+    import argparse
+
+    from duet.engine_config import KINDS, add_flags, from_args
+
+    for kind in ("paged", "prefix"):
+        argv = worker_argv(WorkerSpec(kind, Path("m"), 1, metrics_port=9101, extra_args=("--kv-cache-tokens", "64")))
+        assert argv[argv.index("--metrics-port") + 1] == "9101" and argv[-2:] == ["--kv-cache-tokens", "64"]
+        assert "--metrics-port" not in worker_argv(WorkerSpec(kind, Path("m"), 1))
+        parser = argparse.ArgumentParser()
+        add_flags(parser, KINDS[kind])  # as `duet engine KIND` parses them
+        config = from_args(KINDS[kind], parser.parse_args(argv[5:]))
+        assert config.engine.metrics_port == 9101 and config.engine.kv_cache_tokens == 64
+    with pytest.raises(AssertionError):  # a sim serves no metrics of its own
+        worker_argv(WorkerSpec("sim", Path("m"), 1, metrics_port=9101))

@@ -96,6 +96,7 @@ def test_duet_up_with_sim_workers_serves_and_ctrl_c_leaves_no_orphans():
         up.wait_ready(60)
         text = "".join(up.out)
         assert f"API:       {up.url}/v1" in text and f"{up.url}/dashboard" in text
+        assert "Worker metrics:" not in text  # sims export no metrics of their own
         # the URLs come only once every worker started is healthy, not as soon as one is
         assert httpx.get(up.url + "/ready").json()["healthy_workers"] == {MODEL: 3}
         # no key given: `duet up` made one and printed it next to the dashboard URL; it opens the admin API
@@ -122,6 +123,12 @@ def test_duet_up_real_engines_answer_the_sdk_and_a_disconnect_returns_pages():
     up = Up("--device", "cpu", env={"DUET_ADMIN_KEY": "adm"})
     try:
         up.wait_ready(240)
+        # each engine worker's own metrics, on the port `duet up` printed for it
+        (line,) = [ln for ln in up.out if ln.startswith("Worker metrics:")]
+        urls = dict(re.findall(r"(\S+) (http://127\.0\.0\.1:\d+/metrics)", line))
+        assert sorted(urls) == ["paged-0", "prefix-0"], line
+        for url in urls.values():
+            assert "duet_kv_cache_usage_perc" in httpx.get(url, timeout=10).text
         client = openai.OpenAI(base_url=up.url + "/v1", api_key="k", max_retries=0)
         raw = client.chat.completions.with_raw_response.create(
             model=MODEL, messages=[{"role": "user", "content": "Hello there"}], max_tokens=8, temperature=0)
