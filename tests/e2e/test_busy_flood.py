@@ -118,8 +118,9 @@ def _flood(url: str, n: int, max_tokens: int, seed: int) -> list[dict]:
 def _warm(url: str) -> None:
     """One long prompt per worker, so each has measured its prefill rate (admission needs it)."""
     client = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0, timeout=60)
-    for i in range(4):
-        client.completions.create(model=MODEL, prompt=_prompt(10_000 + i), max_tokens=2, temperature=0)
+    for i in range(4):  # a session goes to engine_prefix, a one-shot prompt to engine_paged: both measure
+        client.completions.create(model=MODEL, prompt=_prompt(10_000 + i), max_tokens=2, temperature=0,
+                                  extra_headers={"x-session-id": f"warm-{i}"} if i % 2 else None)
 
 
 @pytest.mark.timeout(300)
@@ -140,9 +141,18 @@ def test_a_flood_of_long_prompts_is_queued_and_every_request_answered(engines):
 
 @pytest.mark.timeout(300)
 def test_with_a_low_queue_bound_the_overflow_is_refused_at_once_and_never_started(engines):
-    gw = _gateway(engines, max_queue_wait_s=0.2)
+    warm = _gateway(engines)
     try:
-        _warm(gw.url)
+        _warm(warm.url)
+    finally:
+        warm.stop()
+    # the bound: about four prompts' prefill at the slower worker's measured rate, so with 20 requests per
+    # worker the overflow is certain on a fast machine as on a slow one (a fixed bound is not: a quiet
+    # machine prefills the tiny model fast enough to admit every one)
+    rate = min(e.load().prefill_tokens_per_s for e in engines)
+    assert rate > 0
+    gw = _gateway(engines, max_queue_wait_s=4 * PROMPT_TOKENS / rate)
+    try:
         before = sum(e.started_tokens() for e in engines)
         results = _flood(gw.url, 40, max_tokens=64, seed=1000)
         ok = [r for r in results if r.get("status") == 200]

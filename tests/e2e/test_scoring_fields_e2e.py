@@ -15,6 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from duet_stack import GatewayThread, Sim, gateway_config, model_dir
 
+from duet.engine_config import EngineConfig, PagedConfig, PrefixConfig
 from duet.tokenizer import Tokenizer
 from engine_core.worker import Worker
 from engine_paged.worker import build_engine as build_paged
@@ -27,10 +28,12 @@ PROMPT = [5, 17, 99, 42, 7, 230, 64, 12, 18, 33, 71, 5, 17, 99, 42, 8, 150, 3, 6
 @pytest.fixture(params=KINDS)
 async def engine(request):
     model = model_dir()
-    build = {"paged": lambda: build_paged(str(model), kv_cache_tokens=2048, worker_id="paged-w",
-                                          max_num_batched_tokens=32),
-             "prefix": lambda: build_prefix(str(model), kv_cache_tokens=2048, worker_id="prefix-w",
-                                            max_num_batched_tokens=32)}[request.param]
+    def engine_config(worker_id: str) -> EngineConfig:
+        return EngineConfig(model=str(model), device="cpu", kv_cache_tokens=2048, worker_id=worker_id,
+                            max_num_batched_tokens=32)
+
+    build = {"paged": lambda: build_paged(PagedConfig(engine_config("paged-w"))),
+             "prefix": lambda: build_prefix(PrefixConfig(engine_config("prefix-w")))}[request.param]
     worker = Worker(build, port=0, drain_timeout=5)
     port = await worker.start()
     gw = GatewayThread(gateway_config([Sim(port=port)]))
