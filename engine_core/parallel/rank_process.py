@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -79,6 +80,11 @@ def rank_main(args: RankArgs, conn) -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s tp-rank{args.rank} %(name)s: "
                                                    f"%(message)s")
     _exit_when_orphaned(args.parent_pid)
+    # a signal to the worker's process group (duet up's Ctrl-C or SIGTERM) is the worker's to handle: it drains,
+    # then stops its ranks. A rank follows rank 0 (stop, a closed pipe, an orphaned parent), never the signal:
+    # dying on it would end the drain of the requests in flight
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         _serve(args, conn)
     except (EOFError, ConnectionError):

@@ -120,6 +120,13 @@ def stack():
             time.sleep(0.2)
         assert code == 0
         assert not [p for p in everything if _alive(p)], "processes left running after Ctrl-C"
+        # Ctrl-C reaches every process of a worker's group: the ranks leave it to their worker, which drains
+        # (a rank that died of the signal would have ended the drain and the worker with exit 1)
+        log_dir = Path(next(line for line in s.out if "logs in " in line).rsplit("logs in ", 1)[1].strip())
+        for kind in ("paged", "prefix"):
+            log = (log_dir / f"{kind}-0.log").read_text()
+            assert "drained (clean)" in log.rsplit("listening on", 1)[-1], log[-2000:]
+            assert "exited with code -15" not in log, log[-2000:]
 
 
 @pytest.mark.timeout(420)
