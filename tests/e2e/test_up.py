@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import httpx
 import openai
+import proc_tree
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -22,31 +23,6 @@ from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
 
 MODEL = model_dir().name
-
-
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
-    out, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), ()):
-            out.add(c)
-            todo.append(c)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 class Up:
@@ -74,17 +50,17 @@ class Up:
         raise AssertionError("duet up did not get ready:\n" + "".join(self.out))
 
     def stop(self, sig=signal.SIGINT) -> int:
-        descendants = _descendants(self.proc.pid)
+        descendants = proc_tree.descendants(self.proc.pid)
         self.proc.send_signal(sig)
         code = self.proc.wait(timeout=60)
-        assert _wait_gone(descendants), f"orphans left: {[p for p in descendants if _alive(p)]}"
+        assert _wait_gone(descendants), f"orphans left: {[p for p in descendants if proc_tree.alive(p)]}"
         return code
 
 
 def _wait_gone(pids: set[int], timeout_s: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not any(_alive(p) for p in pids):
+        if not any(proc_tree.alive(p) for p in pids):
             return True
         time.sleep(0.1)
     return False
@@ -104,7 +80,7 @@ def test_duet_up_with_sim_workers_serves_and_ctrl_c_leaves_no_orphans():
         assert httpx.get(up.url + "/admin/workers").status_code in (401, 403)
         workers = httpx.get(up.url + "/admin/workers", headers={"Authorization": f"Bearer {key}"})
         assert workers.status_code == 200 and len(workers.json()["workers"]) == 3
-        assert len(_descendants(up.proc.pid)) >= 4  # 3 workers + the gateway
+        assert len(proc_tree.descendants(up.proc.pid)) >= 4  # 3 workers + the gateway
         client = openai.OpenAI(base_url=up.url + "/v1", api_key="k", max_retries=0)
         r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
         assert r.choices[0].finish_reason == "length"

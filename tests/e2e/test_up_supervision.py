@@ -16,8 +16,9 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import proc_tree
 from duet_stack import model_dir
-from test_up import Up, _descendants
+from test_up import Up
 
 MODEL = model_dir().name
 ADMIN = {"Authorization": "Bearer adm"}
@@ -39,7 +40,7 @@ def _stream(url: str, out: dict, i: int) -> None:
 
 
 def _worker_pid(up: Up, worker_id: str) -> int:
-    for pid in _descendants(up.proc.pid):
+    for pid in proc_tree.descendants(up.proc.pid):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:

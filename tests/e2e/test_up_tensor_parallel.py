@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import httpx
 import openai
+import proc_tree
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -25,28 +26,6 @@ from engine_core.request import Request
 from engine_core.sampling_params import SamplingParams
 
 PROMPT = [5, 17, 300, 42, 999, 8, 8, 123, 64, 2]
-
-
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    out, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), ()):
-            out.add(c)
-            todo.append(c)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _one_rank_tokens(kind: str) -> list[int]:
@@ -92,7 +71,7 @@ class Stack:
             self.out.append(line)
 
     def ranks(self) -> list[int]:
-        return [p for p in _descendants(self.proc.pid) if _alive(p)
+        return [p for p in proc_tree.descendants(self.proc.pid) if proc_tree.alive(p)
                 and b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
 
     def workers(self) -> list[dict]:
@@ -112,14 +91,14 @@ def stack():
         s.wait_ready(300)
         yield s
     finally:
-        everything = _descendants(s.proc.pid)
+        everything = proc_tree.descendants(s.proc.pid)
         s.proc.send_signal(signal.SIGINT)
         code = s.proc.wait(timeout=90)
         deadline = time.monotonic() + 15
-        while any(map(_alive, everything)) and time.monotonic() < deadline:
+        while any(map(proc_tree.alive, everything)) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert code == 0
-        assert not [p for p in everything if _alive(p)], "processes left running after Ctrl-C"
+        assert not [p for p in everything if proc_tree.alive(p)], "processes left running after Ctrl-C"
         # Ctrl-C reaches every process of a worker's group: the ranks leave it to their worker, which drains
         # (a rank that died of the signal would have ended the drain and the worker with exit 1)
         log_dir = Path(next(line for line in s.out if "logs in " in line).rsplit("logs in ", 1)[1].strip())
@@ -163,7 +142,7 @@ def _parent(pid: int) -> int:
 
 
 def _paged_worker_pid(up_pid: int) -> int:
-    for pid in _descendants(up_pid):
+    for pid in proc_tree.descendants(up_pid):
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         if _parent(pid) == up_pid and b"engine" in argv and b"paged" in argv:
             return pid

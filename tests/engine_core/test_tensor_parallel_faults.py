@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import grpc
+import proc_tree
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -50,41 +51,17 @@ async def _wait_serving(port: int, proc, timeout: float = 180.0) -> None:
     raise TimeoutError("the tensor-parallel worker never became SERVING")
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"  # a zombie has exited; only its parent's wait is missing
-
-
 def _rank_pids(worker_pid: int) -> list[int]:
     # the rank processes are the worker's children running multiprocessing's spawn entry
-    return [p for p in _descendants(worker_pid)
+    return [p for p in proc_tree.descendants(worker_pid)
             if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
 
 
 def _wait_gone(pids: list[int], timeout: float) -> list[int]:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(map(_alive, pids)):
+    while time.monotonic() < deadline and any(map(proc_tree.alive, pids)):
         time.sleep(0.2)
-    return [p for p in pids if _alive(p)]
+    return [p for p in pids if proc_tree.alive(p)]
 
 
 @pytest.fixture
@@ -98,7 +75,7 @@ def tp_worker(tiny_checkpoint):
     try:
         yield proc, port
     finally:
-        for pid in _descendants(proc.pid):
+        for pid in proc_tree.descendants(proc.pid):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -118,7 +95,7 @@ async def _serving_ranks(proc, port) -> list[int]:
 async def test_killing_a_rank_takes_the_worker_down_and_leaves_nothing_running(tp_worker):
     proc, port = tp_worker
     ranks = await _serving_ranks(proc, port)
-    everything = _descendants(proc.pid)
+    everything = proc_tree.descendants(proc.pid)
     os.kill(ranks[0], signal.SIGKILL)
     start = time.monotonic()
     code = await asyncio.to_thread(proc.wait, 30)
@@ -130,7 +107,7 @@ async def test_killing_a_rank_takes_the_worker_down_and_leaves_nothing_running(t
 async def test_a_hung_rank_takes_the_worker_down_at_the_collective_timeout(tp_worker):
     proc, port = tp_worker
     ranks = await _serving_ranks(proc, port)
-    everything = _descendants(proc.pid)
+    everything = proc_tree.descendants(proc.pid)
     os.kill(ranks[0], signal.SIGSTOP)  # alive but never answers: only the collective timeout can tell
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         call = engine_pb2_grpc.EngineStub(channel).Generate(pb.GenerateRequest(
@@ -148,7 +125,7 @@ async def test_a_hung_rank_takes_the_worker_down_at_the_collective_timeout(tp_wo
 async def test_sigterm_stops_every_rank_and_exits_zero(tp_worker):
     proc, port = tp_worker
     await _serving_ranks(proc, port)
-    everything = _descendants(proc.pid)
+    everything = proc_tree.descendants(proc.pid)
     proc.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(proc.wait, 60) == 0
     assert _wait_gone(everything, 15) == []
