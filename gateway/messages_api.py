@@ -24,7 +24,7 @@ from duet.tokenizer import ChatTemplateError, TokenizerError
 from gateway import errors
 from gateway.api import start
 from gateway.body_parser import parse_json_body
-from gateway.messages_input import parse_messages
+from gateway.messages_input import CountTokensRequest, MessagesRequest, parse_messages
 from gateway.protocol import parse_chat
 from gateway.timeouts import client_timeout_s
 from gateway.tools import render_chat
@@ -52,14 +52,9 @@ def _tool_use(call: dict) -> dict:
     return {"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": arguments}
 
 
-def parse_request(body: object):
-    """The validated chat request of a Messages body (InvalidRequest naming the Anthropic field)."""
-    try:
-        return parse_chat(parse_messages(body))
-    except errors.InvalidRequest as e:
-        if e.param == "max_completion_tokens":
-            e.param = "max_tokens"
-        raise
+def parse_request(body: object, model: type[CountTokensRequest] = MessagesRequest):
+    """The validated chat request of a Messages (or count_tokens) body (InvalidRequest naming the field)."""
+    return parse_chat(parse_messages(body, model))
 
 
 async def create(request: Request) -> Response:
@@ -156,10 +151,7 @@ async def count_tokens(request: Request) -> Response:
     """The prompt's tokens as /v1/messages would bill them (the chat template with the tools rendered)."""
     gw = request.app.state.gateway
     try:
-        body = parse_json_body(await request.body())
-        if isinstance(body, dict):
-            body = {**body, "max_tokens": body.get("max_tokens") or 1}  # not needed to count
-        api = parse_request(body)
+        api = parse_request(parse_json_body(await request.body()), CountTokensRequest)
         model = gw.models.get(api.model)
         if model is None:
             raise errors.ModelNotFound(api.model)

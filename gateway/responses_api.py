@@ -32,7 +32,7 @@ from gateway import errors
 from gateway.api import start
 from gateway.body_parser import parse_json_body
 from gateway.protocol import parse_chat
-from gateway.responses_input import ResponsesRequest, parse_responses
+from gateway.responses_input import Responses, to_chat, validate_responses
 from gateway.state import StateUnavailable
 from gateway.timeouts import client_timeout_s
 
@@ -61,7 +61,7 @@ def _call_item(call: dict, status: str = "completed") -> dict:
 class _Answer:
     """One response being made: its id, the options it repeats, and what it becomes when done."""
 
-    def __init__(self, gw, rr: ResponsesRequest, request_id: str, model: str, conversation_id: str) -> None:
+    def __init__(self, gw, rr: Responses, request_id: str, model: str, conversation_id: str) -> None:
         self.gw, self.rr, self.model, self.conversation_id = gw, rr, model, conversation_id
         self.id = "resp_" + request_id
         self.message_id = "msg_" + request_id
@@ -96,15 +96,13 @@ async def create(request: Request) -> Response:
     gw = request.app.state.gateway
     try:
         body = parse_json_body(await request.body())
+        req = validate_responses(body)
         previous = None
-        prev_id = body.get("previous_response_id") if isinstance(body, dict) else None
-        if prev_id is not None:
-            if not isinstance(prev_id, str):
-                raise errors.InvalidRequest("'previous_response_id' must be a string", "previous_response_id")
-            previous = await gw.state.get_document(KIND, prev_id)
+        if req.previous_response_id is not None:
+            previous = await gw.state.get_document(KIND, req.previous_response_id)
             if previous is None:
-                raise errors.ResponseNotFound(prev_id, "previous_response_id")
-        rr = parse_responses(body, previous)
+                raise errors.ResponseNotFound(req.previous_response_id, "previous_response_id")
+        rr = to_chat(req, previous, body)
         try:
             api = parse_chat(rr.chat_body)
         except errors.InvalidRequest as e:
