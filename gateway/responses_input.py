@@ -21,10 +21,12 @@ non-text parts, reasoning items, `truncation: auto`, `parallel_tool_calls: false
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Discriminator, Field, Tag
+from pydantic_core import PydanticCustomError
 
 from gateway.api_models import MAX_TOOLS, MaxTokens, Name, Schema, Strict, Temperature, Text, ToolChoiceMode, TopP
 from gateway.errors import InvalidRequest
@@ -84,9 +86,31 @@ class TextOptions(Strict):
     format: Annotated[TextFormatPlain | TextFormatSchema, Field(discriminator="type")] | None = None
 
 
+_ITEMS = {"message": "InputMessage", "function_call": "FunctionCallItem",
+          "function_call_output": "FunctionCallOutputItem"}
+
+
+def _known_item(item: object) -> object:
+    if isinstance(item, dict) and item.get("type", "message") not in _ITEMS:
+        raise PydanticCustomError("item_type", "item type {kind} is not supported (message, function_call and "
+                                  "function_call_output are)", {"kind": json.dumps(item.get("type"))})
+    return item
+
+
+def _item_model(item: object) -> str | None:
+    kind = item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", None) or "message"
+    return _ITEMS.get(kind)
+
+
+# an item without a type is a message
+Item = Annotated[Annotated[InputMessage, Tag("InputMessage")] | Annotated[FunctionCallItem, Tag("FunctionCallItem")]
+                 | Annotated[FunctionCallOutputItem, Tag("FunctionCallOutputItem")],
+                 Discriminator(_item_model), BeforeValidator(_known_item)]
+
+
 class ResponsesRequest(Strict):
     model: Text
-    input: Text | Annotated[list[InputMessage | FunctionCallItem | FunctionCallOutputItem], Field(min_length=1)]
+    input: Text | Annotated[list[Item], Field(min_length=1)]
     instructions: str | None = None
     tools: Annotated[list[ResponsesTool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoiceMode | ResponsesNamedChoice | None = None

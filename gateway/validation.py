@@ -66,21 +66,23 @@ def invalid_request(e: ValidationError) -> InvalidRequest:
     return InvalidRequest("; ".join(parts), str(first[0]) if first else None)
 
 
-def _best_branches(errs: list[dict]) -> list[dict]:
+def _best_branches(errs: list[dict], start: int = 0) -> list[dict]:
     """Of a union's failed branches, those that got furthest (the deepest error), and of those the
     ones with fewest errors: `[1, "a"]` as a prompt is a list of token ids with one bad item, not a
-    list of strings with one."""
+    list of strings with one. Unions inside the chosen branches are pruned the same way."""
     out, unions = [], {}
     for err in errs:
-        at = next((i for i, part in enumerate(err["loc"]) if _is_label(part)), None)
+        loc = err["loc"]
+        at = next((i for i in range(start, len(loc)) if _is_label(loc[i])), None)
         if at is None:
             out.append(err)
         else:
-            unions.setdefault(err["loc"][:at], {}).setdefault(err["loc"][at], []).append(err)
-    for branches in unions.values():
+            unions.setdefault(loc[:at], {}).setdefault(loc[at], []).append(err)
+    for prefix, branches in unions.items():
         score = {label: (max(len(_path(e["loc"])) for e in es), -len(es)) for label, es in branches.items()}
         best = max(score.values())
-        out += [e for label, es in branches.items() if score[label] == best for e in es]
+        out += _best_branches([e for label, es in branches.items() if score[label] == best for e in es],
+                              len(prefix) + 1)
     return out
 
 
@@ -144,9 +146,8 @@ def _phrase(err: dict) -> str:
     if kind == "too_long":
         return f"must have at most {ctx['max_length']} items"
     if kind == "literal_error":
-        expected = ctx.get("expected", "")
-        return (f"must be {expected}" if " or " not in expected and "," not in expected
-                else f"must be one of {expected}")
+        expected = ctx.get("expected", "").replace("True", "true").replace("False", "false")  # JSON's words
+        return f"must be one of {expected}" if "," in expected else f"must be {expected}"
     if kind == "union_tag_invalid":
         return f"{ctx.get('discriminator', 'type').strip(chr(39))} {_value(ctx.get('tag'))} is not supported " \
                f"(expected one of {ctx.get('expected_tags')})"

@@ -129,7 +129,7 @@ def test_json_schema_format_routes_to_structured_output(clients):
     ({"input": []}, "input"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
     ({"input": "x", "tool_choice": "required"}, "tool_choice"),
-    ({"input": "x", "max_output_tokens": 0}, "max_tokens"),
+    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "x", "temperature": 3}, "temperature"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text"),
     ({"input": "x", "truncation": "auto"}, "truncation"),

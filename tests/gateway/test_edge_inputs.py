@@ -136,7 +136,7 @@ def test_integral_floats_are_integers_as_json_schema_says():
     api = parse_completion({"model": "m", "prompt": "x", "n": 2.0, "max_tokens": 16.0, "seed": 0.0})
     assert (api.sampling.n, api.sampling.max_tokens, api.sampling.seed) == (2, 16, 0)
     assert isinstance(api.sampling.max_tokens, int)
-    with pytest.raises(InvalidRequest, match="'n' must be an integer"):
+    with pytest.raises(InvalidRequest, match="n: must be an integer, got 2.5"):
         parse_completion({"model": "m", "prompt": "x", "n": 2.5})
 
 
