@@ -38,7 +38,7 @@ def _integral(value: object) -> object:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def Int(lo: int, hi: int):  # noqa: N802 - a type
+def Int(lo: int, hi: int):
     """An integer in [lo, hi]; an integral float (2.0) is one too."""
     return Annotated[int, Field(ge=lo, le=hi), BeforeValidator(_integral)]
 

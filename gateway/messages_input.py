@@ -22,8 +22,18 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from gateway.api_models import MAX_STOP_STRINGS, MAX_TOOLS, MaxTokens, Name, Schema, Strict, Temperature, Text, \
-    TopK, TopP
+from gateway.api_models import (
+    MAX_STOP_STRINGS,
+    MAX_TOOLS,
+    MaxTokens,
+    Name,
+    Schema,
+    Strict,
+    Temperature,
+    Text,
+    TopK,
+    TopP,
+)
 from gateway.errors import InvalidRequest
 from gateway.validation import refuse_unsupported, validate
 

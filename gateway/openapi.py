@@ -18,8 +18,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from gateway import answer_models as out
-from gateway.api_models import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeChatRequest,
-                                TokenizePromptRequest)
+from gateway.api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizePromptRequest,
+)
 from gateway.messages_input import CountTokensRequest, MessagesRequest
 from gateway.responses_input import ResponsesRequest
 

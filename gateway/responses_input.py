@@ -28,7 +28,17 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Discriminator, Field, Tag
 from pydantic_core import PydanticCustomError
 
-from gateway.api_models import MAX_TOOLS, MaxTokens, Name, Schema, Strict, Temperature, Text, ToolChoiceMode, TopP
+from gateway.api_models import (
+    MAX_TOOLS,
+    MaxTokens,
+    Name,
+    Schema,
+    Strict,
+    Temperature,
+    Text,
+    ToolChoiceMode,
+    TopP,
+)
 from gateway.errors import InvalidRequest
 from gateway.validation import refuse_unsupported, validate
 

@@ -98,9 +98,7 @@ def _path(loc: tuple) -> tuple:
     'ChatMessage', 'function-after[...]'); a dict key stays (logit_bias.5)."""
     out = []
     for part in loc:
-        if isinstance(part, int):
-            out.append(part)
-        elif part != "[key]" and not _is_label(part):
+        if isinstance(part, int) or part != "[key]" and not _is_label(part):
             out.append(part)
     return tuple(out)
 
