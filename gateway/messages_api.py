@@ -26,6 +26,7 @@ from gateway.api import start
 from gateway.body_parser import parse_json_body
 from gateway.messages_input import CountTokensRequest, MessagesRequest, parse_messages
 from gateway.protocol import parse_chat
+from gateway.runs import choices
 from gateway.timeouts import client_timeout_s
 from gateway.tools import render_chat
 
@@ -115,22 +116,21 @@ async def _events(run, message_id: str, model: str):
     try:
         async with contextlib.aclosing(run.chunk_groups()) as groups:  # finishes the run on any exit
             async for delta, chunks in groups:
-                for chunk in chunks:
-                    for choice in chunk["choices"]:
-                        d = choice["delta"]
-                        if d.get("content"):
-                            if kind != "text":
-                                open_block({"type": "text", "text": ""})
-                            out.append(_event("content_block_delta", index=block,
-                                              delta={"type": "text_delta", "text": d["content"]}))
-                        for tc in d.get("tool_calls") or ():
-                            if "id" in tc:
-                                open_block({"type": "tool_use", "id": tc["id"], "name": tc["function"]["name"],
-                                            "input": {}})
-                            elif tc["function"].get("arguments"):
-                                out.append(_event("content_block_delta", index=block, delta={
-                                    "type": "input_json_delta", "partial_json": tc["function"]["arguments"]}))
-                        finish = choice.get("finish_reason") or finish
+                for choice in choices(chunks):
+                    d = choice["delta"]
+                    if d.get("content"):
+                        if kind != "text":
+                            open_block({"type": "text", "text": ""})
+                        out.append(_event("content_block_delta", index=block,
+                                          delta={"type": "text_delta", "text": d["content"]}))
+                    for tc in d.get("tool_calls") or ():
+                        if "id" in tc:
+                            open_block({"type": "tool_use", "id": tc["id"], "name": tc["function"]["name"],
+                                        "input": {}})
+                        elif tc["function"].get("arguments"):
+                            out.append(_event("content_block_delta", index=block, delta={
+                                "type": "input_json_delta", "partial_json": tc["function"]["arguments"]}))
+                    finish = choice.get("finish_reason") or finish
                 if delta is not None and delta.finish_reason is not None:
                     stop_sequence = delta.stop_sequence
                 if out:

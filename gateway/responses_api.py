@@ -33,6 +33,7 @@ from gateway.api import start
 from gateway.body_parser import parse_json_body
 from gateway.protocol import parse_chat
 from gateway.responses_input import Responses, to_chat, validate_responses
+from gateway.runs import choices
 from gateway.state import StateUnavailable
 from gateway.timeouts import client_timeout_s
 
@@ -176,30 +177,29 @@ async def _events(run, answer: _Answer):
     try:
         async with contextlib.aclosing(run.chunk_groups()) as groups:  # finishes the run on any exit
             async for delta, chunks in groups:
-                for chunk in chunks:
-                    for choice in chunk["choices"]:
-                        d = choice["delta"]
-                        if d.get("content"):
-                            if open_item is None and not calls:
-                                open_item = "message"
-                                out.extend(open_message())
-                            if open_item == "message":
-                                text.append(d["content"])
-                                out.append(_event("response.output_text.delta", seq, item_id=answer.message_id,
-                                                  output_index=0, content_index=0, delta=d["content"], logprobs=[]))
-                        for tc in d.get("tool_calls") or ():  # (the chat path's tool-call parser made these)
-                            if "id" in tc:  # a call starts
-                                close_open()
-                                calls.append({"id": tc["id"], "name": tc["function"]["name"], "arguments": ""})
-                                open_item = "call"
-                                out.append(_event("response.output_item.added", seq, output_index=_index(text, calls),
-                                                  item=_call_item(calls[-1], "in_progress")))
-                            elif tc["function"].get("arguments"):
-                                calls[-1]["arguments"] += tc["function"]["arguments"]
-                                out.append(_event("response.function_call_arguments.delta", seq,
-                                                  item_id="fc_" + calls[-1]["id"], output_index=_index(text, calls),
-                                                  delta=tc["function"]["arguments"]))
-                        finish = choice.get("finish_reason") or finish
+                for choice in choices(chunks):
+                    d = choice["delta"]
+                    if d.get("content"):
+                        if open_item is None and not calls:
+                            open_item = "message"
+                            out.extend(open_message())
+                        if open_item == "message":
+                            text.append(d["content"])
+                            out.append(_event("response.output_text.delta", seq, item_id=answer.message_id,
+                                              output_index=0, content_index=0, delta=d["content"], logprobs=[]))
+                    for tc in d.get("tool_calls") or ():  # (the chat path's tool-call parser made these)
+                        if "id" in tc:  # a call starts
+                            close_open()
+                            calls.append({"id": tc["id"], "name": tc["function"]["name"], "arguments": ""})
+                            open_item = "call"
+                            out.append(_event("response.output_item.added", seq, output_index=_index(text, calls),
+                                              item=_call_item(calls[-1], "in_progress")))
+                        elif tc["function"].get("arguments"):
+                            calls[-1]["arguments"] += tc["function"]["arguments"]
+                            out.append(_event("response.function_call_arguments.delta", seq,
+                                              item_id="fc_" + calls[-1]["id"], output_index=_index(text, calls),
+                                              delta=tc["function"]["arguments"]))
+                    finish = choice.get("finish_reason") or finish
                 if out:
                     yield b"".join(out)
                     out = []
