@@ -32,6 +32,7 @@ from gateway.api_models import (
     MAX_TOOLS,
     MaxTokens,
     Name,
+    ResponseFormatPlain,
     Schema,
     Strict,
     Temperature,
@@ -82,10 +83,6 @@ class ResponsesNamedChoice(Strict):
     name: str
 
 
-class TextFormatPlain(Strict):
-    type: Literal["text", "json_object"]
-
-
 class TextFormatSchema(Strict):
     type: Literal["json_schema"]
     name: str | None = None
@@ -93,7 +90,7 @@ class TextFormatSchema(Strict):
 
 
 class TextOptions(Strict):
-    format: Annotated[TextFormatPlain | TextFormatSchema, Field(discriminator="type")] | None = None
+    format: Annotated[ResponseFormatPlain | TextFormatSchema, Field(discriminator="type")] | None = None
 
 
 _ITEMS = {"message": "InputMessage", "function_call": "FunctionCallItem",
@@ -201,7 +198,7 @@ def _response_format(req: ResponsesRequest) -> dict | None:
     fmt = req.text.format if req.text else None
     if fmt is None:
         return None
-    if isinstance(fmt, TextFormatPlain):
+    if isinstance(fmt, ResponseFormatPlain):
         return {"type": fmt.type}
     return {"type": "json_schema", "json_schema": {"name": fmt.name or "output", "schema": fmt.schema_}}
 

@@ -1,6 +1,6 @@
-"""What the API tests share: a gateway in front of one prefix sim and one paged sim (real gRPC, one
-per test module), and an openai SDK client for it. Modules that need another stack (auth keys,
-Redis, more workers) build their own."""
+"""What the API tests share: `make_stack` (a gateway in front of sim workers over real gRPC, torn
+down with the test module), the default `stack` (one prefix sim, one paged sim) and an openai SDK
+client for it. A module that needs auth keys, Redis or more workers asks `make_stack` for them."""
 
 from __future__ import annotations
 
@@ -15,13 +15,27 @@ from duet_stack import GatewayThread, Sim, gateway_config, start_sims
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    sims = start_sims([Sim("prefix"), Sim("paged")], tmp_path_factory.mktemp("sims"))
-    gw = GatewayThread(gateway_config(sims)).start()
-    yield gw
-    gw.stop()
+def make_stack(tmp_path_factory):
+    """make_stack(kinds=("prefix", "paged"), replicas=1, **gateway config) -> the gateway (or a list of
+    `replicas` gateways sharing the sims)."""
+    sims, gateways = [], []
+
+    def make(kinds=("prefix", "paged"), replicas: int = 1, **config):
+        sims.extend(start_sims([Sim(k) for k in kinds], tmp_path_factory.mktemp("sims")))
+        made = [GatewayThread(gateway_config(sims, **config)).start() for _ in range(replicas)]
+        gateways.extend(made)
+        return made[0] if replicas == 1 else made
+
+    yield make
+    for g in gateways:
+        g.stop()
     for s in sims:
         s.kill()
+
+
+@pytest.fixture(scope="module")
+def stack(make_stack):
+    return make_stack()
 
 
 @pytest.fixture
