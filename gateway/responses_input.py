@@ -30,8 +30,9 @@ from pydantic_core import PydanticCustomError
 
 from gateway.api_models import (
     MAX_TOOLS,
+    FunctionDef,
     MaxTokens,
-    Name,
+    NamedFunction,
     ResponseFormatPlain,
     Schema,
     Strict,
@@ -71,16 +72,12 @@ class FunctionCallOutputItem(Strict):
     output: Content
 
 
-class ResponsesTool(Strict):
+class ResponsesTool(FunctionDef):  # a chat tool's function, flattened beside its type
     type: Literal["function"]
-    name: Name
-    description: str | None = None
-    parameters: Schema | None = None
 
 
-class ResponsesNamedChoice(Strict):
+class ResponsesNamedChoice(NamedFunction):
     type: Literal["function"]
-    name: str
 
 
 class TextFormatSchema(Strict):
