@@ -26,7 +26,6 @@ from gateway.api import start
 from gateway.body_parser import parse_json_body
 from gateway.messages_input import CountTokensRequest, MessagesRequest, parse_messages
 from gateway.protocol import parse_chat
-from gateway.runs import choices
 from gateway.timeouts import client_timeout_s
 from gateway.tools import render_chat
 
@@ -114,25 +113,21 @@ async def _events(run, message_id: str, model: str):
         "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": _usage(usage)}))
     try:
-        async with contextlib.aclosing(run.chunk_groups()) as groups:  # finishes the run on any exit
-            async for delta, chunks in groups:
-                for choice in choices(chunks):
-                    d = choice["delta"]
-                    if d.get("content"):
+        async with contextlib.aclosing(run.steps()) as steps:
+            async for step in steps:
+                for piece, *value in step.pieces:
+                    if piece == "text":
                         if kind != "text":
                             open_block({"type": "text", "text": ""})
                         out.append(_event("content_block_delta", index=block,
-                                          delta={"type": "text_delta", "text": d["content"]}))
-                    for tc in d.get("tool_calls") or ():
-                        if "id" in tc:
-                            open_block({"type": "tool_use", "id": tc["id"], "name": tc["function"]["name"],
-                                        "input": {}})
-                        elif tc["function"].get("arguments"):
-                            out.append(_event("content_block_delta", index=block, delta={
-                                "type": "input_json_delta", "partial_json": tc["function"]["arguments"]}))
-                    finish = choice.get("finish_reason") or finish
-                if delta is not None and delta.finish_reason is not None:
-                    stop_sequence = delta.stop_sequence
+                                          delta={"type": "text_delta", "text": value[0]}))
+                    elif piece == "call":
+                        open_block({"type": "tool_use", "id": value[0], "name": value[1], "input": {}})
+                    else:
+                        out.append(_event("content_block_delta", index=block, delta={
+                            "type": "input_json_delta", "partial_json": value[0]}))
+                finish = step.finish_reason or finish
+                stop_sequence = step.stop_sequence or stop_sequence
                 if out:
                     yield b"".join(out)
                     out = []

@@ -33,7 +33,6 @@ from gateway.api import start
 from gateway.body_parser import parse_json_body
 from gateway.protocol import parse_chat
 from gateway.responses_input import Responses, to_chat, validate_responses
-from gateway.runs import choices
 from gateway.state import StateUnavailable
 from gateway.timeouts import client_timeout_s
 
@@ -175,31 +174,29 @@ async def _events(run, answer: _Answer):
         open_item = None
 
     try:
-        async with contextlib.aclosing(run.chunk_groups()) as groups:  # finishes the run on any exit
-            async for delta, chunks in groups:
-                for choice in choices(chunks):
-                    d = choice["delta"]
-                    if d.get("content"):
+        async with contextlib.aclosing(run.steps()) as steps:
+            async for step in steps:
+                for kind, *value in step.pieces:
+                    if kind == "text":
                         if open_item is None and not calls:
                             open_item = "message"
                             out.extend(open_message())
                         if open_item == "message":
-                            text.append(d["content"])
+                            text.append(value[0])
                             out.append(_event("response.output_text.delta", seq, item_id=answer.message_id,
-                                              output_index=0, content_index=0, delta=d["content"], logprobs=[]))
-                    for tc in d.get("tool_calls") or ():  # (the chat path's tool-call parser made these)
-                        if "id" in tc:  # a call starts
-                            close_open()
-                            calls.append({"id": tc["id"], "name": tc["function"]["name"], "arguments": ""})
-                            open_item = "call"
-                            out.append(_event("response.output_item.added", seq, output_index=_index(text, calls),
-                                              item=_call_item(calls[-1], "in_progress")))
-                        elif tc["function"].get("arguments"):
-                            calls[-1]["arguments"] += tc["function"]["arguments"]
-                            out.append(_event("response.function_call_arguments.delta", seq,
-                                              item_id="fc_" + calls[-1]["id"], output_index=_index(text, calls),
-                                              delta=tc["function"]["arguments"]))
-                    finish = choice.get("finish_reason") or finish
+                                              output_index=0, content_index=0, delta=value[0], logprobs=[]))
+                    elif kind == "call":
+                        close_open()
+                        calls.append({"id": value[0], "name": value[1], "arguments": ""})
+                        open_item = "call"
+                        out.append(_event("response.output_item.added", seq, output_index=_index(text, calls),
+                                          item=_call_item(calls[-1], "in_progress")))
+                    else:
+                        calls[-1]["arguments"] += value[0]
+                        out.append(_event("response.function_call_arguments.delta", seq,
+                                          item_id="fc_" + calls[-1]["id"], output_index=_index(text, calls),
+                                          delta=value[0]))
+                finish = step.finish_reason or finish
                 if out:
                     yield b"".join(out)
                     out = []

@@ -1,8 +1,9 @@
 """One dispatched generation until its last byte (`Run`): per-token timing metrics, the request
 stats, releasing its admission slot, and cancelling the engine call when the client goes.
 
-    chunk_groups()  the chat/completion chunks as the engine produces them (the other APIs,
-                    gateway/responses_api.py and messages_api.py, translate these into their events)
+    chunk_groups()  the chat/completion chunks as the engine produces them
+    steps()         the same as text and tool-call pieces (what gateway/responses_api.py and
+                    messages_api.py translate into their events)
     stream()        SSE bytes of those chunks
     collect()       the whole JSON answer (`collect(runs, ...)` merges several: a completions batch)
 """
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import NamedTuple
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -23,6 +25,12 @@ from gateway.request_class import request_class
 from gateway.responses import SSE_DONE, ResponseBuilder, sse
 
 log = logging.getLogger("duet.gateway.api")
+
+
+class Step(NamedTuple):
+    pieces: list[tuple[str, ...]]  # ("text", text) | ("call", id, name) | ("arguments", more of the open call's)
+    finish_reason: str | None  # the chat path's: stop | length | tool_calls
+    stop_sequence: str | None  # the stop string that ended the answer
 
 
 class Run:
@@ -101,6 +109,25 @@ class Run:
                 self.gw.metrics.cancelled.inc()
             self.finish(status)
 
+    async def steps(self):
+        """The answer as content and tool-call pieces, one `Step` per engine message (what the other APIs'
+        streams translate into their events). Use it under `contextlib.aclosing`, which finishes the run
+        on any exit; a failure mid-stream is raised (GatewayError)."""
+        async with contextlib.aclosing(self.chunk_groups()) as groups:
+            async for delta, chunks in groups:
+                step = Step([], None, delta.stop_sequence if delta is not None and delta.finish_reason else None)
+                for choice in (c for chunk in chunks for c in chunk["choices"]):
+                    d = choice["delta"]
+                    if d.get("content"):
+                        step.pieces.append(("text", d["content"]))
+                    for tc in d.get("tool_calls") or ():  # (the chat path's tool-call parser made these)
+                        if "id" in tc:
+                            step.pieces.append(("call", tc["id"], tc["function"]["name"]))
+                        elif tc["function"].get("arguments"):
+                            step.pieces.append(("arguments", tc["function"]["arguments"]))
+                    step = step._replace(finish_reason=choice.get("finish_reason") or step.finish_reason)
+                yield step
+
     async def stream(self, last: bool = True):
         """SSE bytes. Events produced together go out in one write (role + first token; the last
         token + usage + [DONE]): fewer syscalls per request, same bytes. `last` False (one prompt of a
@@ -174,8 +201,3 @@ async def disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
-
-
-def choices(chunks: list[dict]) -> list[dict]:
-    """The choice entries of a group of chunks, in order (what the other APIs translate)."""
-    return [choice for chunk in chunks for choice in chunk["choices"]]
