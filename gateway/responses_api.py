@@ -217,25 +217,29 @@ def _index(text: list[str], calls: list[dict]) -> int:
     return len(calls) - 1 + (1 if text else 0)
 
 
-async def retrieve(request: Request) -> Response:
-    gw = request.app.state.gateway
+async def _stored(request: Request, op) -> tuple[str, object]:
+    """`op(state, response_id)` on the stored response the path names; raises GatewayError (503, 404)."""
     response_id = request.path_params["response_id"]
     try:
-        doc = await gw.state.get_document(KIND, response_id)
+        found = await op(request.app.state.gateway.state, response_id)
     except StateUnavailable as e:
-        return errors.error_response(errors.StateStoreUnavailable(str(e)))
-    if doc is None:
-        return errors.error_response(errors.ResponseNotFound(response_id))
+        raise errors.StateStoreUnavailable(str(e)) from None
+    if not found:
+        raise errors.ResponseNotFound(response_id)
+    return response_id, found
+
+
+async def retrieve(request: Request) -> Response:
+    try:
+        _, doc = await _stored(request, lambda state, rid: state.get_document(KIND, rid))
+    except errors.GatewayError as e:
+        return errors.error_response(e)
     return JSONResponse(doc["response"])
 
 
 async def delete(request: Request) -> Response:
-    gw = request.app.state.gateway
-    response_id = request.path_params["response_id"]
     try:
-        found = await gw.state.delete_document(KIND, response_id)
-    except StateUnavailable as e:
-        return errors.error_response(errors.StateStoreUnavailable(str(e)))
-    if not found:
-        return errors.error_response(errors.ResponseNotFound(response_id))
+        response_id, _ = await _stored(request, lambda state, rid: state.delete_document(KIND, rid))
+    except errors.GatewayError as e:
+        return errors.error_response(e)
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
