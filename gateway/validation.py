@@ -1,14 +1,17 @@
 """A request body -> its pydantic model (gateway/api_models.py and the per-API models), with a
 `ValidationError` turned into one `InvalidRequest` a user can read: the field's path and what is
-wrong with it, e.g. `temperature: must be <= 2, got 5` or `messages[0].role: must be one of
-'user', 'assistant', got 'robot'`, with `param` the top-level field. gateway/errors.py then gives
+wrong with it, e.g. `temperature: must be <= 2.0, got 5` or `messages[0].role: must be 'user' or
+'assistant', got "robot"`, with `param` the top-level field (at most three fields are named). gateway/errors.py then gives
 it each API's own shape (OpenAI's error object, or Anthropic's on /v1/messages*): this module is the
 one place where the models' rules become messages.
 
 The body has been through gateway/body_parser.py first (bounded depth and numbers, valid Unicode).
 
-A union that fails reports each branch; the branches that failed earlier than another (a string
-expected where a list of parts went deeper) are dropped as noise, and the rest say "or".
+A union that fails reports the branches that got furthest (a list of parts that went deep, not the
+string the field might also have been), and of those the ones with fewest errors; what is left is
+said with "or" (`tool_choice: must be one of 'none', 'auto' or 'required' or an object`). A rule a
+pydantic error type cannot say well comes with its own message (PydanticCustomError), or with a
+phrase for its pattern (PATTERN_PHRASES).
 """
 
 from __future__ import annotations
