@@ -10,7 +10,6 @@ Every error becomes an OpenAI error object through gateway/errors.py.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import time
@@ -22,11 +21,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from gateway import admission, errors
 from gateway import completion_batch as batch
 from gateway.body_parser import parse_json_body
-from gateway.generation import Dispatched, Prepared, dispatch, outputs, prepare
+from gateway.dispatch import dispatch
+from gateway.generation import Dispatched, Prepared, prepare
 from gateway.metrics import CONTENT_TYPE
 from gateway.protocol import parse_chat, parse_completions
-from gateway.request_class import request_class
-from gateway.responses import SSE_DONE, ResponseBuilder, sse
+from gateway.runs import Run, disconnected
 from gateway.timeouts import client_timeout_s
 from gateway.tokenize_api import model_card
 
@@ -71,7 +70,7 @@ async def _prepare(request: Request, gw, api, session_key: str | None) -> Prepar
 
 
 async def start(request: Request, apis: list, session_key: str | None = None,
-                timeout_s: float | None = None) -> tuple[list[_Run], dict]:
+                timeout_s: float | None = None) -> tuple[list[Run], dict]:
     """Admit, prepare and dispatch each ApiRequest (one per prompt; a completions batch has several):
     the runs, and the routing headers of the first. Raises GatewayError with nothing left held (and the
     failure counted); the other APIs (gateway/responses_api.py, messages_api.py) start here too.
@@ -122,7 +121,7 @@ async def start(request: Request, apis: list, session_key: str | None = None,
     headers = {"x-duet-engine": dec.engine_kind, "x-duet-worker": dec.worker_id, "x-duet-variant": dec.variant,
                "x-duet-route-reason": dec.reason}
     n = apis[0].sampling.n
-    return [_Run(gw, p, d, endpoint, index_offset=i * n) for i, (p, d) in enumerate(zip(preps, dispatched))], headers
+    return [Run(gw, p, d, endpoint, index_offset=i * n) for i, (p, d) in enumerate(zip(preps, dispatched))], headers
 
 
 async def _generate(request: Request, parse) -> Response:
@@ -149,146 +148,6 @@ async def _generate(request: Request, parse) -> Response:
         return StreamingResponse(run.stream(), media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache"})
     return await run.collect(request, headers)
-
-
-class _Run:
-    """One dispatched request until its last byte: timing metrics, stats, release, cancel."""
-
-    def __init__(self, gw, prep: Prepared, d: Dispatched, endpoint: str, index_offset: int = 0) -> None:
-        self.gw, self.prep, self.d, self.endpoint = gw, prep, d, endpoint
-        self.builder = ResponseBuilder(prep, index_offset)
-        self.builder.prompt_lps = list(d.first.prompt_logprobs) if prep.api.sampling.prompt_logprobs is not None \
-            else None
-        self.usage: dict = {}
-        dec = d.decision
-        self.labels = (prep.model.model_id, dec.engine_kind, dec.variant,
-                       request_class(prep.api, prep.session_key, len(prep.prompt_ids)))
-        self._itl = gw.metrics.itl.labels(*self.labels)  # resolved once, observed per token
-        self.first_at: float | None = None
-        self.last_at: float | None = None
-        self.itls: list[float] = []
-
-    def _tick(self, delta) -> None:
-        if not delta.token_ids:
-            return
-        now = time.perf_counter()
-        if self.first_at is None:
-            self.first_at = now
-            self.gw.metrics.ttft.labels(*self.labels).observe(now - self.prep.arrival)
-        else:
-            itl = (now - self.last_at) / len(delta.token_ids)
-            self.itls.append(itl)
-            self._itl.observe(itl)
-        self.last_at = now
-
-    def finish(self, status: str) -> None:
-        gw, dec = self.gw, self.d.decision
-        self.d.close()
-        gw.release()
-        gw.metrics.requests.labels(self.endpoint, status).inc()
-        ok = status == "200"
-        if ok:
-            gw.metrics.e2e.labels(*self.labels).observe(time.perf_counter() - self.prep.arrival)
-            m = self.labels[0]
-            gw.metrics.prompt_tokens.labels(m).inc(self.usage.get("prompt_tokens", 0))
-            gw.metrics.cached_tokens.labels(m, dec.engine_kind).inc(self.usage.get("cached_tokens", 0))
-            gw.metrics.generation_tokens.labels(m).inc(self.usage.get("completion_tokens", 0))
-            prompt = self.usage.get("prompt_tokens", 0) or len(self.prep.prompt_ids)
-            gw.pools.finished(time.monotonic(), dec, gw.block_size(m), prompt, self.usage.get("cached_tokens", 0),
-                              self.usage.get("completion_tokens", 0))
-        gw.stats.record(
-            model=self.labels[0], ok=ok or status == "499", engine_kind=dec.engine_kind, variant=dec.variant,
-            worker_id=dec.worker_id, reason=dec.reason,
-            ttft_s=None if self.first_at is None else self.first_at - self.prep.arrival,
-            itl_s=sum(self.itls) / len(self.itls) if self.itls else None,
-            output_tokens=self.usage.get("completion_tokens", 0),
-        )
-
-    async def chunk_groups(self, last: bool = True):
-        """(delta, chunk dicts) as the engine produces them: the opening chunks first (delta None), the
-        usage chunk last when asked for and `last`. A failure mid-stream is counted and re-raised; the run
-        is finished however the iteration ends (the other APIs translate these chunks into their events)."""
-        status = "499"  # until proven otherwise: the client went away
-        try:
-            yield None, self.builder.opening_chunks()
-            async for delta in outputs(self.prep, self.d, self.usage):
-                self._tick(delta)
-                yield delta, self.builder.chunks(delta)
-            if self.prep.api.include_usage and last:
-                yield None, [self.builder.usage_chunk(self.usage)]
-            status = "200"
-        except errors.GatewayError as e:
-            status = str(e.status)
-            self.gw.metrics.stream_errors.labels(self.d.decision.worker_id).inc()
-            log.warning("request %s: %s", self.prep.request_id, e.message)
-            raise
-        finally:
-            if status == "499":
-                self.gw.metrics.cancelled.inc()
-            self.finish(status)
-
-    async def stream(self, last: bool = True):
-        """SSE bytes. Events produced together go out in one write (role + first token; the last
-        token + usage + [DONE]): fewer syscalls per request, same bytes. `last` False (one prompt of a
-        batch) leaves the usage chunk and [DONE] to the caller."""
-        error: errors.GatewayError | None = None
-        out: list[bytes] = []
-        finished, n = 0, self.prep.api.sampling.n
-        try:
-            async with contextlib.aclosing(self.chunk_groups(last)) as groups:
-                async for delta, chunks in groups:
-                    out.extend(sse(chunk) for chunk in chunks)
-                    finished += delta is not None and delta.finish_reason is not None
-                    if out and delta is not None and finished < n:  # the very last event waits for the end
-                        yield b"".join(out)
-                        out = []
-        except errors.GatewayError as e:
-            error = e
-        if error is not None:
-            out.append(sse(errors.error_payload(error)))
-        if last:
-            out.append(SSE_DONE)
-        if out:
-            yield b"".join(out)
-
-    async def gather(self) -> None:
-        async for delta in outputs(self.prep, self.d, self.usage):
-            self._tick(delta)
-            self.builder.add(delta)
-
-    async def collect(self, request: Request, headers: dict, shape=None, render_error=errors.error_response
-                      ) -> Response:
-        """The whole response; a client that disconnects meanwhile cancels the engine call. `shape`
-        (async) turns the chat/completion object into another API's, `render_error` an error into its
-        error shape."""
-        work = asyncio.ensure_future(self.gather())
-        gone = asyncio.ensure_future(disconnected(request))
-        status = "499"
-        try:
-            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if not work.done():
-                work.cancel()
-                return Response(status_code=499)
-            try:
-                work.result()
-            except errors.GatewayError as e:
-                status = str(e.status)
-                return render_error(e, headers)
-            status = "200"
-            whole = self.builder.whole(self.usage)
-            return JSONResponse(await shape(whole) if shape else whole, headers=headers)
-        finally:
-            gone.cancel()
-            if status == "499":
-                self.gw.metrics.cancelled.inc()
-            self.finish(status)
-
-
-async def disconnected(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 async def list_models(request: Request) -> Response:

@@ -1,127 +1,157 @@
-"""The request bodies of the public API as pydantic models: the one description /openapi.json is
-generated from (gateway/openapi.py), for client generators, the schemathesis tier and the test that
-walks every documented field (tests/gateway/test_api_fields.py).
+"""The OpenAI (and vLLM) request bodies as pydantic models: the one description of every field,
+type and range. They validate (gateway/validation.py turns their errors into 400s naming the
+field) and /openapi.json is generated from them (gateway/openapi.py). What one field cannot say
+alone (top_logprobs needs logprobs, a tool_choice naming a listed tool, which engine kind can serve
+the combination) is gateway/protocol.py's, which makes the validated model an `ApiRequest`.
 
-The parsers (gateway/protocol.py and the per-API *_input.py modules) stay the validators: they run
-behind the body parser's depth and number bounds, and each names the bad field in its API's own
-error shape. These models say the same ranges; the field walk fails when a documented field is
-neither wired to behaviour nor refused, and the fuzz tier when the two disagree on what is valid.
+The Responses and Anthropic Messages bodies are in gateway/responses_input.py and
+gateway/messages_input.py, the response shapes in gateway/answer_models.py. Every model is strict
+(a string is not a number, 1 is not true) except that an integral float is an integer, as JSON
+Schema says (2.0 is 2); unknown fields are ignored, as OpenAI-compatible servers do.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from gateway.extra_params import PRIORITY_RANGE
-from gateway.protocol import MAX_BATCH_PROMPTS, MAX_N, MAX_STOP_STRINGS, MAX_TOKEN_ID
+from gateway.validation import PATTERN_PHRASES
 
+MAX_TOKEN_ID = 1 << 31  # token ids travel as uint32; no vocabulary comes near this
+MAX_STOP_STRINGS = 16
+MAX_N = 64
+MAX_BEAM_WIDTH = 64
+MAX_CHOICES = 256
+MAX_TOOLS = 128
+MAX_BATCH_PROMPTS = 256
+MAX_LOGIT_BIAS_TOKENS = 1024
+PRIORITY_RANGE = (-(1 << 31), (1 << 31) - 1)  # GenerateRequest.priority is an int32
 INT31 = 1 << 31
-TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID - 1)]
+FUNCTION_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+TOKEN_KEY = r"^[0-9]{1,9}$"
+PATTERN_PHRASES[FUNCTION_NAME] = "must be 1-64 letters, digits, '_', '.' or '-'"
+PATTERN_PHRASES[TOKEN_KEY] = 'keys must be token ids (digits, e.g. "42")'
+
+
+def _integral(value: object) -> object:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def Int(lo: int, hi: int):
+    """An integer in [lo, hi]; an integral float (2.0) is one too."""
+    return Annotated[int, Field(ge=lo, le=hi), BeforeValidator(_integral)]
+
+
+TokenId = Int(0, MAX_TOKEN_ID - 1)
 Text = Annotated[str, Field(min_length=1)]
-Bias = Annotated[float, Field(ge=-100, le=100)]
+Name = Annotated[str, Field(pattern=FUNCTION_NAME)]
+Schema = dict[str, Any]  # a JSON schema, passed to the engine's grammar compiler as it is
+MaxTokens = Int(1, INT31)
+Temperature = Annotated[float, Field(ge=0, le=2)]
+TopP = Annotated[float, Field(ge=1e-9, le=1)]
+TopK = Int(0, 1 << 20)  # 0: no top-k
+StopList = Annotated[list[Text], Field(max_length=MAX_STOP_STRINGS)]
+ToolChoiceMode = Literal["none", "auto", "required"]
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")  # unknown fields are ignored, as OpenAI-compatible servers do
+class Strict(BaseModel):
+    model_config = ConfigDict(strict=True)
 
 
-class TextPart(BaseModel):
+class TextPart(Strict):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(BaseModel):
+class FunctionCall(Strict):
     name: str
-    arguments: str
+    arguments: str  # a JSON string, as the model wrote it
 
 
-class ToolCall(BaseModel):
+class ToolCall(Strict):
     id: str
     type: Literal["function"]
     function: FunctionCall
 
 
-class ChatMessage(BaseModel):
-    role: Literal["assistant", "developer", "system", "tool", "user"]
+class ChatMessage(Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None  # None: an assistant turn that only made tool calls
     name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's
+    tool_call_id: str | None = None  # a tool message's: the call it answers
 
 
-class FunctionDef(BaseModel):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+class FunctionDef(Strict):
+    name: Name
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: Schema | None = None
 
 
-class Tool(BaseModel):
+class Tool(Strict):
     type: Literal["function"]
     function: FunctionDef
 
 
-class NamedFunction(BaseModel):
+class NamedFunction(Strict):
     name: str
 
 
-class NamedToolChoice(BaseModel):
+class NamedToolChoice(Strict):
     type: Literal["function"]
     function: NamedFunction
 
 
-class JsonSchemaSpec(BaseModel):
+class JsonSchemaSpec(Strict):
     name: str | None = None
-    schema_: Annotated[dict[str, Any], Field(alias="schema")]
+    schema_: Annotated[Schema, Field(alias="schema")]
 
 
-class ResponseFormatPlain(BaseModel):
+class ResponseFormatPlain(Strict):
     type: Literal["text", "json_object"]
 
 
-class ResponseFormatSchema(BaseModel):
+class ResponseFormatSchema(Strict):
     type: Literal["json_schema"]
     json_schema: JsonSchemaSpec
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(Strict):
     include_usage: bool | None = None
 
 
-class _Sampling(_Body):
-    """The sampling fields both OpenAI endpoints take (vLLM's extras included)."""
+class _Sampling(Strict):
+    """The fields both OpenAI endpoints take (vLLM's extras included, gateway/extra_params.py)."""
 
-    max_tokens: Annotated[int, Field(ge=1, le=INT31)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(ge=1e-9, le=1)] | None = None
-    top_k: Annotated[int, Field(ge=0, le=1 << 20)] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     repetition_penalty: Annotated[float, Field(ge=0.001, le=10)] | None = None
-    seed: Annotated[int, Field(ge=-(1 << 63), le=(1 << 64) - 1)] | None = None
-    n: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
-    stop: Text | Annotated[list[Text], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    seed: Int(-(1 << 63), (1 << 64) - 1) | None = None
+    n: Int(1, MAX_N) | None = None
+    stop: Text | StopList | None = None
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = None
-    min_tokens: Annotated[int, Field(ge=0, le=INT31)] | None = None
+    min_tokens: Int(0, INT31) | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
-    response_format: ResponseFormatPlain | ResponseFormatSchema | None = None
-    logit_bias: Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")], Bias],
-                          Field(max_length=1024)] | None = None
-    prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    # vLLM's extras (gateway/extra_params.py)
+    response_format: Annotated[ResponseFormatPlain | ResponseFormatSchema, Field(discriminator="type")] | None = None
+    logit_bias: Annotated[dict[Annotated[str, Field(pattern=TOKEN_KEY)], Annotated[float, Field(ge=-100, le=100)]],
+                          Field(max_length=MAX_LOGIT_BIAS_TOKENS)] | None = None
+    prompt_logprobs: Int(0, 20) | None = None
     use_beam_search: bool | None = None
-    best_of: Annotated[int, Field(ge=1, le=64)] | None = None
+    best_of: Int(1, MAX_BEAM_WIDTH) | None = None
     length_penalty: float | None = None
     regex: Text | None = None
     guided_regex: Text | None = None
-    guided_choice: Annotated[list[Text], Field(min_length=1, max_length=256)] | None = None
+    guided_choice: Annotated[list[Text], Field(min_length=1, max_length=MAX_CHOICES)] | None = None
     speculative: bool | None = None
-    priority: Annotated[int, Field(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])] | None = None
+    priority: Int(*PRIORITY_RANGE) | None = None
     # the client's own deadline in seconds (the SDKs send it as a header; gateway/timeouts.py)
     timeout: Annotated[float, Field(gt=0)] | None = None
 
@@ -129,181 +159,43 @@ class _Sampling(_Body):
 class ChatCompletionRequest(_Sampling):
     model: Text
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1, le=INT31)] | None = None
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
     logprobs: bool | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    top_logprobs: Int(0, 20) | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoiceMode | NamedToolChoice | None = None
 
 
 class CompletionRequest(_Sampling):
     model: Text
-    prompt: (Text | Annotated[list[TokenId], Field(min_length=1)]
-             | Annotated[list[Text], Field(min_length=1, max_length=MAX_BATCH_PROMPTS)]
+    prompt: (str | Annotated[list[TokenId], Field(min_length=1)]
+             | Annotated[list[str], Field(min_length=1, max_length=MAX_BATCH_PROMPTS)]
              | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]],
                          Field(min_length=1, max_length=MAX_BATCH_PROMPTS)])
+    max_tokens: Int(0, INT31) | None = None  # 0 with echo: score the prompt only
     echo: bool | None = None
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-
-
-# -- the Responses API ------------------------------------------------------------------------
-class InputText(BaseModel):
-    type: Literal["input_text", "output_text"]
-    text: str
-
-
-class InputMessage(BaseModel):
-    type: Literal["message"] | None = None
-    role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[InputText]
-
-
-class FunctionCallItem(BaseModel):
-    type: Literal["function_call"]
-    call_id: Text
-    name: Text
-    arguments: str
-
-
-class FunctionCallOutputItem(BaseModel):
-    type: Literal["function_call_output"]
-    call_id: str
-    output: str
-
-
-class ResponsesTool(BaseModel):
-    type: Literal["function"]
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class ResponsesNamedChoice(BaseModel):
-    type: Literal["function"]
-    name: str
-
-
-class TextFormatPlain(BaseModel):
-    type: Literal["text", "json_object"]
-
-
-class TextFormatSchema(BaseModel):
-    type: Literal["json_schema"]
-    name: str | None = None
-    schema_: Annotated[dict[str, Any], Field(alias="schema")]
-    strict: bool | None = None
-
-
-class TextOptions(BaseModel):
-    format: TextFormatPlain | TextFormatSchema | None = None
-
-
-class ResponsesRequest(_Body):
-    model: Text
-    input: Text | Annotated[list[InputMessage | FunctionCallItem | FunctionCallOutputItem], Field(min_length=1)]
-    instructions: str | None = None
-    tools: list[ResponsesTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | ResponsesNamedChoice | None = None
-    text: TextOptions | None = None
-    max_output_tokens: Annotated[int, Field(ge=1, le=INT31)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(ge=1e-9, le=1)] | None = None
-    store: bool | None = None
-    previous_response_id: str | None = None
-    stream: bool | None = None
-    metadata: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
-                        Field(max_length=16)] | None = None
-    user: str | None = None
-    parallel_tool_calls: Literal[True] | None = None
-    truncation: Literal["disabled"] | None = None
-
-
-# -- the Anthropic Messages API --------------------------------------------------------------
-class TextBlock(BaseModel):
-    type: Literal["text"]
-    text: str
-
-
-class ToolUseBlock(BaseModel):
-    type: Literal["tool_use"]
-    id: str
-    name: str
-    input: dict[str, Any]
-
-
-class ToolResultBlock(BaseModel):
-    type: Literal["tool_result"]
-    tool_use_id: str
-    content: str | list[TextBlock] = ""
-    is_error: bool | None = None
-
-
-class AnthropicMessage(BaseModel):
-    role: Literal["user", "assistant"]
-    content: str | list[TextBlock | ToolUseBlock | ToolResultBlock]
-
-
-class AnthropicTool(BaseModel):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-    description: str | None = None
-    input_schema: dict[str, Any]
-
-
-class AnthropicToolChoice(BaseModel):
-    type: Literal["auto", "any", "tool", "none"]
-    name: str | None = None
-
-
-class MessagesMetadata(BaseModel):
-    user_id: str | None = None
-
-
-class _MessagesBase(_Body):
-    model: Text
-    messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
-    system: str | list[TextBlock] | None = None
-    tools: list[AnthropicTool] | None = None
-    tool_choice: AnthropicToolChoice | None = None
-
-
-class MessagesRequest(_MessagesBase):
-    max_tokens: Annotated[int, Field(ge=1, le=INT31)]
-    stop_sequences: Annotated[list[Text], Field(max_length=16)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(ge=1e-9, le=1)] | None = None
-    top_k: Annotated[int, Field(ge=0, le=1 << 20)] | None = None
-    stream: bool | None = None
-    metadata: MessagesMetadata | None = None
-
-
-class CountTokensRequest(_MessagesBase):
-    pass
+    logprobs: Int(0, 20) | None = None
 
 
 # -- vLLM's tokenizer endpoints --------------------------------------------------------------
-class TokenizePromptRequest(_Body):
+class TokenizePromptRequest(Strict):
     model: str | None = None
     prompt: str
     add_special_tokens: bool | None = None
     return_token_strs: bool | None = None
 
 
-class TokenizeChatRequest(_Body):
+class TokenizeChatRequest(Strict):
     model: str | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
     add_special_tokens: bool | None = None
     return_token_strs: bool | None = None
-    tools: list[Tool] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
 
 
-class DetokenizeRequest(_Body):
+class DetokenizeRequest(Strict):
     model: str | None = None
     tokens: list[TokenId]
-
-
-REQUEST_MODELS: dict[str, type[BaseModel]] = {
-    m.__name__: m for m in (ChatCompletionRequest, CompletionRequest, ResponsesRequest, MessagesRequest,
-                            CountTokensRequest, TokenizePromptRequest, TokenizeChatRequest, DetokenizeRequest)}

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from gateway import errors
 from gateway.responses import SSE_DONE, sse, usage_dict
+from gateway.runs import collect as run_all
 
 _KEYS = ("prompt_tokens", "completion_tokens", "cached_tokens")
 
@@ -55,29 +55,11 @@ async def stream(runs):
 
 async def collect(runs, headers: dict, gone) -> Response:
     """The whole response of every run; `gone` (a coroutine) finishing first means the client left."""
-    work = asyncio.ensure_future(asyncio.gather(*(r.gather() for r in runs)))
-    watcher = asyncio.ensure_future(gone)
-    status = "499"
-    try:
-        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not work.done():
-            work.cancel()
-            return Response(status_code=499)
-        try:
-            work.result()
-        except errors.GatewayError as e:
-            status = str(e.status)
-            return errors.error_response(e, headers)
-        status = "200"
+    async def whole() -> dict:
         usage = _usage(runs)
-        whole = runs[0].builder.whole(usage)
-        whole["choices"] = [c for r in runs for c in r.builder.whole(r.usage)["choices"]]
-        whole["usage"] = usage_dict(usage)
-        return JSONResponse(whole, headers=headers)
-    finally:
-        watcher.cancel()
-        work.cancel()  # after a failure the other runs may still be reading: stop them
-        for r in runs:
-            if status == "499":
-                r.gw.metrics.cancelled.inc()
-            r.finish(status)
+        merged = runs[0].builder.whole(usage)
+        merged["choices"] = [c for r in runs for c in r.builder.whole(r.usage)["choices"]]
+        merged["usage"] = usage_dict(usage)
+        return merged
+
+    return await run_all(runs, gone, headers, whole)

@@ -24,7 +24,7 @@ from duet.tokenizer import ChatTemplateError, TokenizerError
 from gateway import errors
 from gateway.api import start
 from gateway.body_parser import parse_json_body
-from gateway.messages_input import parse_messages
+from gateway.messages_input import CountTokensRequest, MessagesRequest, parse_messages
 from gateway.protocol import parse_chat
 from gateway.timeouts import client_timeout_s
 from gateway.tools import render_chat
@@ -52,14 +52,9 @@ def _tool_use(call: dict) -> dict:
     return {"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": arguments}
 
 
-def parse_request(body: object):
-    """The validated chat request of a Messages body (InvalidRequest naming the Anthropic field)."""
-    try:
-        return parse_chat(parse_messages(body))
-    except errors.InvalidRequest as e:
-        if e.param == "max_completion_tokens":
-            e.param = "max_tokens"
-        raise
+def parse_request(body: object, model: type[CountTokensRequest] = MessagesRequest):
+    """The validated chat request of a Messages (or count_tokens) body (InvalidRequest naming the field)."""
+    return parse_chat(parse_messages(body, model))
 
 
 async def create(request: Request) -> Response:
@@ -118,26 +113,21 @@ async def _events(run, message_id: str, model: str):
         "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": _usage(usage)}))
     try:
-        async with contextlib.aclosing(run.chunk_groups()) as groups:  # finishes the run on any exit
-            async for delta, chunks in groups:
-                for chunk in chunks:
-                    for choice in chunk["choices"]:
-                        d = choice["delta"]
-                        if d.get("content"):
-                            if kind != "text":
-                                open_block({"type": "text", "text": ""})
-                            out.append(_event("content_block_delta", index=block,
-                                              delta={"type": "text_delta", "text": d["content"]}))
-                        for tc in d.get("tool_calls") or ():
-                            if "id" in tc:
-                                open_block({"type": "tool_use", "id": tc["id"], "name": tc["function"]["name"],
-                                            "input": {}})
-                            elif tc["function"].get("arguments"):
-                                out.append(_event("content_block_delta", index=block, delta={
-                                    "type": "input_json_delta", "partial_json": tc["function"]["arguments"]}))
-                        finish = choice.get("finish_reason") or finish
-                if delta is not None and delta.finish_reason is not None:
-                    stop_sequence = delta.stop_sequence
+        async with contextlib.aclosing(run.steps()) as steps:
+            async for step in steps:
+                for piece, *value in step.pieces:
+                    if piece == "text":
+                        if kind != "text":
+                            open_block({"type": "text", "text": ""})
+                        out.append(_event("content_block_delta", index=block,
+                                          delta={"type": "text_delta", "text": value[0]}))
+                    elif piece == "call":
+                        open_block({"type": "tool_use", "id": value[0], "name": value[1], "input": {}})
+                    else:
+                        out.append(_event("content_block_delta", index=block, delta={
+                            "type": "input_json_delta", "partial_json": value[0]}))
+                finish = step.finish_reason or finish
+                stop_sequence = step.stop_sequence or stop_sequence
                 if out:
                     yield b"".join(out)
                     out = []
@@ -156,10 +146,7 @@ async def count_tokens(request: Request) -> Response:
     """The prompt's tokens as /v1/messages would bill them (the chat template with the tools rendered)."""
     gw = request.app.state.gateway
     try:
-        body = parse_json_body(await request.body())
-        if isinstance(body, dict):
-            body = {**body, "max_tokens": body.get("max_tokens") or 1}  # not needed to count
-        api = parse_request(body)
+        api = parse_request(parse_json_body(await request.body()), CountTokensRequest)
         model = gw.models.get(api.model)
         if model is None:
             raise errors.ModelNotFound(api.model)

@@ -32,7 +32,7 @@ from gateway import errors
 from gateway.api import start
 from gateway.body_parser import parse_json_body
 from gateway.protocol import parse_chat
-from gateway.responses_input import ResponsesRequest, parse_responses
+from gateway.responses_input import Responses, to_chat, validate_responses
 from gateway.state import StateUnavailable
 from gateway.timeouts import client_timeout_s
 
@@ -61,7 +61,7 @@ def _call_item(call: dict, status: str = "completed") -> dict:
 class _Answer:
     """One response being made: its id, the options it repeats, and what it becomes when done."""
 
-    def __init__(self, gw, rr: ResponsesRequest, request_id: str, model: str, conversation_id: str) -> None:
+    def __init__(self, gw, rr: Responses, request_id: str, model: str, conversation_id: str) -> None:
         self.gw, self.rr, self.model, self.conversation_id = gw, rr, model, conversation_id
         self.id = "resp_" + request_id
         self.message_id = "msg_" + request_id
@@ -96,15 +96,13 @@ async def create(request: Request) -> Response:
     gw = request.app.state.gateway
     try:
         body = parse_json_body(await request.body())
+        req = validate_responses(body)
         previous = None
-        prev_id = body.get("previous_response_id") if isinstance(body, dict) else None
-        if prev_id is not None:
-            if not isinstance(prev_id, str):
-                raise errors.InvalidRequest("'previous_response_id' must be a string", "previous_response_id")
-            previous = await gw.state.get_document(KIND, prev_id)
+        if req.previous_response_id is not None:
+            previous = await gw.state.get_document(KIND, req.previous_response_id)
             if previous is None:
-                raise errors.ResponseNotFound(prev_id, "previous_response_id")
-        rr = parse_responses(body, previous)
+                raise errors.ResponseNotFound(req.previous_response_id, "previous_response_id")
+        rr = to_chat(req, previous, body)
         try:
             api = parse_chat(rr.chat_body)
         except errors.InvalidRequest as e:
@@ -176,32 +174,29 @@ async def _events(run, answer: _Answer):
         open_item = None
 
     try:
-        async with contextlib.aclosing(run.chunk_groups()) as groups:  # finishes the run on any exit
-            async for delta, chunks in groups:
-                for chunk in chunks:
-                    for choice in chunk["choices"]:
-                        d = choice["delta"]
-                        if d.get("content"):
-                            if open_item is None and not calls:
-                                open_item = "message"
-                                out.extend(open_message())
-                            if open_item == "message":
-                                text.append(d["content"])
-                                out.append(_event("response.output_text.delta", seq, item_id=answer.message_id,
-                                                  output_index=0, content_index=0, delta=d["content"], logprobs=[]))
-                        for tc in d.get("tool_calls") or ():  # (the chat path's tool-call parser made these)
-                            if "id" in tc:  # a call starts
-                                close_open()
-                                calls.append({"id": tc["id"], "name": tc["function"]["name"], "arguments": ""})
-                                open_item = "call"
-                                out.append(_event("response.output_item.added", seq, output_index=_index(text, calls),
-                                                  item=_call_item(calls[-1], "in_progress")))
-                            elif tc["function"].get("arguments"):
-                                calls[-1]["arguments"] += tc["function"]["arguments"]
-                                out.append(_event("response.function_call_arguments.delta", seq,
-                                                  item_id="fc_" + calls[-1]["id"], output_index=_index(text, calls),
-                                                  delta=tc["function"]["arguments"]))
-                        finish = choice.get("finish_reason") or finish
+        async with contextlib.aclosing(run.steps()) as steps:
+            async for step in steps:
+                for kind, *value in step.pieces:
+                    if kind == "text":
+                        if open_item is None and not calls:
+                            open_item = "message"
+                            out.extend(open_message())
+                        if open_item == "message":
+                            text.append(value[0])
+                            out.append(_event("response.output_text.delta", seq, item_id=answer.message_id,
+                                              output_index=0, content_index=0, delta=value[0], logprobs=[]))
+                    elif kind == "call":
+                        close_open()
+                        calls.append({"id": value[0], "name": value[1], "arguments": ""})
+                        open_item = "call"
+                        out.append(_event("response.output_item.added", seq, output_index=_index(text, calls),
+                                          item=_call_item(calls[-1], "in_progress")))
+                    else:
+                        calls[-1]["arguments"] += value[0]
+                        out.append(_event("response.function_call_arguments.delta", seq,
+                                          item_id="fc_" + calls[-1]["id"], output_index=_index(text, calls),
+                                          delta=value[0]))
+                finish = step.finish_reason or finish
                 if out:
                     yield b"".join(out)
                     out = []
@@ -222,25 +217,29 @@ def _index(text: list[str], calls: list[dict]) -> int:
     return len(calls) - 1 + (1 if text else 0)
 
 
-async def retrieve(request: Request) -> Response:
-    gw = request.app.state.gateway
+async def _stored(request: Request, op) -> tuple[str, object]:
+    """`op(state, response_id)` on the stored response the path names; raises GatewayError (503, 404)."""
     response_id = request.path_params["response_id"]
     try:
-        doc = await gw.state.get_document(KIND, response_id)
+        found = await op(request.app.state.gateway.state, response_id)
     except StateUnavailable as e:
-        return errors.error_response(errors.StateStoreUnavailable(str(e)))
-    if doc is None:
-        return errors.error_response(errors.ResponseNotFound(response_id))
+        raise errors.StateStoreUnavailable(str(e)) from None
+    if not found:
+        raise errors.ResponseNotFound(response_id)
+    return response_id, found
+
+
+async def retrieve(request: Request) -> Response:
+    try:
+        _, doc = await _stored(request, lambda state, rid: state.get_document(KIND, rid))
+    except errors.GatewayError as e:
+        return errors.error_response(e)
     return JSONResponse(doc["response"])
 
 
 async def delete(request: Request) -> Response:
-    gw = request.app.state.gateway
-    response_id = request.path_params["response_id"]
     try:
-        found = await gw.state.delete_document(KIND, response_id)
-    except StateUnavailable as e:
-        return errors.error_response(errors.StateStoreUnavailable(str(e)))
-    if not found:
-        return errors.error_response(errors.ResponseNotFound(response_id))
+        response_id, _ = await _stored(request, lambda state, rid: state.delete_document(KIND, rid))
+    except errors.GatewayError as e:
+        return errors.error_response(e)
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})

@@ -24,76 +24,58 @@ from starlette.responses import JSONResponse, Response
 
 from duet.tokenizer import ChatTemplateError, TokenizerError
 from gateway import errors
+from gateway.api_models import DetokenizeRequest, TokenizeChatRequest, TokenizePromptRequest
 from gateway.body_parser import parse_json_body
-from gateway.protocol import MAX_TOKEN_ID, parse_chat
+from gateway.protocol import chat_messages, chat_tools
 from gateway.tools import render_chat
+from gateway.validation import validate
 
 
-def _model(gw, body: dict):
-    name = body.get("model")
+def _model(gw, name: str | None):
     if name is None and len(gw.models) == 1:
         return next(iter(gw.models.values()))
-    if not isinstance(name, str) or not name:
-        raise errors.InvalidRequest("'model' is required (a string) when the gateway serves several models", "model")
+    if not name:
+        raise errors.InvalidRequest("model: is required when the gateway serves several models", "model")
     model = gw.models.get(name)
     if model is None:
         raise errors.ModelNotFound(name)
     return model
 
 
-def _flag(body: dict, name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise errors.InvalidRequest(f"'{name}' must be a boolean, got {value!r}", name)
-    return value
-
-
-def _body(raw: bytes) -> dict:
-    body = parse_json_body(raw)
-    if not isinstance(body, dict):
-        raise errors.InvalidRequest("the request body must be a JSON object")
-    return body
-
-
-def _chat_ids(model, body: dict) -> list[int]:
+def _chat_ids(model, req: TokenizeChatRequest) -> list[int]:
     tok = model.tokenizer
-    api = parse_chat({**body, "model": model.model_id})  # the same message and tool rules as chat completions
-    if _flag(body, "continue_final_message", False):
-        if api.messages[-1].get("role") != "assistant":
-            raise errors.InvalidRequest("'continue_final_message' needs the last message to be the assistant's",
+    messages = chat_messages(req.messages)  # the same message and tool rules as chat completions
+    tools = chat_tools(req, messages)
+    if req.continue_final_message:
+        if messages[-1].get("role") != "assistant":
+            raise errors.InvalidRequest("continue_final_message: needs the last message to be the assistant's",
                                         "continue_final_message")
-        if _flag(body, "add_generation_prompt", False):
-            raise errors.InvalidRequest("'continue_final_message' and 'add_generation_prompt' exclude each other",
+        if req.add_generation_prompt:
+            raise errors.InvalidRequest("add_generation_prompt: excludes 'continue_final_message'",
                                         "add_generation_prompt")
-        add_generation_prompt = False
-    else:
-        add_generation_prompt = _flag(body, "add_generation_prompt", True)
-    messages, tools = render_chat(list(api.messages), api.tools, tok.template_takes_tools)
-    text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
-    if _flag(body, "continue_final_message", False):
+    add_generation_prompt = not req.continue_final_message and req.add_generation_prompt is not False
+    rendered, template_tools = render_chat(messages, tools, tok.template_takes_tools)
+    text = tok.apply_chat_template(rendered, add_generation_prompt=add_generation_prompt, tools=template_tools)
+    if req.continue_final_message:
         # the template closes every turn; cut after the final message's own text so the prompt ends
         # mid-turn and a generation continues it (what vLLM's flag does)
-        final = api.messages[-1].get("content") or ""
+        final = messages[-1].get("content") or ""
         cut = text.rfind(final) if final else -1
         text = text[: cut + len(final)] if cut >= 0 else text
-    return tok.encode(text, add_special_tokens=_flag(body, "add_special_tokens", False))
+    return tok.encode(text, add_special_tokens=bool(req.add_special_tokens))
 
 
 async def tokenize(request: Request) -> Response:
     gw = request.app.state.gateway
     try:
-        body = _body(await request.body())
-        model = _model(gw, body)
-        strs = _flag(body, "return_token_strs", False)
-        if "messages" in body:
-            ids = _chat_ids(model, body)
+        body = parse_json_body(await request.body())
+        chat = isinstance(body, dict) and "messages" in body
+        req = validate(TokenizeChatRequest if chat else TokenizePromptRequest, body)
+        model = _model(gw, req.model)
+        if chat:
+            ids = _chat_ids(model, req)
         else:
-            prompt = body.get("prompt")
-            if not isinstance(prompt, str):
-                raise errors.InvalidRequest("give 'prompt' (a string) or 'messages' (a chat)", "prompt")
-            ids = model.tokenizer.encode(prompt, add_special_tokens=_flag(body, "add_special_tokens", True))
+            ids = model.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False)
     except ChatTemplateError as e:
         return errors.error_response(errors.InvalidRequest(f"messages rejected by the chat template: {e}",
                                                            "messages"))
@@ -103,22 +85,21 @@ async def tokenize(request: Request) -> Response:
         return errors.error_response(e)
     tok = model.tokenizer
     return JSONResponse({"count": len(ids), "max_model_len": model.max_model_len, "tokens": ids,
-                         "token_strs": [tok.id_to_token(t) for t in ids] if strs else None})
+                         "token_strs": [tok.id_to_token(t) for t in ids] if req.return_token_strs else None})
 
 
 async def detokenize(request: Request) -> Response:
     gw = request.app.state.gateway
     try:
-        body = _body(await request.body())
-        model = _model(gw, body)
-        ids = body.get("tokens")
+        req = validate(DetokenizeRequest, parse_json_body(await request.body()))
+        model = _model(gw, req.model)
         vocab = model.tokenizer.vocab_size
-        if not isinstance(ids, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < min(vocab, MAX_TOKEN_ID) for t in ids):
-            raise errors.InvalidRequest(f"'tokens' must be a list of token ids (0 <= id < {vocab})", "tokens")
+        if any(t >= vocab for t in req.tokens):
+            raise errors.InvalidRequest(f"tokens: token id {max(req.tokens)} is out of the vocabulary ({vocab})",
+                                        "tokens")
     except errors.GatewayError as e:
         return errors.error_response(e)
-    return JSONResponse({"prompt": model.tokenizer.decode(ids)})
+    return JSONResponse({"prompt": model.tokenizer.decode(req.tokens)})
 
 
 def duet_version() -> str:

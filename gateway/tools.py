@@ -1,7 +1,7 @@
 """OpenAI tool calling, the request side: validate `tools` / `tool_choice` and the tool turns of a
 chat, render them into the prompt, and say what the engine must be held to.
 
-    parse_tools(body)          -> ToolRequest | None  (400 on a bad tool, choice or call id)
+    parse_tools(tools, choice, messages) -> ToolRequest | None  (400 on a choice or call id that does not fit)
     render_chat(messages, ...) -> (messages, tools)    what the chat template gets
     ToolRequest.constraint()   -> a JSON schema for `required` / a named function, else None
 
@@ -19,13 +19,10 @@ in engine_prefix, so the arguments always parse and validate; `auto` parses what
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 
 from gateway.errors import InvalidRequest
 
-MAX_TOOLS = 128
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 SYSTEM_BLOCK = (
@@ -64,74 +61,47 @@ class ToolRequest:
         return None
 
 
-def _tool(t: object, i: int) -> dict:
-    where = f"tools[{i}]"
-    if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
-        raise InvalidRequest(f"{where} must be {{'type': 'function', 'function': {{...}}}}", "tools")
-    fn = t["function"]
-    name = fn.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise InvalidRequest(f"{where}.function.name must be 1-64 letters, digits, '_', '.' or '-'", "tools")
-    if fn.get("description") is not None and not isinstance(fn["description"], str):
-        raise InvalidRequest(f"{where}.function.description must be a string", "tools")
-    params = fn.get("parameters")
-    if params is not None and not isinstance(params, dict):
-        raise InvalidRequest(f"{where}.function.parameters must be a JSON schema object", "tools")
-    return {"type": "function", "function": {k: fn[k] for k in ("name", "description", "parameters") if k in fn}}
-
-
 def _choice(raw: object, names: list[str]) -> tuple[str, str | None]:
     if raw is None:
         return ("auto" if names else "none"), None
-    if raw in ("none", "auto", "required"):
+    if isinstance(raw, str):  # "none" | "auto" | "required" (the model checked)
         if raw != "none" and not names:
-            raise InvalidRequest(f"tool_choice '{raw}' needs a non-empty 'tools' list", "tool_choice")
+            raise InvalidRequest(f"tool_choice: '{raw}' needs a non-empty 'tools' list", "tool_choice")
         return raw, None
-    if isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("function"), dict):
-        name = raw["function"].get("name")
-        if name not in names:
-            raise InvalidRequest(f"tool_choice names function {name!r}, which is not in 'tools'", "tool_choice")
-        return "function", name
-    raise InvalidRequest("tool_choice must be 'none', 'auto', 'required' or "
-                         "{'type': 'function', 'function': {'name': ...}}", "tool_choice")
+    name = raw["function"]["name"]
+    if name not in names:
+        raise InvalidRequest(f"tool_choice: names function {name!r}, which is not in 'tools'", "tool_choice")
+    return "function", name
 
 
 def _check_tool_turns(messages: list[dict]) -> None:
-    """Assistant tool calls are well formed, and every tool message answers a call made before it."""
+    """Tool calls are an assistant's, and every tool message answers a call made before it."""
     called: set[str] = set()
     for i, m in enumerate(messages):
         calls = m.get("tool_calls")
         if calls is not None:
-            if m.get("role") != "assistant" or not isinstance(calls, list):
-                raise InvalidRequest(f"messages[{i}].tool_calls must be a list on an assistant message", "messages")
-            for c in calls:
-                fn = c.get("function") if isinstance(c, dict) else None
-                if (not isinstance(c.get("id"), str) or not isinstance(fn, dict) or not isinstance(fn.get("name"), str)
-                        or not isinstance(fn.get("arguments"), str)):
-                    raise InvalidRequest(f"messages[{i}].tool_calls entries need an id and a function with a "
-                                         "name and arguments (a JSON string)", "messages")
-                called.add(c["id"])
+            if m.get("role") != "assistant":
+                raise InvalidRequest(f"messages[{i}].tool_calls: only an assistant message makes tool calls",
+                                     "messages")
+            called.update(c["id"] for c in calls)
         if m.get("role") == "tool":
             call_id = m.get("tool_call_id")
-            if not isinstance(call_id, str) or call_id not in called:
+            if call_id not in called:
                 raise InvalidRequest(f"messages[{i}] (role 'tool') has tool_call_id {call_id!r}, which answers no "
                                      "earlier assistant tool call", "messages")
 
 
-def parse_tools(body: dict, messages: list[dict]) -> ToolRequest | None:
+def parse_tools(tools: list[dict] | None, tool_choice: object, messages: list[dict]) -> ToolRequest | None:
+    """`tools` and `tool_choice` as the validated model dumped them (gateway/api_models.py checked each
+    tool's shape); here the rules between them and the messages."""
     _check_tool_turns(messages)
-    raw = body.get("tools")
-    if raw is None and body.get("tool_choice") in (None, "none"):
+    if tools is None and tool_choice in (None, "none"):
         return None
-    if raw is not None and not isinstance(raw, list):
-        raise InvalidRequest("'tools' must be a list", "tools")
-    tools = [_tool(t, i) for i, t in enumerate(raw or [])]
-    if len(tools) > MAX_TOOLS:
-        raise InvalidRequest(f"'tools' takes at most {MAX_TOOLS} functions, got {len(tools)}", "tools")
+    tools = [{"type": "function", "function": t["function"]} for t in tools or []]
     names = [t["function"]["name"] for t in tools]
     if len(set(names)) != len(names):
-        raise InvalidRequest("tool function names must be unique", "tools")
-    choice, function = _choice(body.get("tool_choice"), names)
+        raise InvalidRequest("tools: function names must be unique", "tools")
+    choice, function = _choice(tool_choice, names)
     return ToolRequest(tuple(tools), choice, function)
 
 

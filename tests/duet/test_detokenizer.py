@@ -16,6 +16,7 @@ TEXTS = [
     "Emoji 😀👍🏽 family 👨‍👩‍👧 flags 🇫🇷🇯🇵 done",
     "mixed 中文 and English, 日本語も, 한국어 too ✨",
     "plain ascii text with  double  spaces\nand lines\n",
+    "  leading,   runs of spaces,\ttabs \u00a0nbsp  trailing  ",
 ]
 
 

@@ -14,20 +14,15 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
+from duet_stack import model_dir
 
 MODEL = model_dir().name
 KEY = "sk-messages-test"
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    sims = start_sims([Sim("prefix"), Sim("paged")], tmp_path_factory.mktemp("sims"))
-    gw = GatewayThread(gateway_config(sims, auth={"api_keys": [KEY]})).start()
-    yield gw
-    gw.stop()
-    for s in sims:
-        s.kill()
+def stack(make_stack):  # tests/gateway/conftest.py
+    return make_stack(auth={"api_keys": [KEY]})
 
 
 @pytest.fixture

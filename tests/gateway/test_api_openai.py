@@ -11,24 +11,9 @@ import openai
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
+from duet_stack import model_dir
 
 MODEL = model_dir().name
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    sims = start_sims([Sim("prefix"), Sim("paged")], tmp_path_factory.mktemp("sims"))
-    gw = GatewayThread(gateway_config(sims)).start()
-    yield gw
-    gw.stop()
-    for s in sims:
-        s.kill()
-
-
-@pytest.fixture
-def client(stack):
-    return openai.OpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0)
 
 
 def chat(**kw) -> dict:

@@ -14,20 +14,14 @@ import openai
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
+from duet_stack import model_dir
 
 MODEL = model_dir().name
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, redis_url):
-    sims = start_sims([Sim("prefix"), Sim("paged"), Sim("paged")], tmp_path_factory.mktemp("sims"))
-    gateways = [GatewayThread(gateway_config(sims, redis=redis_url)).start() for _ in range(2)]
-    yield gateways
-    for g in gateways:
-        g.stop()
-    for s in sims:
-        s.kill()
+def stack(make_stack, redis_url):  # two gateway replicas sharing Redis and the workers
+    return make_stack(("prefix", "paged", "paged"), replicas=2, redis=redis_url)
 
 
 @pytest.fixture
@@ -129,7 +123,7 @@ def test_json_schema_format_routes_to_structured_output(clients):
     ({"input": []}, "input"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
     ({"input": "x", "tool_choice": "required"}, "tool_choice"),
-    ({"input": "x", "max_output_tokens": 0}, "max_tokens"),
+    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "x", "temperature": 3}, "temperature"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text"),
     ({"input": "x", "truncation": "auto"}, "truncation"),

@@ -21,19 +21,14 @@ from gateway.errors import InvalidRequest
 from gateway.middleware import ErrorShieldMiddleware, RequestIdMiddleware
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
+from duet_stack import model_dir
 
 MODEL = model_dir().name
 
 
-@pytest.fixture(scope="module")
-def gw(tmp_path_factory):
-    sims = start_sims([Sim("prefix"), Sim("paged")], tmp_path_factory.mktemp("sims"))
-    g = GatewayThread(gateway_config(sims)).start()
-    yield g
-    g.stop()
-    for s in sims:
-        s.kill()
+@pytest.fixture
+def gw(stack):  # tests/gateway/conftest.py
+    return stack
 
 
 def _post(gw, path: str, raw: str | bytes) -> httpx.Response:
@@ -136,7 +131,7 @@ def test_integral_floats_are_integers_as_json_schema_says():
     api = parse_completion({"model": "m", "prompt": "x", "n": 2.0, "max_tokens": 16.0, "seed": 0.0})
     assert (api.sampling.n, api.sampling.max_tokens, api.sampling.seed) == (2, 16, 0)
     assert isinstance(api.sampling.max_tokens, int)
-    with pytest.raises(InvalidRequest, match="'n' must be an integer"):
+    with pytest.raises(InvalidRequest, match="n: must be an integer, got 2.5"):
         parse_completion({"model": "m", "prompt": "x", "n": 2.5})
 
 

@@ -14,6 +14,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
+from gateway import answer_models
 from gateway.openapi import DOCUMENT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
@@ -55,6 +56,8 @@ SERVED_CHECK = {  # one plain body per generation operation: valid bodies do get
     "/v1/responses": {"model": MODEL, "input": "hi", "max_output_tokens": 2},
     "/v1/messages": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
 }
+ANSWERS = {"/v1/chat/completions": answer_models.ChatCompletion, "/v1/completions": answer_models.Completion,
+           "/v1/responses": answer_models.Response, "/v1/messages": answer_models.Message}
 SCHEMA = schemathesis.openapi.from_dict(DOCUMENT)
 
 
@@ -72,11 +75,9 @@ def test_no_input_gets_a_5xx_and_every_4xx_is_an_openai_error(fuzz_gateway, meth
         r = case.call(base_url=fuzz_gateway.url, timeout=30)
         seen["count"] += 1
         assert r.status_code < 500, f"{method} {path} {case.body!r} -> {r.status_code} {r.text[:500]}"
-        if r.status_code >= 400:
-            err = r.json()["error"]  # OpenAI's shape, and Anthropic's on /v1/messages*: both have these
-            assert isinstance(err["message"], str) and isinstance(err["type"], str), r.text
-            if path.startswith("/v1/messages"):
-                assert r.json()["type"] == "error", r.text
+        if r.status_code >= 400:  # OpenAI's error shape, or Anthropic's on /v1/messages*, as documented
+            shape = answer_models.AnthropicError if path.startswith("/v1/messages") else answer_models.ErrorResponse
+            shape.model_validate(r.json())
             seen["4xx"] += 1
         else:
             seen["2xx"] += 1
@@ -86,7 +87,9 @@ def test_no_input_gets_a_5xx_and_every_4xx_is_an_openai_error(fuzz_gateway, meth
     if path in SERVED_CHECK and mode == POSITIVE:  # valid bodies do get served, not just refused
         # (which generated bodies get a 2xx depends on the workers' state at that moment: a generated body may
         # ask for n > 1 with a tool, a 400; so the served check is one plain body of this operation)
-        assert httpx.post(fuzz_gateway.url + path, json=SERVED_CHECK[path], timeout=30).status_code == 200
+        r = httpx.post(fuzz_gateway.url + path, json=SERVED_CHECK[path], timeout=30)
+        assert r.status_code == 200
+        ANSWERS[path].model_validate(r.json())  # the answer is what /openapi.json says it is
 
 
 def test_the_stack_is_healthy_after_the_fuzzing(fuzz_gateway):

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import httpx
 import openai
-import pytest
 
 from gateway.protocol import parse_chat, parse_completions
 from gateway.request_class import CLASSES, DOCUMENT_PROMPT_TOKENS, request_class
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
+from duet_stack import model_dir
 
 MODEL = model_dir().name
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -64,16 +63,6 @@ def test_every_answer_is_one_of_four_classes():
     apis = [_chat("hi"), _chat("a", "b"), parse_completions({"model": "m", "prompt": "x"})[0],
             _chat("hi", response_format={"type": "json_object"})]
     assert {request_class(a, k, n) for a in apis for k in (None, "s") for n in (1, 5000)} <= set(CLASSES)
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    sims = start_sims([Sim("prefix"), Sim("paged")], tmp_path_factory.mktemp("sims"))
-    gw = GatewayThread(gateway_config(sims)).start()
-    yield gw
-    gw.stop()
-    for s in sims:
-        s.kill()
 
 
 def _classes_on(text: str, metric: str) -> set[str]:

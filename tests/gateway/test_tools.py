@@ -33,11 +33,11 @@ def test_default_choice_is_auto_with_tools_and_absent_without():
     (chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice",
      "not in 'tools'"),
     (chat(tool_choice="required"), "tool_choice", "needs a non-empty 'tools'"),
-    (chat(tools=[WEATHER], tool_choice="sometimes"), "tool_choice", "must be 'none'"),
-    (chat(tools=[{"type": "function", "function": {"name": "has space"}}]), "tools", "letters"),
-    (chat(tools=[{"type": "retrieval"}]), "tools", "'type': 'function'"),
+    (chat(tools=[WEATHER], tool_choice="sometimes"), "tool_choice", "must be one of 'none', 'auto' or 'required' or an object"),
+    (chat(tools=[{"type": "function", "function": {"name": "has space"}}]), "tools", "tools[0].function.name: must be 1-64 letters"),
+    (chat(tools=[{"type": "retrieval"}]), "tools", "tools[0].type: must be 'function', got \"retrieval\""),
     (chat(tools=[WEATHER, WEATHER]), "tools", "unique"),
-    (chat(tools=[{"type": "function", "function": {"name": "f", "parameters": "x"}}]), "tools", "JSON schema"),
+    (chat(tools=[{"type": "function", "function": {"name": "f", "parameters": "x"}}]), "tools", "tools[0].function.parameters: must be an object"),
     (chat(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"}), "tool_choice",
      "response_format"),
     ({"model": "m", "messages": [{"role": "user", "content": "hi"},
@@ -45,7 +45,7 @@ def test_default_choice_is_auto_with_tools_and_absent_without():
      "answers no earlier assistant tool call"),
     ({"model": "m", "messages": [{"role": "user", "content": "hi"},
                                  {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]}, "messages",
-     "need an id and a function"),
+     "messages[1].tool_calls[0].type: is required"),
 ])
 def test_bad_tool_requests_are_rejected_naming_the_field(body, field, words):
     with pytest.raises(InvalidRequest) as e:

@@ -11,7 +11,8 @@ from duet.tokenizer import Tokenizer
 
 TEXTS = ["The capital of France is Paris.", "你好，世界！今天天气很好。", "Emoji 😀👍🏽 family 👨‍👩‍👧 flags 🇫🇷🇯🇵",
          "mixed 中文 and English, 日本語も, 한국어 ✨", "def f(x):\n    return x  # done\n",
-         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"]
+         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+         "  two  spaces,   three,\ttab \u00a0nbsp  trailing  ", "café naïve Ωmega ∑ “quotes” — dash…"]
 
 
 @pytest.mark.parametrize("text", TEXTS)

@@ -1,0 +1,43 @@
+"""What the API tests share: `make_stack` (a gateway in front of sim workers over real gRPC, torn
+down with the test module), the default `stack` (one prefix sim, one paged sim) and an openai SDK
+client for it. A module that needs auth keys, Redis or more workers asks `make_stack` for them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from duet_stack import GatewayThread, Sim, gateway_config, start_sims
+
+
+@pytest.fixture(scope="module")
+def make_stack(tmp_path_factory):
+    """make_stack(kinds=("prefix", "paged"), replicas=1, **gateway config) -> the gateway (or a list of
+    `replicas` gateways sharing the sims)."""
+    sims, gateways = [], []
+
+    def make(kinds=("prefix", "paged"), replicas: int = 1, **config):
+        sims.extend(start_sims([Sim(k) for k in kinds], tmp_path_factory.mktemp("sims")))
+        made = [GatewayThread(gateway_config(sims, **config)).start() for _ in range(replicas)]
+        gateways.extend(made)
+        return made[0] if replicas == 1 else made
+
+    yield make
+    for g in gateways:
+        g.stop()
+    for s in sims:
+        s.kill()
+
+
+@pytest.fixture(scope="module")
+def stack(make_stack):
+    return make_stack()
+
+
+@pytest.fixture
+def client(stack):
+    return openai.OpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0)
