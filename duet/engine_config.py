@@ -93,6 +93,9 @@ class PrefixConfig:
     schedule_policy: str = setting("lpm", "admission order: lpm (longest cached prefix first), dfs-weight, or fcfs "
                                           "(a request's `priority`, lower first, then arrival)",
                                    choices=PREFIX_POLICIES)
+    cache_eviction: str = setting("reuse-aware", "radix cache eviction: reuse-aware (prefixes no request has hit "
+                                                 "go first, so one-shot prompts do not evict reused ones) or lru",
+                                  choices=("reuse-aware", "lru"))
     speculative: str = setting("off", "n-gram (prompt lookup) speculative decoding", choices=("off", "ngram"))
     num_draft_tokens: int = setting(4, "draft tokens per step with --speculative ngram", type=int)
 

@@ -48,6 +48,7 @@ class PrefixSchedulerConfig:
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
     speculative: speculative.NgramConfig | None = None
+    protect_reused: bool = False  # radix_cache.py: evict never-reused prefixes before reused ones
 
 
 class PrefixScheduler:
@@ -61,7 +62,8 @@ class PrefixScheduler:
         self.eos_token_ids = tuple(eos_token_ids)
         self.grammars = grammars
         self.events = KvEventRecorder(model_id, hash_block_size)
-        self.cache = RadixCache(allocator, config.page_size, listener=self.events)
+        self.cache = RadixCache(allocator, config.page_size, listener=self.events,
+                                protect_reused=config.protect_reused)
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self._outputs: list[StepOutput] = []
@@ -136,7 +138,7 @@ class PrefixScheduler:
             kv_pages_used=total - self.allocator.num_free - self.cache.evictable_pages, kv_pages_total=total,
             prefix_cache_queries_tokens=self.queries_tokens, prefix_cache_hits_tokens=self.hits_tokens,
             num_preemptions=self.num_preemptions, spec_draft_tokens=self.draft_tokens,
-            spec_accepted_tokens=self.accepted_tokens)
+            spec_accepted_tokens=self.accepted_tokens, reused_pages_evicted=self.cache.reused_pages_evicted)
 
     def private_pages(self) -> list[int]:
         return [p for s in self.running for p in s.pages[s.num_tree_pages :]]
