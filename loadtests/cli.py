@@ -154,6 +154,9 @@ def _add_classes(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine-args", action="append", default=[], metavar="KIND=FLAGS",
                    help='more worker flags for a kind, e.g. prefix="--cache-eviction lru" (repeatable)')
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--cache-replay", action="store_true",
+                   help="no stacks: replay the mix through the real radix cache under each eviction rule "
+                        "(deterministic hit rates; --num-requests, default 400)")
     p.add_argument("--log-dir", default=None, help="keep the stacks' logs here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=_run_classes)
@@ -195,6 +198,15 @@ def _run_classes(args: argparse.Namespace) -> int:
     from loadtests.experiments.stack import StackError
 
     s = classes_settings(args)
+    if args.cache_replay:
+        from loadtests.experiments import cache_replay
+        from loadtests.experiments.compare import preset_checkpoint
+        from loadtests.load.workloads import TokenSource
+
+        src = TokenSource.from_model_dir(s.model or preset_checkpoint(s.preset))
+        result = cache_replay.run(src, args.num_requests or 400, seed=s.seed, sizes=s.sizes)
+        print(json.dumps(result, indent=2) if args.json else cache_replay.format_table(result))
+        return 0
     try:
         result = classes.run(s, args.log_dir, progress=lambda line: print(line, file=sys.stderr, flush=True))
     except StackError as e:

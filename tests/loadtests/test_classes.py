@@ -174,3 +174,14 @@ def test_a_small_classes_run_reports_every_figure(tmp_path):
     assert all(result["runs"][k]["agent"]["classes"]["agent"]["hit_rate"] > 0.3 for k in ("paged", "prefix"))
     assert "| prefix | structured | structured |" in classes.format_table(result)
     assert time.monotonic() - t0 < 600
+
+
+def test_the_cache_replay_shows_reuse_aware_eviction_keeping_reused_prefixes(src):
+    from loadtests.experiments import cache_replay
+
+    result = cache_replay.run(src, 120, kv_budgets=(4096,), page=16, sizes=classes.QUICK.sizes)
+    lru, aware = result["by_kv_tokens"]["4096"]["lru"], result["by_kv_tokens"]["4096"]["reuse-aware"]
+    assert lru["reused_pages_evicted"] > 0 and aware["reused_pages_evicted"] == 0
+    assert aware["hit_rate"]["agent"] > lru["hit_rate"]["agent"]
+    assert aware["hit_rate"]["long_doc"] == lru["hit_rate"]["long_doc"] == 0.0  # nothing to reuse either way
+    assert cache_replay.run(src, 120, kv_budgets=(4096,), page=16, sizes=classes.QUICK.sizes) == result  # exact
