@@ -17,6 +17,7 @@ adaptive estimate that decays while nothing is retracted and jumps after a retra
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ class PrefixSchedulerConfig:
     new_token_ratio_decay: float = 0.002
     speculative: speculative.NgramConfig | None = None
     protect_reused: bool = False  # radix_cache.py: evict never-reused prefixes before reused ones
+    aging_s: float = 0.0  # policy.py: a request waiting this long goes ahead of the cache-aware order
 
 
 class PrefixScheduler:
@@ -298,7 +300,8 @@ class PrefixScheduler:
     def ordered_waiting(self) -> list[Candidate]:
         long_queue = len(self.waiting) > self.config.fcfs_fallback_queue
         policy = Policy.FCFS if long_queue else self.config.policy
-        return order([self.candidate(s, policy is not Policy.FCFS) for s in self.waiting], policy)
+        return order([self.candidate(s, policy is not Policy.FCFS) for s in self.waiting], policy,
+                     now=time.monotonic(), aging_s=self.config.aging_s)
 
     def new_dedup(self) -> InBatchDedup:
         return InBatchDedup(self.config.page_size, self.config.dedup_min_tokens)

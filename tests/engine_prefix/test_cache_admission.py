@@ -70,3 +70,43 @@ def test_reuse_survives_a_split():
     cache.evict(1)
     assert cache.match_prefix([1, 1, 2, 2, 3, 3]).length == 6
     assert cache.reused_pages_evicted == 0
+
+
+def _cold_and_hot(checkpoint, aging_s: float) -> list[str]:
+    """A zero-match prompt that has waited 10 s and a fresh one whose 64 tokens are cached, one slot:
+    which runs first."""
+    import time
+
+    from engine_core.request import Request
+    from test_prefix_scheduler import GREEDY
+
+    rng = random.Random(3)
+    d = Driver(checkpoint, prefix={"aging_s": aging_s}, kv_cache_tokens=4096, max_num_seqs=1)
+    hot = rand_tokens(rng, 64)
+    d.add("warm", hot + [5])
+    d.run()
+    for rid, prompt, arrival in (("cold", rand_tokens(rng, 70), time.monotonic() - 10.0),
+                                 ("hot", hot + [9, 9], time.monotonic())):
+        d.s.add(Request(rid, prompt, GREEDY, arrival_time=arrival))
+        d.tokens[rid] = []
+    d.step()
+    first = d.batches[-1]
+    d.run()
+    return first
+
+
+def test_a_prompt_that_waited_past_the_aging_bound_goes_ahead_of_cache_order(tiny_checkpoint):
+    assert _cold_and_hot(tiny_checkpoint, 2.0) == ["cold"]
+
+
+def test_without_aging_cache_order_keeps_it_waiting(tiny_checkpoint):
+    assert _cold_and_hot(tiny_checkpoint, 0.0) == ["hot"]
+
+
+def test_aging_orders_the_overdue_by_arrival_and_the_rest_by_cached_prefix():
+    from engine_prefix.policy import Candidate, Policy, order
+
+    cands = [Candidate("hot", 64, None, 0, 9.5), Candidate("cold-old", 0, None, 0, 1.0),
+             Candidate("cold-older", 0, None, 0, 0.5), Candidate("warm", 32, None, 0, 9.0)]
+    assert [c.item for c in order(cands, Policy.LPM, now=10.0, aging_s=2.0)] == ["cold-older", "cold-old", "hot", "warm"]
+    assert [c.item for c in order(cands, Policy.LPM)] == ["hot", "warm", "cold-older", "cold-old"]
