@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from engine_core.kv_pool import PageAllocator
 from engine_prefix.radix_cache import RadixCache
-from loadtests.load.class_workloads import Sizes, class_mix
+from loadtests.load.class_workloads import DEFAULT_SIZES, Sizes, class_mix
 from loadtests.load.workloads import BenchRequest, TokenSource
 
 RULES = {"lru": False, "reuse-aware": True}
@@ -59,7 +59,7 @@ def _replay(requests: list[BenchRequest], src: TokenSource, kv_tokens: int, page
 
 
 def run(src: TokenSource, num_requests: int = 400, kv_budgets: tuple[int, ...] = (8192, 16384, 32768),
-        page: int = 16, seed: int = 0, sizes: Sizes = Sizes()) -> dict:
+        page: int = 16, seed: int = 0, sizes: Sizes = DEFAULT_SIZES) -> dict:
     requests = class_mix(src, num_requests, seed, sizes)
     return {"num_requests": num_requests, "page_size": page, "seed": seed,
             "by_kv_tokens": {str(kv): {rule: _replay(requests, src, kv, page, protect) for rule, protect in RULES.items()}
@@ -67,11 +67,11 @@ def run(src: TokenSource, num_requests: int = 400, kv_budgets: tuple[int, ...] =
 
 
 def format_table(result: dict) -> str:
-    lines = [f"cache replay: {result['num_requests']} requests of the classes mix, page {result['page_size']}; "
-             "hit rate per class (cached / prompt tokens) and reused pages evicted", "",
-             "| KV tokens | rule | " + " | ".join(next(iter(next(iter(result["by_kv_tokens"].values())).values()))
-                                                 ["hit_rate"]) + " | reused pages evicted |"]
-    lines.append("|" + "---|" * (lines[-1].count("|") - 1))
+    first = next(iter(next(iter(result["by_kv_tokens"].values())).values()))
+    title = (f"cache replay: {result['num_requests']} requests of the classes mix, page {result['page_size']}; "
+             "hit rate per class (cached / prompt tokens) and reused pages evicted")
+    head = ["KV tokens", "rule", *first["hit_rate"], "reused pages evicted"]
+    lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for kv, rules in result["by_kv_tokens"].items():
         for rule, r in rules.items():
             lines.append(f"| {kv} | {rule} | " + " | ".join(f"{v:.3f}" for v in r["hit_rate"].values()) +

@@ -55,7 +55,7 @@ class Settings:
     gateway_cores: str | None = "1"  # None: unpinned
     think_scale: float = 0.05
     seed: int = 0
-    sizes: Sizes = Sizes()
+    sizes: Sizes = field(default_factory=Sizes)
     limits: EngineLimits = field(default_factory=lambda: EngineLimits(kv_cache_tokens=8192))
     slo: ClassSlo = field(default_factory=ClassSlo)
     engine_args: tuple[tuple[str, str], ...] = ()  # (kind, flags)
@@ -177,9 +177,9 @@ def _f(x, d=0) -> str:
 def format_table(result: dict) -> str:
     head = ["kind", "workload", "class", "goodput req/s", "good/n", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
             "hit rate", "preempt.", "reused evicted"]
-    lines = [f"duet bench classes on {result['model']}: one worker on core {result['core']}, KV "
-             f"{result['kv_cache_tokens']} tokens; ms; per-class SLOs (loadtests/load/class_slo.py)", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    title = (f"duet bench classes on {result['model']}: one worker on core {result['core']}, KV "
+             f"{result['kv_cache_tokens']} tokens; ms; per-class SLOs (loadtests/load/class_slo.py)")
+    lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for kind, by_w in result["runs"].items():
         for w, r in by_w.items():
             if r.get("unsupported"):

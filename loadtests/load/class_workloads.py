@@ -26,7 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
-from loadtests.load.workloads import BenchRequest, TokenSource, WorkloadError, agent, long_doc, mix, multi_turn
+from loadtests.load.workloads import (
+    BenchRequest,
+    TokenSource,
+    WorkloadError,
+    agent,
+    long_doc,
+    mix,
+    multi_turn,
+)
 from loadtests.traces.mooncake import load_trace, turn_gaps_s
 
 CLASSES = ("long_doc", "multi_turn", "agent", "structured", "copy_edit")
@@ -49,6 +57,7 @@ class Sizes:
     copy_max_tokens: int = 128
 
 
+DEFAULT_SIZES = Sizes()
 QUICK_SIZES = Sizes(doc_tokens=(256, 512), chat_tokens=384, agent_tokens=384, structured_tokens=128,
                     copy_tokens=160, max_tokens=8, structured_max_tokens=24, copy_max_tokens=24)
 
@@ -71,8 +80,8 @@ def _headed(src: TokenSource, n: int, traffic_class: str, head: list[int], own: 
                          max_tokens, **extra) for i in range(n)]
 
 
-def class_workload(name: str, src: TokenSource, n: int, seed: int = 0, sizes: Sizes = Sizes(),
-                   think_gaps_s: list[float] = (), think_scale: float = 0.05) -> list[BenchRequest]:
+def class_workload(name: str, src: TokenSource, n: int, seed: int = 0, sizes: Sizes = DEFAULT_SIZES,
+                   think_gaps_s: tuple[float, ...] | list[float] = (), think_scale: float = 0.05) -> list[BenchRequest]:
     z = sizes
     if name == "long_doc":
         lo, hi = z.doc_tokens
@@ -91,7 +100,7 @@ def class_workload(name: str, src: TokenSource, n: int, seed: int = 0, sizes: Si
     raise WorkloadError(f"unknown class {name!r} (one of {', '.join(CLASSES)})")
 
 
-def class_mix(src: TokenSource, n: int, seed: int = 0, sizes: Sizes = Sizes(), think_gaps_s: list[float] = (),
+def class_mix(src: TokenSource, n: int, seed: int = 0, sizes: Sizes = DEFAULT_SIZES, think_gaps_s: tuple[float, ...] | list[float] = (),
               think_scale: float = 0.05, classes: tuple[str, ...] = CLASSES) -> list[BenchRequest]:
     """`classes` in equal shares of `n` requests, in a seeded random order (workloads.mix)."""
     def maker(name):

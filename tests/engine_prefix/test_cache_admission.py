@@ -77,8 +77,9 @@ def _cold_and_hot(checkpoint, aging_s: float) -> list[str]:
     which runs first."""
     import time
 
-    from engine_core.request import Request
     from test_prefix_scheduler import GREEDY
+
+    from engine_core.request import Request
 
     rng = random.Random(3)
     d = Driver(checkpoint, prefix={"aging_s": aging_s}, kv_cache_tokens=4096, max_num_seqs=1)
