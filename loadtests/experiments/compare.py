@@ -398,7 +398,7 @@ def format_table(result: dict) -> str:
              "per class: " + ", ".join(f"{c} TTFT <= {b['ttft_ms']:.0f} ms" +
                                        (f" + {b['ttft_ms_per_prompt_token']:g} ms/token" if b["ttft_ms_per_prompt_token"]
                                         else "") for c, b in slo["per_class"].items()))
-    pins = f", worker i pinned to core {result['pinned_cores']}[i]" if result.get("pinned_cores") else ""
+    pins = f", one worker per core ({', '.join(result['pinned_cores'])})" if result.get("pinned_cores") else ""
     lines = [(f"duet bench compare on {result['model']} (cpu), KV {result['kv_cache_tokens_per_worker']} tokens/worker, "
               f"paged prefix caching {'on' if result['paged_prefix_caching'] else 'off (engine lacks it)'}{pins}, "
               f"SLO: {bound}; median [min-max] over repeats"), ""]
