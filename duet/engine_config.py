@@ -93,11 +93,18 @@ class PrefixConfig:
     schedule_policy: str = setting("lpm", "admission order: lpm (longest cached prefix first), dfs-weight, or fcfs "
                                           "(a request's `priority`, lower first, then arrival)",
                                    choices=PREFIX_POLICIES)
+    aging_s: float = setting(2.0, "lpm / dfs-weight: a request that has waited this many seconds is admitted ahead "
+                                  "of the cache-aware order, oldest first (0: off)", type=float)
+    cache_eviction: str = setting("reuse-aware", "radix cache eviction: reuse-aware (prefixes no request has hit "
+                                                 "go first, so one-shot prompts do not evict reused ones) or lru",
+                                  choices=("reuse-aware", "lru"))
     speculative: str = setting("off", "n-gram (prompt lookup) speculative decoding", choices=("off", "ngram"))
     num_draft_tokens: int = setting(4, "draft tokens per step with --speculative ngram", type=int)
 
     def __post_init__(self) -> None:
         _check_choices(self)
+        if self.aging_s < 0:
+            raise ValueError(f"aging_s={self.aging_s}: must be 0 (off) or more")
 
     @property
     def draft_tokens(self) -> int | None:

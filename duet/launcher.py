@@ -13,6 +13,8 @@ stacks through it:
 
 `worker_argv` passes each engine kind only the flags it reads (`duet engine paged|prefix|sim`): a
 limit the caller set is never dropped silently, and a kind is never handed a flag it would reject.
+`WorkerSpec.cpus` (and `start_gateway(cpus=)`) pins a process to cores with `taskset -c`, which execs the
+command: the supervisor's pid is the process itself (`duet bench compare --pin-cores`, `duet bench classes`).
 The module imports no torch and nothing from loadtests/ (`duet up` uses it).
 """
 
@@ -94,6 +96,12 @@ class WorkerSpec:
     metrics_port: int | None = None  # real engines only: where it serves Prometheus /metrics (None: off)
     extra_args: tuple[str, ...] = ()  # real engines only: more `duet engine KIND` flags, passed as they are
     sim: SimOptions | None = None  # sim only
+    cpus: str | None = None  # a taskset core list ("0", "2-3"): pin the process to those cores (None: anywhere)
+
+
+def pinned(argv: list[str], cpus: str | None) -> list[str]:
+    """`argv` run on the cores `cpus` (taskset execs it, so the pid is the command's own)."""
+    return argv if cpus is None else ["taskset", "-c", cpus, *argv]
 
 
 def _flags(pairs: list[tuple[str, object]]) -> list[str]:
@@ -101,7 +109,11 @@ def _flags(pairs: list[tuple[str, object]]) -> list[str]:
 
 
 def worker_argv(spec: WorkerSpec) -> list[str]:
-    """The command line of one worker, with only the flags its kind reads."""
+    """The command line of one worker, with only the flags its kind reads (pinned when `spec.cpus`)."""
+    return pinned(_engine_argv(spec), spec.cpus)
+
+
+def _engine_argv(spec: WorkerSpec) -> list[str]:
     if spec.kind not in ("paged", "prefix", "sim"):
         raise ValueError(f"unknown engine kind {spec.kind!r}")
     argv = duet_argv("engine", spec.kind, "--model", str(spec.model), "--port", str(spec.port))
@@ -191,12 +203,13 @@ class Launcher:
     def start_worker(self, name: str, spec: WorkerSpec) -> int:
         return self.supervisor.start(name, worker_argv(spec), env=worker_env(spec))
 
-    def start_gateway(self, name: str, config: dict, env: dict[str, str] | None = None) -> int:
-        """Write `config` to log_dir/NAME.yaml and start `duet gateway --config` on it."""
+    def start_gateway(self, name: str, config: dict, env: dict[str, str] | None = None,
+                      cpus: str | None = None) -> int:
+        """Write `config` to log_dir/NAME.yaml and start `duet gateway --config` on it (on cores `cpus`)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         path = self.log_dir / f"{name}.yaml"
         path.write_text(yaml.safe_dump(config))
-        return self.supervisor.start(name, duet_argv("gateway", "--config", str(path)), env=env)
+        return self.supervisor.start(name, pinned(duet_argv("gateway", "--config", str(path)), cpus), env=env)
 
     def start_redis(self, name: str = "redis") -> str:
         """A private redis-server (gateway replicas share state through it); its URL once it answers."""

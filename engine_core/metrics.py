@@ -49,6 +49,8 @@ class EngineMetrics:
         self.prefix_queries = counter("duet_prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
         self.prefix_hits = counter("duet_prefix_cache_hits", "Prompt tokens found in the prefix cache")
         self.preemptions = counter("duet_num_preemptions", "Requests preempted (recomputed later)")
+        self.reused_evicted = counter("duet_prefix_cache_reused_pages_evicted",
+                                      "Cached KV pages evicted after a later request had hit them")
         self.spec_draft = counter("duet_spec_decode_num_draft_tokens", "Speculative draft tokens proposed")
         self.spec_accepted = counter("duet_spec_decode_num_accepted_tokens", "Speculative draft tokens accepted")
         self._last = LoadStats(0, 0, 0, 0)
@@ -66,6 +68,7 @@ class EngineMetrics:
             (self.prefix_queries, load.prefix_cache_queries_tokens, last.prefix_cache_queries_tokens),
             (self.prefix_hits, load.prefix_cache_hits_tokens, last.prefix_cache_hits_tokens),
             (self.preemptions, load.num_preemptions, last.num_preemptions),
+            (self.reused_evicted, load.reused_pages_evicted, last.reused_pages_evicted),
             (self.spec_draft, load.spec_draft_tokens, last.spec_draft_tokens),
             (self.spec_accepted, load.spec_accepted_tokens, last.spec_accepted_tokens),
         ):

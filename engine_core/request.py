@@ -84,6 +84,8 @@ class LoadStats:
     num_preemptions: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
+    # cached KV pages evicted after some later request had hit them (a reused prefix lost, not a one-shot one)
+    reused_pages_evicted: int = 0
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,8 @@ def load_to_pb(load: LoadStats, draining: bool, num_steps: int = 0, prefill_toke
                          prefix_cache_queries_tokens=load.prefix_cache_queries_tokens,
                          prefix_cache_hits_tokens=load.prefix_cache_hits_tokens,
                          num_preemptions=load.num_preemptions, draining=draining,
-                         spec_draft_tokens=load.spec_draft_tokens, spec_accepted_tokens=load.spec_accepted_tokens)
+                         spec_draft_tokens=load.spec_draft_tokens, spec_accepted_tokens=load.spec_accepted_tokens,
+                         reused_pages_evicted=load.reused_pages_evicted)
 
 
 def kv_events_to_pb(sequence: int, events: list[KvEvent]) -> pb.KvEventBatch:

@@ -177,6 +177,7 @@ class BlockManager:
             return 0
         hits = self.cache.match(token_ids, salt, (len(token_ids) - 1) // self.page_size)
         for b in hits:
+            self.cache.hit(b.page)
             if b.page in self.ref_counts:
                 self.ref_counts[b.page] += 1
             else:

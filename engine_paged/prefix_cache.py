@@ -44,6 +44,8 @@ class PrefixCache:
         self.by_hash: dict[int, CachedBlock] = {}
         self.by_page: dict[int, CachedBlock] = {}
         self.unheld: OrderedDict[int, None] = OrderedDict()  # cached pages nobody holds, oldest first
+        self.reused: set[int] = set()  # cached pages some request hit after they were stored
+        self.reused_pages_evicted = 0  # evicted pages that were in `reused` (LoadStats reports it)
         self._ids = itertools.count()
         self._events: list[KvEvent] = []
 
@@ -93,6 +95,10 @@ class PrefixCache:
         """A cached page is held again (a hit): it is no longer evictable."""
         self.unheld.pop(page, None)
 
+    def hit(self, page: int) -> None:
+        """A request's prompt matched this cached page."""
+        self.reused.add(page)
+
     def evict(self, n: int) -> list[int]:
         """Forget the `n` least recently released cached pages and hand them over for reuse."""
         pages = []
@@ -101,6 +107,9 @@ class PrefixCache:
             page, _ = self.unheld.popitem(last=False)
             entry = self.by_page.pop(page)
             del self.by_hash[entry.block_hash]
+            if page in self.reused:
+                self.reused.discard(page)
+                self.reused_pages_evicted += 1
             pages.append(page)
             hashes.append(entry.block_hash)
         if hashes:
@@ -130,3 +139,4 @@ class PrefixCache:
                 f"cached page {page} must be either held or in the LRU, not {'both' if page in held_pages else 'neither'}")
         for page in self.unheld:
             assert page in self.by_page, f"LRU page {page} is not cached"
+        assert self.reused <= self.by_page.keys(), "a reused page is not cached"

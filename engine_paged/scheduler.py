@@ -125,7 +125,8 @@ class PagedScheduler:
     def load(self) -> LoadStats:
         return LoadStats(len(self.running), len(self.waiting), self.bm.num_used_pages, self.bm.num_total_pages,
                          prefix_cache_queries_tokens=self.prompt_tokens_queried,
-                         prefix_cache_hits_tokens=self.prompt_tokens_hit, num_preemptions=self.num_preemptions)
+                         prefix_cache_hits_tokens=self.prompt_tokens_hit, num_preemptions=self.num_preemptions,
+                         reused_pages_evicted=self.bm.cache.reused_pages_evicted if self.bm.cache else 0)
 
     def process(self, batch: PagedBatch, logits) -> list[StepOutput]:
         outputs = self.outputs.process(batch, logits)

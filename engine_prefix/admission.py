@@ -160,6 +160,8 @@ def _admit(s: AdmissionHost, entries: list, budget: int) -> int:
             s.cache.unlock(m.node)
             break  # keep policy order: later requests wait behind this one
         seq.pages, seq.node, seq.num_tree_pages, seq.num_computed = list(m.pages), m.node, len(m.pages), m.length
+        if m.length:
+            s.cache.mark_reused(m.node)  # a hit: this prefix is worth more than a one-shot prompt's pages
         ok = s.alloc_until(seq, m.length + n)
         assert ok, "checked above that the pages are free or evictable"
         if not seq.reported:

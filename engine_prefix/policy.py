@@ -7,6 +7,12 @@
 - ``fcfs``: priority, then arrival. Also the fallback for the other two when the queue is longer than
   ``fcfs_fallback_queue`` (matching every waiting prompt each step would cost more than it saves).
 
+Aging (``aging_s``, `--aging-s`, default 2 s): under lpm and dfs-weight a request that has waited ``aging_s``
+or longer goes ahead of the cache-aware order, oldest first. Cache-ordered admission otherwise starves a
+zero-match prompt (a one-shot document) for as long as requests with cached prefixes keep arriving; 2 s is the
+interactive TTFT bound of loadtests/load/class_slo.py - a request that has waited that long is late for any class,
+so from then on arrival order is fairer than cache order. 0 turns aging off.
+
 Within any order, ``InBatchDedup`` holds back a request whose not-yet-cached prefix is being computed by one
 admitted earlier in the same step: one goes first, the rest hit the cache a step later instead of each
 computing the same tokens.
@@ -49,11 +55,17 @@ class Candidate:
     arrival: float
 
 
-def order(cands: Sequence[Candidate], policy: Policy) -> list[Candidate]:
-    """The candidates in admission order."""
+def order(cands: Sequence[Candidate], policy: Policy, now: float | None = None,
+          aging_s: float = 0.0) -> list[Candidate]:
+    """The candidates in admission order (those waiting ``aging_s`` or longer at ``now`` first, by arrival)."""
     fcfs_key = lambda c: (c.priority, c.arrival)
     if policy is Policy.FCFS:
         return sorted(cands, key=fcfs_key)
+    if aging_s > 0 and now is not None:
+        overdue = [c for c in cands if now - c.arrival >= aging_s]
+        if overdue:
+            rest = [c for c in cands if now - c.arrival < aging_s]
+            return sorted(overdue, key=lambda c: c.arrival) + order(rest, policy)
     if policy is Policy.LPM:
         return sorted(cands, key=lambda c: (-c.prefix_len, c.priority, c.arrival))
     return _dfs_weight(cands, fcfs_key)

@@ -11,6 +11,11 @@ Contracts
   the tree's are duplicates the caller must free (``InsertResult.duplicate_pages`` lists them).
 - Pages returned by a match are only safe to use while its node is locked (``lock``); locked nodes and their
   ancestors are protected, everything else is evictable, leaves first, least recently used first.
+- Eviction order (``protect_reused``): off, plain LRU over leaves. On, leaves no request has ever matched
+  (one-shot prompts) go before leaves some request reused (a shared system prompt, a conversation's history),
+  LRU within each group: a burst of unrelated documents then evicts other documents before a live prefix.
+  ``mark_reused`` (called at admission on a hit) sets the flag; ``reused_pages_evicted`` counts what eviction
+  still took from the reused group (the figure `duet bench classes` reports).
 - ``check_integrity`` proves: free + evictable + protected (+ pages private to running requests) == total,
   every page is owned exactly once, lock counts agree with the sizes.
 """
@@ -48,7 +53,7 @@ class CacheListener(Protocol):
 class Node:
     """One edge of the tree: ``key`` tokens stored in ``pages``; ``lock_ref`` counts requests using it."""
 
-    __slots__ = ("children", "key", "last_access", "lock_ref", "pages", "parent", "salt")
+    __slots__ = ("children", "key", "last_access", "lock_ref", "pages", "parent", "reused", "salt")
 
     def __init__(self, key: tuple[int, ...], pages: list[int], parent: Node | None, salt: str, now: int) -> None:
         self.key = key
@@ -58,13 +63,11 @@ class Node:
         self.lock_ref = 0
         self.last_access = now
         self.salt = salt
+        self.reused = False  # some request matched this node after it was stored (mark_reused)
 
     @property
     def is_root(self) -> bool:
         return self.parent is None
-
-    def __lt__(self, other: Node) -> bool:  # heap order for LRU eviction
-        return self.last_access < other.last_access
 
 
 class MatchResult(NamedTuple):
@@ -85,7 +88,8 @@ class InsertResult(NamedTuple):
 
 
 class RadixCache:
-    def __init__(self, allocator: Allocator, page_size: int, listener: CacheListener | None = None) -> None:
+    def __init__(self, allocator: Allocator, page_size: int, listener: CacheListener | None = None,
+                 protect_reused: bool = False) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.allocator = allocator
@@ -95,6 +99,8 @@ class RadixCache:
         self._roots: dict[str, Node] = {}
         self.evictable_pages = 0
         self.protected_pages = 0
+        self.protect_reused = protect_reused
+        self.reused_pages_evicted = 0
 
     # ---- queries -------------------------------------------------------------------------------------------
 
@@ -177,6 +183,12 @@ class RadixCache:
             node.lock_ref += 1
             node = node.parent  # type: ignore[assignment]
 
+    def mark_reused(self, node: Node) -> None:
+        """A request hit the prefix ending at ``node``: it and its ancestors are reused prefixes."""
+        while not node.is_root and not node.reused:
+            node.reused = True
+            node = node.parent  # type: ignore[assignment]
+
     def unlock(self, node: Node) -> None:
         """Drop one reference taken by ``lock(node)``."""
         while not node.is_root:
@@ -188,16 +200,20 @@ class RadixCache:
             node = node.parent  # type: ignore[assignment]
 
     def evict(self, num_pages: int) -> int:
-        """Free at least ``num_pages`` pages if that many are evictable, least recently used leaves first.
+        """Free at least ``num_pages`` pages if that many are evictable, least recently used leaves first
+        (never-reused leaves before reused ones with ``protect_reused``).
 
         Returns the number of pages freed (less than asked only when nothing evictable is left)."""
         if num_pages <= 0:
             return 0
-        heap = [n for n in self._nodes() if not n.children and n.lock_ref == 0]
+        order = itertools.count()  # ties: insertion order, so nodes are never compared
+        heap = [self._evict_key(n, next(order)) for n in self._nodes() if not n.children and n.lock_ref == 0]
         heapq.heapify(heap)
         freed = 0
         while freed < num_pages and heap:
-            leaf = heapq.heappop(heap)
+            leaf = heapq.heappop(heap)[-1]
+            if leaf.reused:
+                self.reused_pages_evicted += len(leaf.pages)
             if self.listener is not None:
                 self.listener.on_evicted(self, leaf)  # while the leaf is still attached (its path is known)
             self.allocator.free(leaf.pages)
@@ -207,8 +223,11 @@ class RadixCache:
             assert parent is not None
             del parent.children[leaf.key[: self.page_size]]
             if not parent.is_root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, parent)
+                heapq.heappush(heap, self._evict_key(parent, next(order)))
         return freed
+
+    def _evict_key(self, node: Node, tie: int) -> tuple[bool, int, int, Node]:
+        return (self.protect_reused and node.reused, node.last_access, tie, node)
 
     def reset(self) -> None:
         """Drop the whole cache and free its pages. Only valid while no node is locked."""
@@ -253,6 +272,7 @@ class RadixCache:
         k = n // self.page_size
         upper = Node(child.key[:n], child.pages[:k], parent, child.salt, child.last_access)
         upper.lock_ref = child.lock_ref  # same requests hold both halves: sizes do not change
+        upper.reused = child.reused
         parent.children[child.key[: self.page_size]] = upper
         child.key = child.key[n:]
         child.pages = child.pages[k:]

@@ -17,6 +17,7 @@ adaptive estimate that decays while nothing is retracted and jumps after a retra
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -48,6 +49,8 @@ class PrefixSchedulerConfig:
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
     speculative: speculative.NgramConfig | None = None
+    protect_reused: bool = False  # radix_cache.py: evict never-reused prefixes before reused ones
+    aging_s: float = 0.0  # policy.py: a request waiting this long goes ahead of the cache-aware order
 
 
 class PrefixScheduler:
@@ -61,7 +64,8 @@ class PrefixScheduler:
         self.eos_token_ids = tuple(eos_token_ids)
         self.grammars = grammars
         self.events = KvEventRecorder(model_id, hash_block_size)
-        self.cache = RadixCache(allocator, config.page_size, listener=self.events)
+        self.cache = RadixCache(allocator, config.page_size, listener=self.events,
+                                protect_reused=config.protect_reused)
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self._outputs: list[StepOutput] = []
@@ -136,7 +140,7 @@ class PrefixScheduler:
             kv_pages_used=total - self.allocator.num_free - self.cache.evictable_pages, kv_pages_total=total,
             prefix_cache_queries_tokens=self.queries_tokens, prefix_cache_hits_tokens=self.hits_tokens,
             num_preemptions=self.num_preemptions, spec_draft_tokens=self.draft_tokens,
-            spec_accepted_tokens=self.accepted_tokens)
+            spec_accepted_tokens=self.accepted_tokens, reused_pages_evicted=self.cache.reused_pages_evicted)
 
     def private_pages(self) -> list[int]:
         return [p for s in self.running for p in s.pages[s.num_tree_pages :]]
@@ -296,7 +300,8 @@ class PrefixScheduler:
     def ordered_waiting(self) -> list[Candidate]:
         long_queue = len(self.waiting) > self.config.fcfs_fallback_queue
         policy = Policy.FCFS if long_queue else self.config.policy
-        return order([self.candidate(s, policy is not Policy.FCFS) for s in self.waiting], policy)
+        return order([self.candidate(s, policy is not Policy.FCFS) for s in self.waiting], policy,
+                     now=time.monotonic(), aging_s=self.config.aging_s)
 
     def new_dedup(self) -> InBatchDedup:
         return InBatchDedup(self.config.page_size, self.config.dedup_min_tokens)

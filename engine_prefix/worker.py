@@ -37,7 +37,9 @@ def build_engine(config: PrefixConfig, seed: int | None = None) -> EngineParts:
     sched_config = PrefixSchedulerConfig(page_size=engine.page_size, max_num_seqs=engine.max_num_seqs,
                                          max_num_batched_tokens=engine.max_num_batched_tokens,
                                          max_model_len=max_model_len, policy=Policy.parse(config.schedule_policy),
-                                         speculative=spec_cfg)
+                                         speculative=spec_cfg,
+                                         protect_reused=config.cache_eviction == "reuse-aware",
+                                         aging_s=config.aging_s)
     num_pages = rt.pool.num_pages
     scheduler = PrefixScheduler(sched_config, PageAllocator(num_pages), rt.sampler,
                                 model_id=model_dir.model_id, vocab_size=cfg.vocab_size,

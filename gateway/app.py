@@ -200,6 +200,8 @@ class Gateway:
                 "num_running": load.num_running if load else 0, "num_waiting": load.num_waiting if load else 0,
                 "kv_usage": load.kv_pages_used / load.kv_pages_total if load and load.kv_pages_total else 0.0,
                 "prefix_hit_rate": load.prefix_cache_hits_tokens / queries if queries else 0.0,
+                "num_preemptions": load.num_preemptions if load else 0,
+                "reused_pages_evicted": load.reused_pages_evicted if load else 0,
             })
         return rows
 

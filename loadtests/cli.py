@@ -78,21 +78,31 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
                    help="bound on a request's mean inter-token latency (default 250)")
     p.add_argument("--kv-cache-tokens", type=int, default=None, help="per worker, every stack alike (default 4096)")
     p.add_argument("--configs", default=None, help="comma-separated subset of all_paged,all_prefix,duet_fixed,duet_planner")
+    p.add_argument("--pin-cores", action="store_true",
+                   help="worker i on core i (default 2 workers: one per core here) and per-class SLOs")
+    p.add_argument("--class-slo", default=None,
+                   help="per-class TTFT bounds in ms, e.g. long_doc=8000,multi_turn=1500 (implies per-class SLOs)")
     p.add_argument("--log-dir", default=None, help="keep the stacks' logs here (default: temp dirs)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=_run_compare)
 
 
-def _run_compare(args: argparse.Namespace) -> int:
+def compare_settings(args: argparse.Namespace):
+    """The Settings the parsed flags describe (tests check this without starting a stack)."""
     from dataclasses import replace
 
     from loadtests.experiments import compare
+    from loadtests.load.class_slo import ClassSlo, parse_class_slos
 
     s = compare.QUICK if args.quick else compare.Settings()
+    if args.pin_cores:
+        s = replace(s, pin_cores=True, workers=2, class_slo=ClassSlo())
     given = {k: getattr(args, k) for k in ("model", "workers", "num_requests", "repeats", "max_prompt_tokens",
                                             "max_tokens", "seed")}
     given.update(ttft_slo_ms=args.slo_ttft_ms, itl_slo_ms=args.slo_itl_ms)
     s = replace(s, **{k: v for k, v in given.items() if v is not None})
+    if args.class_slo:
+        s = replace(s, class_slo=parse_class_slos(args.class_slo, s.class_slo))
     if args.rates:
         s = replace(s, rates=tuple(r.strip() for r in args.rates.split(",") if r.strip()))
     if args.mix:
@@ -101,6 +111,13 @@ def _run_compare(args: argparse.Namespace) -> int:
         s = replace(s, limits=replace(s.limits, kv_cache_tokens=args.kv_cache_tokens))
     if args.configs:
         s = replace(s, configs=tuple(c.strip() for c in args.configs.split(",") if c.strip()))
+    return s.validate()
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from loadtests.experiments import compare
+
+    s = compare_settings(args)
     from loadtests.experiments.stack import StackError
 
     try:
@@ -199,9 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="bench_command", required=True)
     _add_simulate_routing(sub)
     _add_compare(sub)
+    from loadtests.experiments.classes_cli import (
+        add_parser as add_classes,  # argparse only; the run imports lazily
+    )
+
+    add_classes(sub)
     _add_chaos(sub)
-
-
     _add_advise(sub)
     from loadtests.experiments.bench_run import add_parser as add_run  # argparse only; the run imports lazily
 

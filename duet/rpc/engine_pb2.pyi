@@ -184,7 +184,7 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineLoad(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "kv_pages_used", "kv_pages_total", "prefix_cache_queries_tokens", "prefix_cache_hits_tokens", "num_preemptions", "draining", "spec_draft_tokens", "spec_accepted_tokens", "num_steps", "prefill_tokens_per_s", "decode_tokens_per_s", "step_running_s")
+    __slots__ = ("num_running", "num_waiting", "kv_pages_used", "kv_pages_total", "prefix_cache_queries_tokens", "prefix_cache_hits_tokens", "num_preemptions", "draining", "spec_draft_tokens", "spec_accepted_tokens", "num_steps", "prefill_tokens_per_s", "decode_tokens_per_s", "step_running_s", "reused_pages_evicted")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_PAGES_USED_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +199,7 @@ class EngineLoad(_message.Message):
     PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     DECODE_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     STEP_RUNNING_S_FIELD_NUMBER: _ClassVar[int]
+    REUSED_PAGES_EVICTED_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     kv_pages_used: int
@@ -213,7 +214,8 @@ class EngineLoad(_message.Message):
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
     step_running_s: float
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_pages_used: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., prefix_cache_queries_tokens: _Optional[int] = ..., prefix_cache_hits_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., draining: _Optional[bool] = ..., spec_draft_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., num_steps: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., step_running_s: _Optional[float] = ...) -> None: ...
+    reused_pages_evicted: int
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_pages_used: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., prefix_cache_queries_tokens: _Optional[int] = ..., prefix_cache_hits_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., draining: _Optional[bool] = ..., spec_draft_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., num_steps: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., step_running_s: _Optional[float] = ..., reused_pages_evicted: _Optional[int] = ...) -> None: ...
 
 class WatchKvEventsRequest(_message.Message):
     __slots__ = ()

@@ -35,6 +35,10 @@ prefill), not cache. The request count per run is what arrives at the rate in `r
 `duet bench compare --json` with no options runs the headline: every rate, three repeats at medium and one at
 light and heavy.
 
+`--pin-cores` (loadtests/experiments/pinning.py) pins worker i of every stack to core i (two workers on this
+machine: 2 paged, 2 prefix, 1 + 1) and judges goodput by per-class SLOs (loadtests/load/class_slo.py: a chat
+turn must start within 2 s, a document within 4 s + 4 ms a prompt token) instead of one bound for all.
+
 Per stack and rate: goodput (requests meeting both the TTFT and the TPOT SLO, per second), TTFT per
 class, engine and route-reason split, worker loads; `goodput_ratio_vs_best_homogeneous` and
 `long_doc_ttft_p99_ratio_vs_paged` with their median, min and max over the repeats.
@@ -50,8 +54,10 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from loadtests.experiments.pinning import core_plan
 from loadtests.experiments.routing_baselines import SGLANG_ROUTING_POLICY
 from loadtests.experiments.stack import EngineLimits, ServingStack, paged_prefix_caching_flags
+from loadtests.load.class_slo import ClassSlo
 from loadtests.load.client import RequestRecord, arun_benchmark
 from loadtests.load.report import Slo, summarize
 from loadtests.load.workloads import SESSION_TURNS, BenchRequest, TokenSource, mix
@@ -102,6 +108,8 @@ class Settings:
     configs: tuple[str, ...] = tuple(CONFIGS)
     shares: tuple[tuple[str, float], ...] = tuple(SHARES.items())
     ready_timeout_s: float = 300.0
+    pin_cores: bool = False  # worker i on core i (pinning.py)
+    class_slo: ClassSlo | None = None  # per-class SLOs instead of ttft_slo_ms / itl_slo_ms for every class
 
     def rate_value(self, name: str) -> float:
         try:
@@ -122,6 +130,8 @@ class Settings:
             raise CompareError("--rates must be positive")
         if self.repeats is not None and self.repeats < 1:
             raise CompareError(f"--repeats must be >= 1, got {self.repeats}")
+        if self.pin_cores:
+            core_plan(self.workers)  # PinError (a ValueError) when the machine has too few cores
         if self.ttft_slo_ms <= 0 or self.itl_slo_ms <= 0:
             raise CompareError("--slo-ttft-ms and --slo-itl-ms must be positive")
         bad = [k for k, v in self.shares if k not in SHARES or v < 0]
@@ -194,13 +204,24 @@ async def _measure(stack: ServingStack, model_id: str, requests, encode, s: Sett
     return records, samples
 
 
-def run_config(name: str, model: Path, requests: list[BenchRequest], s: Settings, encode, rate: float,
-               log_dir: Path | None = None) -> dict:
+def slo_of(s: Settings) -> Slo | ClassSlo:
+    return s.class_slo if s.class_slo is not None else Slo(ttft_ms=s.ttft_slo_ms, itl_ms=s.itl_slo_ms)
+
+
+def stack_for(name: str, model: Path, s: Settings, log_dir: Path | None = None) -> ServingStack:
+    """The stack of configuration `name` (not started: `with` starts it)."""
     kinds_of, policy, planner = CONFIGS[name]
     kinds = kinds_of(s.workers)
+    return ServingStack(model, kinds, {}, s.limits, s.ready_timeout_s, log_dir, gateway_extra=gateway_policy(policy),
+                        pool_planner=PLANNER if planner else None, cpus=core_plan(len(kinds)) if s.pin_cores else None)
+
+
+def run_config(name: str, model: Path, requests: list[BenchRequest], s: Settings, encode, rate: float,
+               log_dir: Path | None = None) -> dict:
+    _, policy, planner = CONFIGS[name]
     t0 = time.monotonic()
-    with ServingStack(model, kinds, {}, s.limits, s.ready_timeout_s, log_dir, gateway_extra=gateway_policy(policy),
-                      pool_planner=PLANNER if planner else None) as stack:
+    with stack_for(name, model, s, log_dir) as stack:
+        kinds = stack.kinds
         started_s = time.monotonic() - t0
         done = threading.Event()
         manager = stack.pool_manager(done.is_set) if planner else None
@@ -226,7 +247,7 @@ def run_config(name: str, model: Path, requests: list[BenchRequest], s: Settings
 
 def _config_result(name: str, kinds: list[str], policy: str, records: list[RequestRecord],
                    samples: dict, final: dict, s: Settings, started_s: float) -> dict:
-    summary = summarize(records, Slo(ttft_ms=s.ttft_slo_ms, itl_ms=s.itl_slo_ms))
+    summary = summarize(records, slo_of(s))
 
     def cls(g: dict) -> dict:
         return {"num_requests": g["num_requests"], "num_errors": g["num_errors"], "num_good": g["num_good"],
@@ -348,9 +369,15 @@ def run(s: Settings, log_dir: Path | None = None, progress=None) -> dict:
         "model": model.name, "device": "cpu", "cpu_count": os.cpu_count(),
         "paged_prefix_caching": bool(paged_prefix_caching_flags()) and s.limits.paged_prefix_caching,
         "workload": {"classes": dict(s.shares)}, "kv_cache_tokens_per_worker": s.limits.kv_cache_tokens,
-        "slo": {"ttft_ms": s.ttft_slo_ms, "itl_ms": s.itl_slo_ms}, "settings": settings,
+        "slo": _slo_report(s), "pinned_cores": core_plan(s.workers) if s.pin_cores else None, "settings": settings,
         "rates": rates, **_headline(rates), "wall_s": round(time.monotonic() - t0, 1),
     }
+
+
+def _slo_report(s: Settings) -> dict:
+    if s.class_slo is None:
+        return {"ttft_ms": s.ttft_slo_ms, "itl_ms": s.itl_slo_ms}
+    return {"per_class": s.class_slo.describe(dict(s.shares))}
 
 
 def _f(x, digits=0) -> str:
@@ -367,10 +394,14 @@ def _m(spread: dict, digits: int) -> str:
 
 def format_table(result: dict) -> str:
     slo = result["slo"]
+    bound = (f"TTFT <= {slo['ttft_ms']:.0f} ms and TPOT <= {slo['itl_ms']:.0f} ms" if "per_class" not in slo else
+             "per class: " + ", ".join(f"{c} TTFT <= {b['ttft_ms']:.0f} ms" +
+                                       (f" + {b['ttft_ms_per_prompt_token']:g} ms/token" if b["ttft_ms_per_prompt_token"]
+                                        else "") for c, b in slo["per_class"].items()))
+    pins = f", one worker per core ({', '.join(result['pinned_cores'])})" if result.get("pinned_cores") else ""
     lines = [(f"duet bench compare on {result['model']} (cpu), KV {result['kv_cache_tokens_per_worker']} tokens/worker, "
-              f"paged prefix caching {'on' if result['paged_prefix_caching'] else 'off (engine lacks it)'}, "
-              f"SLO: TTFT <= {slo['ttft_ms']:.0f} ms and TPOT <= {slo['itl_ms']:.0f} ms; median [min-max] over repeats"),
-             ""]
+              f"paged prefix caching {'on' if result['paged_prefix_caching'] else 'off (engine lacks it)'}{pins}, "
+              f"SLO: {bound}; median [min-max] over repeats"), ""]
     head = ["rate", "stack", "goodput req/s", "long_doc TTFT p99 ms", "goodput / best homogeneous",
             "long_doc p99 / all_paged"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

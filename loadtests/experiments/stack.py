@@ -9,7 +9,9 @@ e.g. a shared `redis` and `timeouts`), and waits until every gateway sees every 
 `duet.supervisor.Supervisor` (`self.supervisor`, for drills that kill and restart them) of the one
 stack launcher (duet/launcher.py, which also starts `duet up`); on exit it stops them all (SIGTERM,
 drain, SIGKILL after a grace period). A child that dies while starting raises `StackError` with the
-tail of its log.
+tail of its log. `cpus` pins worker i to the cores `cpus[i]` and `gateway_cpus` the gateways (taskset;
+`duet bench compare --pin-cores`, `duet bench classes`); a worker restarted by the pool manager keeps its cores.
+`worker_args[kind]` are more flags for every worker of that kind (`duet bench classes --engine-args`).
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ class ServingStack:
     def __init__(self, model: str | Path, kinds: list[str], routing: dict, limits: EngineLimits = DEFAULT_LIMITS,
                  ready_timeout_s: float = 300.0, log_dir: Path | None = None, gateways: int = 1,
                  gateway_extra: dict | None = None, policy: RestartPolicy | None = None,
-                 pool_planner: dict | None = None) -> None:
+                 pool_planner: dict | None = None, cpus: list[str] | None = None,
+                 gateway_cpus: str | None = None, worker_args: dict[str, tuple[str, ...]] | None = None) -> None:
+        if cpus is not None and len(cpus) != len(kinds):
+            raise ValueError(f"{len(cpus)} core lists for {len(kinds)} workers")
         self.model = Path(model)
         self.kinds = list(kinds)
         self.routing = dict(routing)
@@ -62,6 +67,9 @@ class ServingStack:
         self.worker_addresses: dict[str, str] = {}  # worker id -> host:port
         self.pool_planner = pool_planner  # the gateway's planner settings (a stack with a pool manager)
         self.slots: list[tuple[str, str, int]] = []  # (worker id, kind, port)
+        self.cpus = {f"{kind}-{i}": c for i, (kind, c) in enumerate(zip(kinds, cpus))} if cpus else {}
+        self.gateway_cpus = gateway_cpus
+        self.worker_args = dict(worker_args or {})  # kind -> more `duet engine KIND` flags
 
     def __enter__(self) -> Self:
         try:
@@ -92,7 +100,8 @@ class ServingStack:
                                            **self.gateway_extra})
                 if self.pool_planner is not None:
                     config["pool_planner"] = self.pool_planner
-                self.launcher.start_gateway("gateway" if self.num_gateways == 1 else f"gateway-{g}", config)
+                self.launcher.start_gateway("gateway" if self.num_gateways == 1 else f"gateway-{g}", config,
+                                            cpus=self.gateway_cpus)
                 self.urls.append(f"http://127.0.0.1:{port}")
         finally:
             for k, v in saved.items():
@@ -111,7 +120,8 @@ class ServingStack:
 
     def start_worker(self, worker_id: str, kind: str, port: int) -> None:
         self.launcher.start_worker(worker_id, WorkerSpec(kind, self.model, port, worker_id, device="cpu",
-                                                         limits=self.limits))
+                                                         limits=self.limits, cpus=self.cpus.get(worker_id),
+                                                         extra_args=tuple(self.worker_args.get(kind, ()))))
 
     def pool_manager(self, should_stop):
         """A duet.pool_manager.PoolManager over this stack's workers (the planner stack); a switch stops

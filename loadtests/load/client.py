@@ -11,7 +11,9 @@ open loop with Poisson arrivals at R requests/s (`float("inf")`: all at once); n
 the requests' own `arrival_s` (trace replay). A request with `depends_on` is sent only after its
 parent finished, with the parent's prompt, its answer (`encode(text)`, cut to the parent's
 max_tokens; no `encode`: no answer tokens) and its own tokens; if the parent failed it is not sent and
-records the error "previous turn failed". Records come back in the order of `requests`.
+records the error "previous turn failed". In open loop a turn with `think_s` waits that long after its
+parent finished (a user reading and typing); closed loop sends it at once. Records come back in the
+order of `requests`. A request's `response_format` goes into its body as it is (structured output).
 
 Each request is a streaming completion with a token-id prompt, `ignore_eos`, temperature 0 and
 `stream_options.include_usage`. TTFT is the time to the first chunk carrying text (or the finish);
@@ -142,6 +144,8 @@ class _Bench:
                 "stream_options": {"include_usage": True}, "temperature": 0.0, "ignore_eos": r.ignore_eos}
         if r.user is not None:
             body["user"] = r.user
+        if r.response_format is not None:
+            body["response_format"] = r.response_format
         headers = {"x-request-id": r.request_id}
         if r.session_id is not None:
             headers["x-session-id"] = r.session_id
@@ -191,7 +195,9 @@ class _Bench:
         async def at(r: BenchRequest) -> None:
             delay = arrivals.get(r.request_id, 0.0) - (time.perf_counter() - self.t0)
             if r.depends_on is not None:
-                await self.done[r.depends_on].wait()  # then wait for its own time, if later
+                await self.done[r.depends_on].wait()  # then its think time, then its own time, if later
+                if r.think_s > 0:
+                    await asyncio.sleep(r.think_s)
                 delay = arrivals.get(r.request_id, 0.0) - (time.perf_counter() - self.t0)
             if delay > 0:
                 await asyncio.sleep(delay)

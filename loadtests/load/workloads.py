@@ -51,6 +51,8 @@ class BenchRequest:
     session_id: str | None = None  # sent as the x-session-id header
     user: str | None = None  # the body's `user` field
     depends_on: str | None = None  # request_id of the previous turn
+    think_s: float = 0.0  # open loop: a dependent turn is sent this long after its parent finished
+    response_format: dict | None = None  # the body's response_format (structured output), as OpenAI's
 
 
 class TokenSource:
@@ -170,14 +172,14 @@ def agent(src: TokenSource, num_requests: int, max_prompt_tokens: int, max_token
 
 
 def long_doc(src: TokenSource, num_requests: int, max_prompt_tokens: int, max_tokens: int, seed: int = 0,
-             prefix: str = "doc") -> list[BenchRequest]:
-    """Unrelated long documents (half to all of the budget), each seen once: nothing to reuse."""
+             prefix: str = "doc", min_fraction: float = 0.5) -> list[BenchRequest]:
+    """Unrelated long documents (`min_fraction` to all of the budget), each seen once: nothing to reuse."""
     _check(num_requests, max_prompt_tokens, max_tokens)
     rng = np.random.Generator(np.random.PCG64(seed + 2))
     out = []
     for i in range(num_requests):
         rid = f"{prefix}-{i}"
-        n = int(max_prompt_tokens * rng.uniform(0.5, 1.0))
+        n = int(max_prompt_tokens * rng.uniform(min_fraction, 1.0))
         out.append(BenchRequest(rid, "long_doc", tuple(src.draw(f"{rid}-{seed}", n)), max_tokens))
     return out
 
@@ -201,16 +203,17 @@ def parse_shares(text: str) -> dict[str, float]:
 
 
 def mix(src: TokenSource, num_requests: int, max_prompt_tokens: int, max_tokens: int, seed: int = 0,
-        shares: dict[str, float] | None = None) -> list[BenchRequest]:
+        shares: dict[str, float] | None = None, makers: dict | None = None) -> list[BenchRequest]:
     """The synthetic classes together, `shares` of the requests each (largest remainder), interleaved
-    in a seeded random order (a dependent turn still waits for its parent when it runs)."""
+    in a seeded random order (a dependent turn still waits for its parent when it runs). `makers`: other
+    generators by class name, called like these (loadtests/load/class_workloads.py)."""
     shares = shares or DEFAULT_SHARES
     total = sum(shares.values())
     exact = {k: num_requests * v / total for k, v in shares.items()}
     counts = {k: int(v) for k, v in exact.items()}
     for k in sorted(exact, key=lambda k: counts[k] - exact[k])[: num_requests - sum(counts.values())]:
         counts[k] += 1
-    makers = {"chat": chat, "multi_turn": multi_turn, "agent": agent, "long_doc": long_doc}
+    makers = makers or {"chat": chat, "multi_turn": multi_turn, "agent": agent, "long_doc": long_doc}
     out = []
     for name, n in counts.items():
         if n:

@@ -178,3 +178,19 @@ def test_a_sequence_that_computed_known_blocks_again_stores_only_the_new_ones():
     bm.free("c")
     assert compute(bm, "d", tokens) == 16  # the chain continues through a's head into c's new block
     bm.check_integrity()
+
+
+def test_evicting_a_block_a_later_prompt_hit_counts_as_a_reused_eviction():
+    bm = cached_bm(num_pages=6)
+    head = list(range(100, 109))  # 2 full pages + 1
+    compute(bm, "a", head)
+    bm.free("a")
+    assert compute(bm, "b", head) == 8  # hit: both pages are reused now
+    bm.free("b")
+    assert bm.cache.reused_pages_evicted == 0
+    compute(bm, "doc", list(range(300, 324)))  # 6 pages: every cached page goes
+    assert bm.cache.reused_pages_evicted == 2
+    bm.free("doc")
+    compute(bm, "doc2", list(range(400, 424)))  # evicts doc's pages, which nobody hit
+    assert bm.cache.reused_pages_evicted == 2
+    bm.check_integrity()

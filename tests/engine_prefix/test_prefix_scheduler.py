@@ -22,8 +22,8 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
 
 class Driver:
-    def __init__(self, checkpoint, **kw):
-        parts = build_engine(PrefixConfig(EngineConfig(model=str(checkpoint), **kw)))
+    def __init__(self, checkpoint, prefix: dict | None = None, **kw):
+        parts = build_engine(PrefixConfig(EngineConfig(model=str(checkpoint), **kw), **(prefix or {})))
         self.s, self.runner = parts.scheduler, parts.runner
         self.tokens: dict[str, list[int]] = {}
         self.first: dict[str, object] = {}
