@@ -216,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_baseline(sub)
     add_diff(sub)
+    from loadtests.fleet.cli import add_parser as add_fleet  # argparse only; the runs import lazily
+
+    add_fleet(sub)
     return parser
 
 
