@@ -40,6 +40,8 @@ class FleetSettings:
     max_output_tokens: int | None = None
     switch_s: float | None = None  # None: 20 s (h200) / 3 s (cpu)
     attainment: float = 0.9
+    rate_range: tuple[float, float] = (1.0, 16.0)  # --find-rate searches multipliers in here
+    search_steps: int = 5  # bisections: the bracket ends (hi/lo)^(1/2^steps) wide, 1.09x for the defaults
 
     def validate(self) -> FleetSettings:
         if self.cost_model not in COST_MODELS:
@@ -110,11 +112,13 @@ def run_stack(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> d
     return out
 
 
-def capacity_rate(spec: StackSpec, s: FleetSettings, lo: float = 0.25, hi: float = 64.0, steps: int = 7) -> float:
-    """The highest rate multiplier (geometric bisection over [lo, hi]) at which `spec` meets the attainment."""
+def capacity_rate(spec: StackSpec, s: FleetSettings) -> float:
+    """The highest rate multiplier (geometric bisection over `s.rate_range`) at which `spec` meets the
+    attainment (the low end when it misses there too, the high end when it meets it there)."""
+    lo, hi = s.rate_range
     if run_stack(spec, s, lo)["slo_attainment"] < s.attainment:
         return lo
-    for _ in range(steps):
+    for _ in range(s.search_steps):
         mid = (lo * hi) ** 0.5
         if run_stack(spec, s, mid)["slo_attainment"] >= s.attainment:
             lo = mid
@@ -129,6 +133,8 @@ def run(s: FleetSettings, find_rate: bool = False, progress=None) -> dict:
     capacities = {}
     if find_rate:
         for spec in all_specs:
+            if spec.name not in STACKS:
+                continue  # fixed splits are run at the found rate, not searched
             capacities[spec.name] = capacity_rate(spec, s)
             if progress:
                 progress(f"{spec.name}: meets {s.attainment:.0%} of SLOs up to rate x{capacities[spec.name]}")
@@ -146,8 +152,9 @@ def run(s: FleetSettings, find_rate: bool = False, progress=None) -> dict:
     if capacities:
         best = max((capacities[k] for k in ("all_paged", "all_prefix") if k in capacities), default=None)
         for name, r in stacks.items():
-            r["capacity_rate"] = capacities[name]
-            r["capacity_ratio_vs_best_homogeneous"] = round(capacities[name] / best, 4) if best else None
+            if name in capacities:
+                r["capacity_rate"] = capacities[name]
+                r["capacity_ratio_vs_best_homogeneous"] = round(capacities[name] / best, 4) if best else None
     return {"cost_model": s.cost_model, "workers": s.workers, "mix": s.mix, "window_s": s.window_s,
             "rate": s.rate, "attainment": s.attainment,
             "slos": {k: {"ttft_s": v.ttft_s, "tpot_s": v.tpot_s} for k, v in (s.slos or {}).items()},

@@ -83,6 +83,7 @@ class SimSettings:
     tick_s: float = 1.0
     switch_s: float = 20.0  # a worker restarting as the other kind (h200: loading 16 GB of weights)
     keep_step_log: bool = False
+    chain_sessions: bool = True  # False: every turn at its own arrival time (an open-loop client, as --validate's)
 
 
 class FleetSim:
@@ -141,7 +142,7 @@ class FleetSim:
         return [self.served[r.request_id] for r in self.requests if r.request_id in self.served]
 
     def _arrive(self, req: FleetRequest) -> None:
-        if req.session is not None:
+        if req.session is not None and self.s.chain_sessions:
             if req.session in self.busy_sessions:
                 self.backlog.setdefault(req.session, deque()).append(req)
                 return
@@ -223,7 +224,7 @@ class FleetSim:
         self.unfinished -= 1
         self.tracker.finished(self.now, s.decision, HASH_BLOCK, s.prompt_tokens, s.cached_tokens, s.tokens)
         session = s.req.session
-        if session is not None:
+        if session is not None and self.s.chain_sessions:
             queue = self.backlog.get(session)
             if queue:
                 self._dispatch(queue.popleft())  # the user read the answer: the next turn is sent now

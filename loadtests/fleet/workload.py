@@ -48,10 +48,11 @@ class FleetRequest:
     session: str | None
     turn: int  # 1 for the first turn of a session (and every document)
     max_tokens: int
+    max_prompt_tokens: int | None = None  # cut the prompt's tail (its shared head stays shared)
 
     def prompt(self, max_model_len: int) -> list[int]:
         ids = prompt_token_ids(self.record, VOCAB, low=1)
-        return ids[: max_model_len - self.max_tokens]
+        return ids[: min(self.max_prompt_tokens or max_model_len, max_model_len - self.max_tokens)]
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -93,7 +94,7 @@ def _class_of(name: str, rec: TraceRecord) -> str:
 
 
 def build(mix: dict[str, float], window_s: float, rate: float, max_model_len: int, data_dir: Path = DATA,
-          max_output_tokens: int | None = None) -> list[FleetRequest]:
+          max_output_tokens: int | None = None, max_prompt_tokens: int | None = None) -> list[FleetRequest]:
     """The requests of `mix` over the first `window_s` trace seconds at `rate` x, in arrival order."""
     if window_s <= 0 or rate <= 0:
         raise WorkloadError(f"--window-s and --rate must be > 0, got {window_s} and {rate}")
@@ -114,7 +115,7 @@ def build(mix: dict[str, float], window_s: float, rate: float, max_model_len: in
                                                                                       max_output_tokens))
             out_tokens = min(out_tokens, max_model_len // 2)
             out.append(FleetRequest(f"{Path(name).name}-{i}", t / (rate * multiplier), rec, cls, session,
-                                    turns.get(session, 1) if session else 1, out_tokens))
+                                    turns.get(session, 1) if session else 1, out_tokens, max_prompt_tokens))
     if not out:
         raise WorkloadError("the workload is empty: widen --window-s")
     out.sort(key=lambda r: (r.arrival_s, r.request_id))
