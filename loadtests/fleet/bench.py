@@ -57,6 +57,8 @@ class FleetSettings:
             if p < 0 or q < 0 or p + q != self.workers:
                 raise ValueError(f"--split {p}:{q}: the two counts must be >= 0 and add up to --workers "
                                  f"{self.workers}")
+        if self.search_steps < 0:
+            raise ValueError(f"--search-steps must be >= 0, got {self.search_steps}")
         if not 0 < self.attainment <= 1:
             raise ValueError(f"--attainment must be in (0, 1], got {self.attainment}")
         return self

@@ -25,6 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--find-rate", action="store_true", help="first find the rate at which the best homogeneous "
                    "stack meets --attainment of its SLOs, and each stack's capacity (many runs)")
     p.add_argument("--attainment", type=float, default=0.9)
+    p.add_argument("--rate-range", default="1:16", help="--find-rate: LOW:HIGH multipliers to search")
+    p.add_argument("--search-steps", type=int, default=5, help="--find-rate: bisection steps per stack")
     p.add_argument("--stacks", default="all_paged,all_prefix,duet_planner")
     p.add_argument("--split", action="append", default=[], help="a fixed Duet split PAGED:PREFIX (repeatable)")
     p.add_argument("--slo", default=None, help="per-class bounds, e.g. chat.ttft=3,document.ttft=6,chat.tpot=0.1 "
@@ -58,7 +60,18 @@ def settings_from(args: argparse.Namespace):
                          stacks=tuple(x.strip() for x in args.stacks.split(",") if x.strip()),
                          splits=tuple(parse_split(x) for x in args.split), slos=parse_slos(args.slo, args.cost_model),
                          max_output_tokens=args.max_output_tokens, switch_s=args.switch_s,
-                         attainment=args.attainment).validate()
+                         attainment=args.attainment, rate_range=_rate_range(args.rate_range),
+                         search_steps=args.search_steps).validate()
+
+
+def _rate_range(text: str) -> tuple[float, float]:
+    lo, sep, hi = text.partition(":")
+    try:
+        if not sep or not 0 < float(lo) < float(hi):
+            raise ValueError
+        return float(lo), float(hi)
+    except ValueError:
+        raise ValueError(f"--rate-range {text!r}: expected LOW:HIGH with 0 < LOW < HIGH, e.g. 1:16") from None
 
 
 def _progress(line: str) -> None:
