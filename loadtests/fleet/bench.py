@@ -5,6 +5,7 @@ Stacks (each the same N workers, the same engine profile and cost model):
     all_prefix    N engine_prefix workers behind the same router
     duet_planner  Duet's routing and pool planner, starting from N/2 + N/2 (the planner may go to zero of a kind)
     duet_P:Q      a fixed split behind Duet's routing (`--split 16:16`, several allowed)
+    paged_duet_routing, prefix_duet_routing   (on request) one kind behind Duet's routing: the routing's share
 
 Each stack's figures are loadtests/fleet/report.py's (goodput, SLO attainment, TTFT/TPOT p50/p99 per class),
 plus `goodput_ratio_vs_best_homogeneous`. With `--find-rate`, the rate is first set to the one at which the
@@ -18,6 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
+from gateway.pool_planner import PlannerConfig
 from loadtests.fleet.cost_models import COST_MODELS, cost_model
 from loadtests.fleet.engine import EngineProfile
 from loadtests.fleet.report import Slo, add_ratios, summarize
@@ -25,6 +27,9 @@ from loadtests.fleet.simulator import FleetSim, SimSettings, StackSpec
 from loadtests.fleet.workload import build
 
 STACKS = ("all_paged", "all_prefix", "duet_planner")
+# one kind behind Duet's routing: what the routing alone is worth, without a second engine kind (shown, not
+# counted as a homogeneous baseline: the baselines run behind the SGLang-style router, as in duet bench compare)
+ROUTING_ONLY = ("paged_duet_routing", "prefix_duet_routing")
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class FleetSettings:
     slos: dict[str, Slo] | None = None
     max_output_tokens: int | None = None
     switch_s: float | None = None  # None: 20 s (h200) / 3 s (cpu)
+    planner_window_s: float | None = None  # the planner's rate window and cooldown; None: the gateway's 30 s
     attainment: float = 0.9
     rate_range: tuple[float, float] = (1.0, 16.0)  # --find-rate searches multipliers in here
     search_steps: int = 5  # bisections: the bracket ends (hi/lo)^(1/2^steps) wide, 1.09x for the defaults
@@ -48,9 +54,9 @@ class FleetSettings:
             raise ValueError(f"--cost-model must be one of {', '.join(COST_MODELS)}, got {self.cost_model!r}")
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
-        unknown = [s for s in self.stacks if s not in STACKS]
+        unknown = [s for s in self.stacks if s not in STACKS + ROUTING_ONLY]
         if unknown:
-            raise ValueError(f"--stacks: unknown {', '.join(unknown)}; choose from {', '.join(STACKS)}")
+            raise ValueError(f"--stacks: unknown {', '.join(unknown)}; choose from {', '.join(STACKS + ROUTING_ONLY)}")
         if "duet_planner" in self.stacks and self.workers < 2:
             raise ValueError("duet_planner needs --workers >= 2 (it starts with one of each kind)")
         for p, q in self.splits:
@@ -82,6 +88,8 @@ def specs(s: FleetSettings) -> list[StackSpec]:
             out.append(StackSpec(name, ("paged",) * n, "sglang"))
         elif name == "all_prefix":
             out.append(StackSpec(name, ("prefix",) * n, "sglang"))
+        elif name in ROUTING_ONLY:
+            out.append(StackSpec(name, (name.split("_")[0],) * n, "duet"))
         else:
             out.append(StackSpec(name, ("paged",) * (n // 2) + ("prefix",) * (n - n // 2), "duet", planner=True))
     for p, q in s.splits:
@@ -95,7 +103,11 @@ def run_stack(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> d
     profile = EngineProfile.for_cost_model(s.cost_model)
     requests = build(s.mix, s.window_s, s.rate if rate is None else rate, profile.max_model_len,
                      max_output_tokens=s.max_output_tokens)
-    settings = SimSettings(switch_s=s.switch_s if s.switch_s is not None else (20.0 if s.cost_model == "h200" else 3.0))
+    planner = PlannerConfig()
+    if s.planner_window_s is not None:
+        planner = replace(planner, window_s=s.planner_window_s, cooldown_s=s.planner_window_s).validate()
+    settings = SimSettings(planner=planner,
+                           switch_s=s.switch_s if s.switch_s is not None else (20.0 if s.cost_model == "h200" else 3.0))
     sim = FleetSim(spec, requests, cost_model(s.cost_model), profile, settings)
     started = time.perf_counter()
     served = sim.run()

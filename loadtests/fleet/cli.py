@@ -33,6 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "(seconds; defaults in loadtests/fleet/report.py)")
     p.add_argument("--max-output-tokens", type=int, default=None, help="cap each request's output")
     p.add_argument("--switch-s", type=float, default=None, help="planner: seconds a worker is away switching kind")
+    p.add_argument("--planner-window-s", type=float, default=None, help="planner: rate window and cooldown "
+                   "(default: the gateway's 30 s; a run of tens of virtual seconds needs a shorter one to act)")
     p.add_argument("--validate", action="store_true", help="run the workload on the local pinned stack and in the "
                    "simulator (cpu model) and print the relative errors (loadtests/fleet/validate.py)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -60,6 +62,7 @@ def settings_from(args: argparse.Namespace):
                          stacks=tuple(x.strip() for x in args.stacks.split(",") if x.strip()),
                          splits=tuple(parse_split(x) for x in args.split), slos=parse_slos(args.slo, args.cost_model),
                          max_output_tokens=args.max_output_tokens, switch_s=args.switch_s,
+                         planner_window_s=args.planner_window_s,
                          attainment=args.attainment, rate_range=_rate_range(args.rate_range),
                          search_steps=args.search_steps).validate()
 

@@ -146,3 +146,20 @@ def test_bad_arguments_are_clear_errors(args, message):
     code, _, err = _cli("fleet", "--window-s", "1", *args)
     assert code == 2
     assert message in err
+
+
+def _option(paged, prefix, goodput, p99=1.0):
+    return {"workers": {"paged": paged, "prefix": prefix}, "goodput_rps": goodput, "ttft_p99_s": p99}
+
+
+def test_advise_recommends_a_split_only_past_the_margin():
+    from loadtests.fleet.advise_fleet import default_splits, recommend
+
+    assert default_splits(32) == ((8, 24), (16, 16), (24, 8))
+    assert default_splits(2) == ((1, 1),)
+    options = {"all_paged": _option(4, 0, 1.0), "all_prefix": _option(0, 4, 2.0), "duet_2:2": _option(2, 2, 2.05)}
+    rec = recommend(options)
+    assert (rec["deployment"], rec["paged"], rec["prefix"]) == ("all_prefix", 0, 4)  # 1.025x is within the margin
+    options["duet_2:2"] = _option(2, 2, 3.0)
+    rec = recommend(options)
+    assert rec["deployment"] == "duet_2:2" and rec["goodput_ratio_vs_best_homogeneous"] == 1.5
