@@ -77,8 +77,8 @@ def format_markdown(result: dict) -> str:
     lines = [f"# duet bench advise --fleet: {result['workers']} workers, cost model {result['cost_model']}", "",
              f"**Run {rec['deployment']}** ({rec['paged']} paged + {rec['prefix']} prefix): {rec['why']}.", "",
              "Sensitivity: " + ", ".join(f"{k.replace('_', ' ')} -> {v}" for k, v in result["sensitivity"].items()),
-             "", "| traffic | option | paged + prefix | goodput req/s | SLO met | TTFT p50 / p99 s | TPOT p50 / p99 ms | "
-             "$ per M tokens |", "|---|---|---|---|---|---|---|---|"]
+             "", ("| traffic | option | paged + prefix | goodput req/s | SLO met | TTFT p50 / p99 s | TPOT p50 / p99 ms | "
+             "$ per M tokens |"), "|---|---|---|---|---|---|---|---|"]
     for label, r in result["rates"].items():
         for name, o in r["options"].items():
             w = o["workers"]

@@ -97,10 +97,10 @@ def _run_fleet(args: argparse.Namespace) -> int:
 
 
 def format_table(result: dict) -> str:
-    lines = [f"fleet: {result['workers']} workers, cost model {result['cost_model']}, mix {result['mix']}, "
-             f"window {result['window_s']} s, rate x{result['rate']}", "",
-             "| stack | workers end (paged+prefix) | goodput req/s | SLO met | vs best homogeneous | class | "
-             "TTFT p50 / p99 s | TPOT p50 / p99 ms | cached |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [(f"fleet: {result['workers']} workers, cost model {result['cost_model']}, mix {result['mix']}, "
+             f"window {result['window_s']} s, rate x{result['rate']}"), "",
+             ("| stack | workers end (paged+prefix) | goodput req/s | SLO met | vs best homogeneous | class | "
+             "TTFT p50 / p99 s | TPOT p50 / p99 ms | cached |"), "|---|---|---|---|---|---|---|---|---|"]
     for name, r in result["stacks"].items():
         end = r["workers"]["end"]
         for cls, c in r["classes"].items():
