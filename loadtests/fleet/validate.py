@@ -3,7 +3,7 @@
 
 Local: loadtests/experiments/stack.ServingStack (the launcher `duet up` uses) with one engine_paged and one
 engine_prefix worker on `duet bench compare`'s SmolLM2-shaped checkpoint, one torch thread each, each worker
-pinned to its own core (`os.sched_setaffinity`, as `taskset -p` would), behind a gateway with Duet's routing;
+pinned to its own core (`os.sched_setaffinity` on every thread, as `taskset -a -p` would), behind a gateway with Duet's routing;
 the requests sent by the benchmark client (loadtests/load/client.py) at the workload's arrival times,
 prompts as token ids. Simulated: the same requests, worker kinds, KV budget and batch limits
 (`EngineProfile.for_cost_model("cpu")`, the stack's EngineLimits), Duet's routing, every turn at its own
@@ -64,6 +64,15 @@ def _error(sim, local):
     return round(abs(sim - local) / local, 4)
 
 
+def _pin(pid: int, core: int) -> None:
+    """Every thread of the worker (its step loop and gRPC threads exist by now) onto one core, as `taskset -a -p`."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(task), {core})
+        except ProcessLookupError:
+            pass  # a thread that just ended
+
+
 def simulated(requests, s: ValidateSettings) -> dict:
     from loadtests.fleet.cost_models import LinearCostModel
     from loadtests.fleet.engine import EngineProfile
@@ -95,7 +104,7 @@ def local(requests, s: ValidateSettings, progress=None) -> dict:
         for i, (worker_id, _, _) in enumerate(stack.slots):
             pid = stack.supervisor.pid(worker_id)
             if pid is not None and len(cores) >= len(s.kinds):
-                os.sched_setaffinity(pid, {cores[i % len(cores)]})  # one worker per core
+                _pin(pid, cores[i % len(cores)])
         if progress:
             progress(f"local stack up ({len(s.kinds)} workers pinned to cores {cores[:len(s.kinds)]}); "
                      f"sending {len(bench)} requests")
