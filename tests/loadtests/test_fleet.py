@@ -163,3 +163,16 @@ def test_advise_recommends_a_split_only_past_the_margin():
     options["duet_2:2"] = _option(2, 2, 3.0)
     rec = recommend(options)
     assert rec["deployment"] == "duet_2:2" and rec["goodput_ratio_vs_best_homogeneous"] == 1.5
+
+
+def test_advise_fleet_gives_every_option_cost_and_sensitivity():
+    code, out, _ = _cli("advise", "--fleet", "--trace", "mixed", "--workers", "2", "--window-s", "2",
+                        "--class-slo", "chat.ttft=30,document.ttft=30", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert set(result["sensitivity"]) == {"traffic", "half_traffic", "double_traffic"}
+    options = result["rates"]["traffic"]["options"]
+    assert set(options) == {"all_paged", "all_prefix", "duet_1:1"}
+    for o in options.values():
+        assert o["usd_per_million_tokens"] > 0 and o["goodput_rps"] > 0
+    assert result["recommendation"]["deployment"] in options
