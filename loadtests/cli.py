@@ -51,6 +51,21 @@ def _run_simulate_routing(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_advise_fleet(args: argparse.Namespace) -> int:
+    from loadtests.fleet import advise_fleet
+    from loadtests.fleet.bench import FleetSettings
+    from loadtests.fleet.report import parse_slos
+    from loadtests.fleet.workload import parse_mix
+
+    if args.cost_model not in ("h200", "cpu"):
+        raise ValueError(f"--cost-model must be h200 or cpu, got {args.cost_model!r}")
+    s = FleetSettings(cost_model=args.cost_model, workers=args.workers or 8, mix=parse_mix(args.trace),
+                      window_s=args.window_s, rate=args.rate, slos=parse_slos(args.class_slo, args.cost_model))
+    result = advise_fleet.advise(s, args.worker_hour_usd, progress=lambda line: print(line, file=sys.stderr))
+    print(json.dumps(result, indent=2) if args.json else advise_fleet.format_markdown(result))
+    return 0
+
+
 def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compare",
@@ -183,6 +198,14 @@ def _add_advise(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=None, help="replay only the first N records (local default 200)")
     p.add_argument("--model", default=None, help="local replay: model directory (default: the bench checkpoint)")
     p.add_argument("--out", default=None, help="write advice.md, advice.json and advice.png here")
+    p.add_argument("--fleet", action="store_true", help="the fleet simulator (real schedulers and router, a cost "
+                   "model): per option goodput, TTFT/TPOT, $ per million tokens, at half and double the traffic too "
+                   "(--trace also takes mixed, chat, documents)")
+    p.add_argument("--cost-model", default="h200", help="--fleet: h200 or cpu")
+    p.add_argument("--rate", type=float, default=1.0, help="--fleet: arrival-rate multiplier")
+    p.add_argument("--window-s", type=float, default=300.0, help="--fleet: trace seconds replayed")
+    p.add_argument("--class-slo", default=None, help="--fleet: per-class SLOs, e.g. chat.ttft=3,document.ttft=6")
+    p.add_argument("--worker-hour-usd", type=float, default=None, help="--fleet: price of one worker-hour")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the markdown")
     p.set_defaults(func=_run_advise)
 
@@ -192,6 +215,8 @@ def _run_advise(args: argparse.Namespace) -> int:
 
     from loadtests.experiments import advise
 
+    if args.fleet:
+        return _run_advise_fleet(args)
     workers = args.workers or (8 if args.simulate else 4)
     s = advise.AdviseSettings(workers=workers, cache_blocks=args.cache_blocks, time_scale=args.time_scale,
                               slo_ttft_s=args.slo_ttft_s, limit=args.limit)
@@ -236,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_baseline(sub)
     add_diff(sub)
+    from loadtests.fleet.cli import add_parser as add_fleet  # argparse only; the runs import lazily
+
+    add_fleet(sub)
     return parser
 
 

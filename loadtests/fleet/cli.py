@@ -1,0 +1,124 @@
+"""The flags of `duet bench fleet` and `duet bench fleet-calibrate` (loadtests/cli.py adds them); argparse only,
+the runs import lazily. `--validate` hands over to loadtests/fleet/validate.py."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "fleet", help="fleet simulator: the real schedulers and router over N workers on a virtual clock",
+        description="Runs all-paged, all-prefix and Duet (with the pool planner, and any --split) over N simulated "
+        "workers: each the real scheduler of its kind driven by the real EngineCore, its model replaced by a cost "
+        "model on a virtual clock, behind the real gateway routing, prefix tables and pool planner "
+        "(loadtests/fleet/). Deterministic; prints goodput and TTFT/TPOT per traffic class.")
+    p.add_argument("--cost-model", default="h200", help="h200 (a roofline of Llama-3.1-8B on one H200) or cpu "
+                   "(fitted on this machine: duet bench fleet-calibrate)")
+    p.add_argument("--workers", type=int, default=32)
+    p.add_argument("--trace", default="mixed", help="mixed (Mooncake chat + Azure code documents), chat, documents, "
+                   "source=multiplier,... (mooncake, azure_code, azure_conv) or a trace file")
+    p.add_argument("--window-s", type=float, default=300.0, help="trace seconds taken from each source")
+    p.add_argument("--rate", type=float, default=1.0, help="arrival-rate multiplier (2: twice the trace's rate)")
+    p.add_argument("--find-rate", action="store_true", help="first find the rate at which the best homogeneous "
+                   "stack meets --attainment of its SLOs, and each stack's capacity (many runs)")
+    p.add_argument("--attainment", type=float, default=0.9)
+    p.add_argument("--rate-range", default="1:16", help="--find-rate: LOW:HIGH multipliers to search")
+    p.add_argument("--search-steps", type=int, default=5, help="--find-rate: bisection steps per stack")
+    p.add_argument("--stacks", default="all_paged,all_prefix,duet_planner")
+    p.add_argument("--split", action="append", default=[], help="a fixed Duet split PAGED:PREFIX (repeatable)")
+    p.add_argument("--slo", default=None, help="per-class bounds, e.g. chat.ttft=3,document.ttft=6,chat.tpot=0.1 "
+                   "(seconds; defaults in loadtests/fleet/report.py)")
+    p.add_argument("--max-output-tokens", type=int, default=None, help="cap each request's output")
+    p.add_argument("--switch-s", type=float, default=None, help="planner: seconds a worker is away switching kind")
+    p.add_argument("--planner-window-s", type=float, default=None, help="planner: rate window and cooldown "
+                   "(default: the gateway's 30 s; a run of tens of virtual seconds needs a shorter one to act)")
+    p.add_argument("--validate", action="store_true", help="run the workload on the local pinned stack and in the "
+                   "simulator (cpu model) and print the relative errors (loadtests/fleet/validate.py)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.set_defaults(func=_run_fleet)
+
+    c = sub.add_parser("fleet-calibrate", help="measure the real ModelRunner's step times and fit the cpu cost model",
+                       description="Times the real ModelRunner at prefill, decode and mixed batch shapes and fits "
+                       "loadtests/fleet/cpu_cost.json (loadtests/fleet/calibrate.py).")
+    c.add_argument("--model", default=None, help="checkpoint (default: the local stack's SmolLM2-shaped one)")
+    c.add_argument("--threads", type=int, default=1)
+    c.add_argument("--repeats", type=int, default=3)
+    c.add_argument("--out", default=None, help="where to write the fit (default: loadtests/fleet/cpu_cost.json)")
+    c.set_defaults(func=_run_calibrate)
+
+
+def settings_from(args: argparse.Namespace):
+    from loadtests.fleet.bench import FleetSettings, parse_split
+    from loadtests.fleet.report import parse_slos
+    from loadtests.fleet.workload import parse_mix
+
+    if args.cost_model not in ("h200", "cpu"):
+        raise ValueError(f"--cost-model must be h200 or cpu, got {args.cost_model!r}")
+    return FleetSettings(cost_model=args.cost_model, workers=args.workers, mix=parse_mix(args.trace),
+                         window_s=args.window_s, rate=args.rate,
+                         stacks=tuple(x.strip() for x in args.stacks.split(",") if x.strip()),
+                         splits=tuple(parse_split(x) for x in args.split), slos=parse_slos(args.slo, args.cost_model),
+                         max_output_tokens=args.max_output_tokens, switch_s=args.switch_s,
+                         planner_window_s=args.planner_window_s,
+                         attainment=args.attainment, rate_range=_rate_range(args.rate_range),
+                         search_steps=args.search_steps).validate()
+
+
+def _rate_range(text: str) -> tuple[float, float]:
+    lo, sep, hi = text.partition(":")
+    try:
+        if not sep or not 0 < float(lo) < float(hi):
+            raise ValueError
+        return float(lo), float(hi)
+    except ValueError:
+        raise ValueError(f"--rate-range {text!r}: expected LOW:HIGH with 0 < LOW < HIGH, e.g. 1:16") from None
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _run_fleet(args: argparse.Namespace) -> int:
+    if args.validate:
+        from loadtests.fleet.validate import format_table as validate_table
+        from loadtests.fleet.validate import validate
+
+        result = validate(progress=_progress)
+        print(json.dumps(result, indent=2) if args.json else validate_table(result))
+        return 0
+    from loadtests.fleet.bench import run
+
+    result = run(settings_from(args), find_rate=args.find_rate, progress=_progress)
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
+
+
+def format_table(result: dict) -> str:
+    lines = [(f"fleet: {result['workers']} workers, cost model {result['cost_model']}, mix {result['mix']}, "
+             f"window {result['window_s']} s, rate x{result['rate']}"), "",
+             ("| stack | workers end (paged+prefix) | goodput req/s | SLO met | vs best homogeneous | class | "
+             "TTFT p50 / p99 s | TPOT p50 / p99 ms | cached |"), "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in result["stacks"].items():
+        end = r["workers"]["end"]
+        for cls, c in r["classes"].items():
+            lines.append(f"| {name} | {end['paged']} + {end['prefix']} | {r['goodput_rps']} | {r['slo_attainment']:.1%} | "
+                         f"{r['goodput_ratio_vs_best_homogeneous']} | {cls} ({c['slo_attainment']:.1%}) | "
+                         f"{c['ttft_p50_s']} / {c['ttft_p99_s']} | {1000 * (c['tpot_p50_s'] or 0):.1f} / "
+                         f"{1000 * (c['tpot_p99_s'] or 0):.1f} | {c['cached_token_share']:.1%} |")
+    return "\n".join(lines)
+
+
+def _run_calibrate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from loadtests.fleet.calibrate import measure
+    from loadtests.fleet.cost_models import CPU_FIT
+
+    if args.threads < 1 or args.repeats < 1:
+        raise ValueError("--threads and --repeats must be >= 1")
+    result = measure(args.model, args.threads, args.repeats, Path(args.out) if args.out else CPU_FIT, _progress)
+    print(json.dumps({k: result[k] for k in ("model", "threads", "coefficients", "fit_relative_error")}, indent=2))
+    return 0

@@ -1,0 +1,146 @@
+"""`duet bench fleet --validate`: the same small workload on the local stack and in the fleet simulator (the
+`cpu` cost model), and the simulator's relative errors on goodput, TTFT p50 and TPOT p50.
+
+Local: loadtests/experiments/stack.ServingStack (the launcher `duet up` uses) with one engine_paged and one
+engine_prefix worker on `duet bench compare`'s SmolLM2-shaped checkpoint, one torch thread each, each worker
+pinned to its own core (`os.sched_setaffinity` on every thread, as `taskset -a -p` would), behind a gateway with Duet's routing;
+the requests sent by the benchmark client (loadtests/load/client.py) at the workload's arrival times,
+prompts as token ids. Simulated: the same requests, worker kinds, KV budget and batch limits
+(`EngineProfile.for_cost_model("cpu")`, the stack's EngineLimits), Duet's routing, every turn at its own
+arrival time as the open-loop client sends it (`chain_sessions=False`). Both are judged by the cpu SLOs of
+loadtests/fleet/report.py over the same arrival span. Error = |simulated - local| / local.
+
+The default workload (a minute of the mixed trace at half its rate, prompts cut to 512 tokens, outputs to
+32) takes about three minutes on the quiet machine; the `cpu` fit should be measured there first
+(`duet bench fleet-calibrate`), since the figures compare this machine with a model of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+from dataclasses import dataclass
+
+from loadtests.fleet.report import DEFAULT_SLOS, met
+
+
+@dataclass(frozen=True)
+class ValidateSettings:
+    window_s: float = 60.0
+    rate: float = 0.5
+    max_prompt_tokens: int = 512
+    max_output_tokens: int = 32
+    kinds: tuple[str, ...] = ("paged", "prefix")
+
+
+@dataclass
+class _LocalServed:
+    """A client record in the shape report.met reads."""
+
+    req: object
+    ttft_s: float
+    tpot_s: float
+    tokens: int
+    done: bool
+
+
+def _median(values):
+    return statistics.median(values) if values else None
+
+
+def _figures(served, span: float) -> dict:
+    slos = DEFAULT_SLOS["cpu"]
+    done = [s for s in served if s.done]
+    return {"requests": len(served), "completed": len(done),
+            "goodput_rps": sum(1 for s in done if met(s, slos)) / span,
+            "ttft_p50_s": _median([s.ttft_s for s in done]),
+            "tpot_p50_s": _median([s.tpot_s for s in done if s.tokens > 1])}
+
+
+def _error(sim, local):
+    if sim is None or local is None or local == 0:
+        return None
+    return round(abs(sim - local) / local, 4)
+
+
+def _pin(pid: int, core: int) -> None:
+    """Every thread of the worker (its step loop and gRPC threads exist by now) onto one core, as `taskset -a -p`."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(task), {core})
+        except ProcessLookupError:
+            pass  # a thread that just ended
+
+
+def simulated(requests, s: ValidateSettings) -> dict:
+    from loadtests.fleet.cost_models import LinearCostModel
+    from loadtests.fleet.engine import EngineProfile
+    from loadtests.fleet.simulator import FleetSim, SimSettings, StackSpec
+
+    sim = FleetSim(StackSpec("validate", s.kinds, "duet"), requests, LinearCostModel.from_json(),
+                   EngineProfile.for_cost_model("cpu"), SimSettings(chain_sessions=False))
+    served = sim.run()
+    return _figures(served, requests[-1].arrival_s - requests[0].arrival_s)
+
+
+def local(requests, s: ValidateSettings, progress=None) -> dict:
+    from duet.launcher import EngineLimits
+    from duet.tokenizer import Tokenizer
+    from loadtests.experiments import compare
+    from loadtests.experiments.stack import ServingStack
+    from loadtests.fleet.engine import EngineProfile
+    from loadtests.load.client import arun_benchmark
+    from loadtests.load.workloads import BenchRequest
+
+    profile = EngineProfile.for_cost_model("cpu")
+    model_dir = compare.preset_checkpoint("smollm2")
+    bench = [BenchRequest(r.request_id, r.traffic_class, tuple(r.prompt(profile.max_model_len)), r.max_tokens,
+                          arrival_s=r.arrival_s, session_id=r.session) for r in requests]
+    limits = EngineLimits(kv_cache_tokens=profile.kv_cache_tokens, max_num_seqs=profile.max_num_seqs,
+                          max_num_batched_tokens=profile.max_num_batched_tokens, page_size=profile.page_size)
+    cores = sorted(os.sched_getaffinity(0))
+    with ServingStack(model_dir, list(s.kinds), {}, limits) as stack:
+        for i, (worker_id, _, _) in enumerate(stack.slots):
+            pid = stack.supervisor.pid(worker_id)
+            if pid is not None and len(cores) >= len(s.kinds):
+                _pin(pid, cores[i % len(cores)])
+        if progress:
+            progress(f"local stack up ({len(s.kinds)} workers pinned to cores {cores[:len(s.kinds)]}); "
+                     f"sending {len(bench)} requests")
+        records = asyncio.run(arun_benchmark(stack.url, model_dir.name, bench,
+                                             encode=Tokenizer.from_dir(model_dir).encode, progress=False))
+    by_id = {r.request_id: r for r in requests}
+    served = []
+    for rec in records:
+        ok = rec.ok and rec.e2e_s is not None
+        tpot = (rec.e2e_s - rec.ttft_s) / (rec.output_tokens - 1) if ok and rec.output_tokens > 1 else 0.0
+        served.append(_LocalServed(by_id[rec.request_id], rec.ttft_s or 0.0, tpot, rec.output_tokens, ok))
+    return _figures(served, requests[-1].arrival_s - requests[0].arrival_s)
+
+
+def validate(s: ValidateSettings = ValidateSettings(), progress=None) -> dict:
+    from loadtests.fleet.engine import EngineProfile
+    from loadtests.fleet.workload import MIXES, build
+
+    requests = build(MIXES["mixed"], s.window_s, s.rate, EngineProfile.for_cost_model("cpu").max_model_len,
+                     max_output_tokens=s.max_output_tokens, max_prompt_tokens=s.max_prompt_tokens)
+    sim = simulated(requests, s)
+    if progress:
+        progress(f"simulated: {sim}")
+    real = local(requests, s, progress)
+    return {"workload": {"mix": "mixed", "window_s": s.window_s, "rate": s.rate, "requests": len(requests),
+                         "max_prompt_tokens": s.max_prompt_tokens, "max_output_tokens": s.max_output_tokens,
+                         "workers": list(s.kinds)},
+            "local": real, "simulated": sim,
+            "goodput_error": _error(sim["goodput_rps"], real["goodput_rps"]),
+            "ttft_p50_error": _error(sim["ttft_p50_s"], real["ttft_p50_s"]),
+            "tpot_p50_error": _error(sim["tpot_p50_s"], real["tpot_p50_s"])}
+
+
+def format_table(result: dict) -> str:
+    lines = ["| figure | local | simulated | relative error |", "|---|---|---|---|"]
+    for key, err in (("goodput_rps", "goodput_error"), ("ttft_p50_s", "ttft_p50_error"),
+                     ("tpot_p50_s", "tpot_p50_error")):
+        lines.append(f"| {key} | {result['local'][key]} | {result['simulated'][key]} | {result[err]} |")
+    return "\n".join(lines)
