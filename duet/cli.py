@@ -199,7 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if unknown:  # an engine kind names its own usage: the flag may be another kind's
+    if unknown and args.func is _run_bench:  # argparse keeps a leading `-h` out of REMAINDER: it is bench's own
+        args.bench_args = unknown + args.bench_args
+    elif unknown:  # an engine kind names its own usage: the flag may be another kind's
         getattr(args, "kind_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     return args.func(args)
 

@@ -106,3 +106,13 @@ def test_duet_engine_sim_serves_without_torch_or_loadtests():
     imported = {line.rsplit("|", 1)[-1].strip() for line in err.splitlines() if line.startswith("import time:")}
     assert "duet.sim_worker" in imported
     assert not {m for m in imported if m.split(".")[0] in ("loadtests", "torch")}
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_bench_help_lists_the_bench_commands(flag, capsys):
+    # `duet bench -h` is the load-test CLI's help, not the top-level parser's "unrecognized arguments"
+    with pytest.raises(SystemExit) as done:
+        main(["bench", flag])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: duet bench" in out and "fleet" in out and "classes" in out
