@@ -131,6 +131,7 @@ def compare_settings(args: argparse.Namespace):
 
 def _run_compare(args: argparse.Namespace) -> int:
     from loadtests.experiments import compare
+    from loadtests.experiments.compare_report import format_table
 
     s = compare_settings(args)
     from loadtests.experiments.stack import StackError
@@ -140,7 +141,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     except StackError as e:  # a worker or the gateway did not come up: its log says why
         print(f"duet bench compare: {e}", file=sys.stderr)
         return 1
-    print(json.dumps(result, indent=2) if args.json else compare.format_table(result))
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
     return 0
 
 
