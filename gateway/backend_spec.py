@@ -12,6 +12,8 @@ OpenAI-compatible completions server — standing in the gateway's worker pool f
           endpoint: tcp://10.0.0.7:5557
           replay_endpoint: tcp://10.0.0.7:5558   # optional: missed batches are replayed from here
           topic: ""
+          bind: false                 # true: the gateway binds `endpoint` and vLLM connects to it (vLLM binds
+                                      # only a wildcard endpoint, tcp://*:PORT, and connects to any other)
         block_size: 128               # the engine's KV block size (vLLM's CPU default is 128)
 
 `duet up --backend paged=http://HOST:PORT` builds the same entry (engine vllm). The worker id of a
@@ -40,6 +42,7 @@ class KvEventsSpec:
     endpoint: str
     replay_endpoint: str | None = None
     topic: str = ""
+    bind: bool = False  # the gateway binds `endpoint` (the engine's publisher connects to it)
 
 
 @dataclass(frozen=True)
@@ -72,14 +75,17 @@ def _kv_events(raw, where: str) -> KvEventsSpec | None:
         raw = {"endpoint": raw}
     if not isinstance(raw, dict) or not isinstance(raw.get("endpoint"), str):
         raise BackendSpecError(f"{where}: 'kv_events' needs an 'endpoint' like tcp://HOST:PORT, got {raw!r}")
-    unknown = set(raw) - {"endpoint", "replay_endpoint", "topic"}
+    unknown = set(raw) - {"endpoint", "replay_endpoint", "topic", "bind"}
     if unknown:
         raise BackendSpecError(f"{where}: kv_events has unknown keys {sorted(unknown)}")
     for key in ("endpoint", "replay_endpoint"):
         value = raw.get(key)
         if value is not None and not (isinstance(value, str) and value.startswith(("tcp://", "ipc://"))):
             raise BackendSpecError(f"{where}: kv_events.{key} must be tcp://HOST:PORT or ipc://PATH, got {value!r}")
-    return KvEventsSpec(raw["endpoint"], raw.get("replay_endpoint"), str(raw.get("topic") or ""))
+    if not isinstance(raw.get("bind", False), bool):
+        raise BackendSpecError(f"{where}: kv_events.bind must be true or false, got {raw['bind']!r}")
+    return KvEventsSpec(raw["endpoint"], raw.get("replay_endpoint"), str(raw.get("topic") or ""),
+                        raw.get("bind", False))
 
 
 def parse_backend(raw, index: int = 0) -> BackendSpec:

@@ -15,9 +15,14 @@ sequence on as `(b"", topic, seq, payload)`, then `(b"", b"", -1, b"")`.
 - A payload that is not a batch this decoder knows: one warning and the subscriber ends; the worker
   keeps the approximate view (routing decisions alone feed its table).
 
-ZMQ's "slow joiner": a SUB socket receives nothing published before its connection is made, and the
-publisher never waits for subscribers, so a subscriber that connects after the request has finished
-sees nothing of it. The gateway subscribes when the backend joins the pool, before any request.
+Why a quick subscriber can see nothing (measured on vLLM 0.32, CPU build, docs/operations.md):
+- vLLM binds its PUB socket only for a wildcard endpoint (`tcp://*:PORT`, ipc, inproc) and CONNECTS to
+  any other (`tcp://127.0.0.1:PORT`), expecting the subscriber to bind; two connecting sides never
+  meet, and nothing says so. `kv_events.bind: true` makes the gateway the binding side.
+- ZMQ's slow joiner: a SUB receives nothing published before its connection is made, and the
+  publisher never waits, so a subscriber that connects as the request starts can miss its batch. The
+  gateway subscribes when the backend joins the pool, before any request, and replays when it can.
+- A batch is only published when a whole KV block is cached: 128 tokens on vLLM's CPU build.
 """
 
 from __future__ import annotations
@@ -69,7 +74,10 @@ class KvEventSubscriber:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, self.spec.topic.encode())
-        sub.connect(self.spec.endpoint)
+        if self.spec.bind:
+            sub.bind(self.spec.endpoint)
+        else:
+            sub.connect(self.spec.endpoint)
         try:
             if self.spec.replay_endpoint:
                 async for batch in self._replay(0):
