@@ -29,7 +29,7 @@ from duet.model_registry import DEFAULT_MODEL
 from loadtests.experiments.peer_vllm import PeerError, VllmServer, backend_args, ensure_installed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import ROOT, GatewayThread  # noqa: E402
+from duet_stack import ROOT, GatewayThread
 
 SERVED = "smollm2-135m-instruct"
 _OFFLINE = ("Could not find a version", "No matching distribution", "Failed to establish a new connection",

@@ -114,3 +114,23 @@ def test_backend_load_reaches_the_worker_view(gateways, backend):
     row = rows[backend.url]
     assert row["engine_kind"] == "paged" and row["healthy"] and row["version"] == "external"
     assert 0 <= row["kv_usage"] <= 1
+
+
+def test_a_backend_with_another_tokenizer_is_refused(backend, caplog):
+    """A gateway serving the tiny random model (its own tokenizer) in front of the SmolLM2 vLLM."""
+    import logging
+
+    from duet_stack import GatewayThread, gateway_config, model_dir
+
+    with caplog.at_level(logging.ERROR, "duet.gateway.backends"):
+        gw = GatewayThread(gateway_config([], backends=[backend.entry()])).start(wait_workers=0)
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not caplog.records:
+                time.sleep(0.2)
+            assert not [v for v in gw.gateway.views() if v.healthy]
+        finally:
+            gw.stop()
+    (said,) = {r.getMessage() for r in caplog.records}
+    assert backend.url in said and model_dir().name in said and "pool refused" in said
+    assert said.count("[") >= 2  # the backend's token list and the gateway's
