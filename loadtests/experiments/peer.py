@@ -199,7 +199,7 @@ def run(args: argparse.Namespace, progress) -> dict:
     for kind in engines:
         progress(f"duet engine_{kind} behind the gateway, {threads} torch threads")
         (log_dir / kind).mkdir(exist_ok=True)
-        with ServingStack(model, [kind], {"policy": "round_robin"}, limits, log_dir=log_dir / kind) as stack:
+        with ServingStack(model, [kind], {}, limits, log_dir=log_dir / kind) as stack:  # one worker: no policy to pick
             sides[kind] = _measure(stack.url, served_name, src, loads, args, progress)
     stacks = [] if args.backend_stacks == "none" else parse_list(args.backend_stacks, BACKEND_STACKS, "backend-stacks")
     for name in stacks:

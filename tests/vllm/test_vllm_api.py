@@ -10,10 +10,13 @@ import time
 
 import httpx
 import jsonschema
+import pytest
 
 from duet.hashing import block_hashes
 
 MODEL = "smollm2-135m-instruct"
+# the first test of the tier also installs vLLM (minutes, once) and starts it
+pytestmark = pytest.mark.timeout(1800)
 PARIS = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",

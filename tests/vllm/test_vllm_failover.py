@@ -10,6 +10,8 @@ import openai
 import pytest
 
 MODEL = "smollm2-135m-instruct"
+# the first test of the tier also installs vLLM (minutes, once) and starts it
+pytestmark = pytest.mark.timeout(1800)
 
 
 def _client(gateways) -> openai.OpenAI:
