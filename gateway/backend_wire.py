@@ -45,6 +45,10 @@ def vllm_sampling(sp: pb.SamplingParams) -> dict:
     for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
         if sp.HasField(name):
             out[name] = getattr(sp, name)
+    if out["n"] > 1 and out.get("temperature") == 0.0:
+        # vLLM refuses n > 1 with greedy sampling; top-k 1 picks the argmax just the same (Duet's engines
+        # answer n greedy copies)
+        out["temperature"], out["top_k"] = 1.0, 1
     if sp.HasField("seed"):
         out["seed"] = sp.seed % (1 << 63)  # vLLM's seed is a signed 64-bit int
     if sp.HasField("logprobs"):

@@ -67,14 +67,20 @@ def _request(**sampling) -> pb.GenerateRequest:
 
 
 def test_vllm_body_carries_duets_sampling():
-    body = vllm_generate_body(_request(temperature=0.0, n=2, logprobs=3, seed=2**64 - 1, json_schema='{"type":"object"}',
+    body = vllm_generate_body(_request(temperature=0.5, n=2, logprobs=3, seed=2**64 - 1, json_schema='{"type":"object"}',
                                        stop_token_ids=[7], logit_bias={5: -100.0}))
     sp = body["sampling_params"]
     assert body["token_ids"] == [1, 2, 3] and body["cache_salt"] == "tenant" and body["stream"] is True
     assert "priority" not in body  # vLLM refuses a priority unless it schedules by priority
-    assert sp["temperature"] == 0.0 and sp["n"] == 2 and sp["logprobs"] == 3 and sp["seed"] < 2**63
+    assert sp["temperature"] == 0.5 and sp["n"] == 2 and sp["logprobs"] == 3 and sp["seed"] < 2**63
     assert sp["structured_outputs"] == {"json": '{"type":"object"}'} and sp["stop_token_ids"] == [7]
     assert sp["logit_bias"] == {"5": -100.0} and "top_k" not in sp  # unset stays vLLM's default
+
+
+def test_greedy_n_becomes_top_k_1():
+    """vLLM refuses n > 1 at temperature 0; Duet's engines do not, so the gateway asks for the argmax another way."""
+    sp = vllm_generate_body(_request(temperature=0.0, n=2))["sampling_params"]
+    assert (sp["temperature"], sp["top_k"], sp["n"]) == (1.0, 1, 2)
 
 
 def test_what_backends_cannot_serve_is_invalid():
