@@ -187,12 +187,14 @@ class HttpBackendClient:
 
     async def _check_tokenizer(self, timeout: float | None) -> None:
         ours = self.model.tokenizer.encode(PROBE, add_special_tokens=False)
-        try:
-            r = await self._http.post("/tokenize", json={"model": self.served_name, "prompt": PROBE,
-                                                         "add_special_tokens": False},
-                                      timeout=timeout or self.rpc_timeout_s)
-        except httpx.HTTPError as e:
-            raise EngineCallError(self.worker_id, "UNAVAILABLE", f"POST /tokenize: {e}", True) from None
+        body = {"model": self.served_name, "prompt": PROBE, "add_special_tokens": False}
+        for path in ("/tokenize", "/v1/tokenize"):  # vLLM's, then the OpenAI-prefixed one other servers have
+            try:
+                r = await self._http.post(path, json=body, timeout=timeout or self.rpc_timeout_s)
+            except httpx.HTTPError as e:
+                raise EngineCallError(self.worker_id, "UNAVAILABLE", f"POST {path}: {e}", True) from None
+            if r.status_code != 404:
+                break
         if r.status_code != 200:
             raise self._refuse(f"backend {self.worker_id} cannot tokenize (POST /tokenize: HTTP {r.status_code}); "
                                f"the gateway needs it to check the backend's tokenizer is its own")
