@@ -148,7 +148,9 @@ class HttpBackendClient:
         if self.spec.engine != "vllm":
             return False  # closing the stream is the abort
         try:
-            r = await self._http.post("/inference/v1/abort_requests", json={"request_ids": [request_id]},
+            # vLLM names the request "generate-tokens-<the id it was sent>" (its serving layer adds the prefix)
+            r = await self._http.post("/inference/v1/abort_requests",
+                                      json={"request_ids": [f"generate-tokens-{request_id}"]},
                                       timeout=self.rpc_timeout_s)
         except httpx.HTTPError:
             return False

@@ -137,3 +137,24 @@ def test_a_backend_with_another_tokenizer_is_refused(backend, caplog):
     (said,) = {r.getMessage() for r in caplog.records}
     assert backend.url in said and model_dir().name in said and "pool refused" in said
     assert said.count("[") >= 2  # the backend's token list and the gateway's
+
+
+def test_a_client_that_leaves_frees_vllm(gateways, backend):
+    """The client hangs up mid-stream: the gateway cancels the call and vLLM stops the request."""
+    from gateway.backend_load import engine_load
+
+    body = {"model": MODEL, "prompt": "Count: 1, 2, 3,", "max_tokens": 2000, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", gateways["vllm"].url + "/v1/completions", json=body, timeout=60) as r:
+        lines = 0
+        for line in r.iter_lines():
+            lines += line.startswith("data:")
+            if lines == 3:
+                break
+
+    def running() -> int:
+        return engine_load(httpx.get(backend.url + "/metrics", timeout=5).text, "vllm").num_running
+
+    deadline = time.monotonic() + 15
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert running() == 0
