@@ -141,8 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "pulled on first use (the tiny random model when it cannot be pulled)")
     up.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="dtype a .gguf or pulled model is dequantized to (a directory's config.json sets its own)")
-    up.add_argument("--paged", type=int, default=1, help="number of engine_paged workers")
-    up.add_argument("--prefix", type=int, default=1, help="number of engine_prefix workers")
+    up.add_argument("--paged", type=int, default=None,
+                    help="number of engine_paged workers (default 1; 0 when a --backend stands for the paged pool)")
+    up.add_argument("--prefix", type=int, default=None,
+                    help="number of engine_prefix workers (default 1; 0 when a --backend stands for the prefix pool)")
+    up.add_argument("--backend", action="append", default=[], metavar="[ENGINE:]KIND=URL",
+                    help="an external server as a pool, repeatable: paged=http://HOST:PORT (vLLM, `vllm serve "
+                         "--enable-scale-out`), sglang:prefix=URL, openai:paged=URL (docs/operations.md)")
     up.add_argument("--redis", default=None, help="Redis URL; default: in-process state")
     up.add_argument("--port", type=int, default=8000)
     up.add_argument("--host", default="127.0.0.1")

@@ -72,6 +72,7 @@ class _Plan:
     admin_key: str
     admin_key_given: bool
     threads: int  # torch threads per real worker
+    backends: tuple[dict, ...] = ()  # --backend entries, as the gateway config's `backends`
 
     @property
     def workers(self) -> int:
@@ -89,13 +90,22 @@ class _Plan:
 def _plan(args: argparse.Namespace) -> _Plan | int:
     """The plan, or an exit code after saying what is wrong."""
     from duet.model_pull import PullError, resolve_model
+    from gateway.backend_spec import DEFAULT_KIND, BackendSpecError, parse_backend_flag
 
     try:
         model = resolve_model(args.model, getattr(args, "dtype", "float32"), _say)
     except PullError as exc:
         print(f"duet up: {exc}", file=sys.stderr)
         return 2
-    paged, prefix = args.paged, args.prefix
+    try:
+        backends = [parse_backend_flag(f) for f in getattr(args, "backend", None) or ()]
+    except BackendSpecError as exc:
+        print(f"duet up: {exc}", file=sys.stderr)
+        return 2
+    backends = [dict(b, kind=b["kind"] or DEFAULT_KIND[b["engine"]]) for b in backends]
+    served = {b["kind"] for b in backends}  # an external pool replaces Duet's
+    paged = args.paged if args.paged is not None else (0 if "paged" in served else 1)
+    prefix = args.prefix if args.prefix is not None else (0 if "prefix" in served else 1)
     planned = getattr(args, "workers", None)
     if planned is not None:
         if planned < 1:
@@ -109,7 +119,7 @@ def _plan(args: argparse.Namespace) -> _Plan | int:
     # each worker gets its share of the cores: more busy torch threads than cores stall every parallel op
     threads = max(1, len(os.sched_getaffinity(0)) // max(1, paged + prefix))
     return _Plan(model, args.host, args.port, paged, prefix, getattr(args, "gateways", 1),
-                 given_key or secrets.token_urlsafe(24), bool(given_key), threads)
+                 given_key or secrets.token_urlsafe(24), bool(given_key), threads, tuple(backends))
 
 
 class _Up:
@@ -159,6 +169,8 @@ class _Up:
             extra["pool_planner"] = json.loads(self.args.pool_planner)
         if redis_url:
             extra["redis"] = redis_url
+        if p.backends:
+            extra["backends"] = list(p.backends)
         addresses = [f"127.0.0.1:{port}" for _, _, port in self.slots]
         self.gateway_ports = scale_out.gateway_ports(p.gateways, p.port, free_port)
         host = p.host if p.gateways == 1 else "127.0.0.1"
@@ -177,7 +189,7 @@ class _Up:
     def announce(self) -> None:
         p = self.plan
         print(f"duet up: {p.paged} paged + {p.prefix} prefix {'sim ' if self.args.sim else ''}workers on "
-              f"{p.model.name}" + (f", {p.gateways} gateways behind duet lb" if p.gateways > 1 else "") +
+              f"{p.model.name}" + "".join(f", {b['engine']} {b['url']} as a {b['kind']} pool" for b in p.backends) + (f", {p.gateways} gateways behind duet lb" if p.gateways > 1 else "") +
               f"; logs in {self.launcher.log_dir}", flush=True)
 
     def wait_ready(self) -> int | None:
@@ -185,7 +197,9 @@ class _Up:
         p = self.plan
         urls = [p.url] if p.gateways == 1 else [*(f"http://127.0.0.1:{port}" for port in self.gateway_ports), p.url]
         try:
-            ready = self.launcher.wait_until(lambda: all(healthy_workers(u) >= p.workers for u in urls),
+            # an external backend is not waited for past the first (the gateway serves what it has)
+            need = p.workers or (1 if p.backends else 0)
+            ready = self.launcher.wait_until(lambda: all(healthy_workers(u) >= need for u in urls),
                                              self.args.ready_timeout, abort=lambda: self.stop_signal is not None)
         except StackError as exc:  # a bad flag or model: fail fast, with its log
             _say(str(exc))

@@ -29,6 +29,7 @@ from gateway.config import GatewayConfig, load_routing_policy
 from gateway.decision_log import DecisionLog
 from gateway.engine_client import GrpcEngineClient
 from gateway.errors import QueueFull, http_exception_response
+from gateway.http_backend import with_backends
 from gateway.limits import KeyLimiter, LeaseMiddleware
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import (
@@ -72,9 +73,10 @@ class Gateway:
         self.rollback: RollbackController | None = None
         self.pool: WorkerPool | None = None
         t = config.timeouts
-        self._client_factory = client_factory or functools.partial(
+        self._client_factory = with_backends(client_factory or functools.partial(
             GrpcEngineClient, keepalive_time_s=t.keepalive_time_s, keepalive_timeout_s=t.keepalive_timeout_s,
-            request_timeout_s=t.request_s, rpc_timeout_s=t.rpc_s)
+            request_timeout_s=t.request_s, rpc_timeout_s=t.rpc_s),
+            config.backends, self.models, DEFAULT_BLOCK_SIZE, t)  # external servers: gateway/http_backend.py
         self.breakers = CircuitBreakers(t.breaker_failures, t.breaker_open_s)
         self.limiter = KeyLimiter(config.key_limits, config.redis)
         self.watchdog = StreamWatchdog(t, on_outcome=self._call_outcome, progress_at=self._progress_at)
@@ -104,7 +106,8 @@ class Gateway:
         self.metrics.state_healthy.set_function(lambda: 1.0 if self._state.healthy else 0.0)
         self.metrics.state_errors.set_function(lambda: float(getattr(self._state, "redis_errors_total", 0)))
         self.rollback = RollbackController(self._state, self.stats, registry=self.metrics.registry)
-        self.pool = WorkerPool(self.config.workers, self.index, self.metrics, state=self._state,
+        addresses = self.config.workers + tuple(b.url for b in self.config.backends)
+        self.pool = WorkerPool(addresses, self.index, self.metrics, state=self._state,
                                poll_interval_s=self.config.poll_interval_s, client_factory=self._client_factory,
                                max_step_s=self.config.timeouts.first_token_s or self.config.timeouts.stall_s)
         await self.pool.start()
@@ -177,11 +180,23 @@ class Gateway:
     def record_decision(self, prep, req, decision) -> None:
         self.pools.routed(time.monotonic(), decision)
         self.seen.add(req.block_hashes)
-        self.index.add(decision.worker_id, req.block_hashes)
+        self.index.add(decision.worker_id, self._cacheable(decision.worker_id, req.block_hashes, req.block_tokens))
         self.metrics.route_decisions.labels(decision.reason, decision.engine_kind, decision.variant).inc()
         self.metrics.estimated_reuse.observe(decision.estimated_reuse)
         self.decisions.record(request_id=prep.request_id, model=req.model, decision=decision,
                               num_prompt_tokens=req.num_prompt_tokens)
+
+    def _cacheable(self, worker_id: str, hashes: tuple, block_tokens: int) -> tuple:
+        """The blocks the worker will cache of a prompt: an external engine whose KV block holds several of
+        the gateway's (vLLM's 128 tokens against 16) caches only whole engine blocks."""
+        if not self.config.backends or worker_id not in {b.url for b in self.config.backends}:
+            return hashes
+        w = self.pool.get(worker_id) if self.pool is not None else None
+        page = w.info.page_size if w is not None and w.info is not None else 0
+        if block_tokens and page > block_tokens and page % block_tokens == 0:
+            step = page // block_tokens
+            return hashes[:len(hashes) // step * step]
+        return hashes
 
     # -- AdminBackend ---------------------------------------------------------------------------
     def model_ids(self) -> list[str]:

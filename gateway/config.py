@@ -8,6 +8,8 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
       - path: /models/qwen3-0.6b  # model directory; its id (dir name) is the API "model"
     workers:                      # static workers (more may register themselves in Redis)
       - address: 10.0.0.5:50051
+    backends:                     # external vLLM / SGLang / OpenAI servers as pools (gateway/backend_spec.py)
+      - {engine: vllm, url: http://10.0.0.7:8000, kv_events: {endpoint: tcp://10.0.0.7:5557}}
     redis: redis://redis:6379/0   # optional; default: in-process state (one gateway)
     auth:
       api_keys: [sk-a, {key: sk-b, cache_salt: tenant-b}]   # optional; none: /v1 is open
@@ -40,6 +42,7 @@ from pathlib import Path
 
 import yaml
 
+from gateway.backend_spec import BackendSpec, BackendSpecError, parse_backends
 from gateway.limits import KeyLimits, parse_key_limits
 from gateway.pool_planner import PlannerConfig
 from gateway.route_types import Pool, RoutingConfig, RoutingConfigError, Variant
@@ -72,6 +75,7 @@ class GatewayConfig:
     port: int = 8000
     model_paths: tuple[str, ...] = ()
     workers: tuple[str, ...] = ()
+    backends: tuple[BackendSpec, ...] = ()  # external engine servers (gateway/http_backend.py)
     redis: str | None = None
     api_keys: dict[str, str] = field(default_factory=dict)  # key -> cache_salt ("" = shared cache)
     key_limits: dict[str, KeyLimits] = field(default_factory=dict)  # key id (limits.api_key_id) -> limits
@@ -159,6 +163,10 @@ def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
         if not isinstance(addr, str) or ":" not in addr:
             raise ConfigError(f"workers entries need an 'address' host:port, got {w!r}")
         workers.append(addr)
+    try:
+        backends = parse_backends(raw.get("backends"))
+    except BackendSpecError as e:
+        raise ConfigError(str(e)) from None
     auth = _section(raw, "auth")
     keys = parse_api_keys(auth.get("api_keys"))
     keys.update(parse_api_keys([k for k in os.environ.get("DUET_API_KEYS", "").split(",") if k]))
@@ -172,6 +180,7 @@ def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
             port=int(raw.get("port", 8000)),
             model_paths=tuple(models),
             workers=tuple(workers),
+            backends=backends,
             redis=os.environ.get("DUET_REDIS_URL") or raw.get("redis") or None,
             api_keys=keys,
             key_limits=parse_key_limits(auth.get("api_keys"), auth.get("default_key_limits")),

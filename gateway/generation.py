@@ -173,6 +173,8 @@ async def outputs(prep: Prepared, d: Dispatched, usage: dict) -> AsyncIterator[D
                  completion_tokens=0)
     msg = d.first
     while True:
+        if msg is not d.first and msg.HasField("prompt"):  # an HTTP backend says its cache hit at the end
+            usage["cached_tokens"] = msg.prompt.cached_tokens
         c = choices[msg.index] if msg.index < n else None
         if c is not None and not c.done:
             yield _step(c, msg) if prep.max_tokens else _scored_only(c, msg)

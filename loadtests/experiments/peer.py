@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from duet.engine_config import ENGINE_DEFAULTS
+from loadtests.experiments.peer_backends import STACKS as BACKEND_STACKS
 from loadtests.load.workloads import BenchRequest, TokenSource
 
 
@@ -133,6 +134,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests per load and side (not measured)")
+    p.add_argument("--backend-stacks", default=",".join(BACKEND_STACKS),
+                   help="vLLM behind Duet's gateway (loadtests/experiments/peer_backends.py): comma-separated "
+                        f"subset of {', '.join(BACKEND_STACKS)}, or none")
     p.add_argument("--duet-threads", type=int, default=None,
                    help="torch threads of Duet's worker (default: cores - 1, what vLLM computes on)")
     p.add_argument("--log-dir", default=None, help="keep the servers' logs here (default: a temp dir)")
@@ -187,15 +191,23 @@ def run(args: argparse.Namespace, progress) -> dict:
     kv_bytes_per_token = _kv_bytes_per_token(model)
     kv_gib = max(1, round(KV_CACHE_TOKENS * kv_bytes_per_token / 2**30))
     progress(f"vllm ({peer_vllm.PACKAGE} {peer_vllm.VERSION}) on {model}")
-    with peer_vllm.VllmServer(venv, model, served_name, log_dir, max_num_seqs=MAX_NUM_SEQS,
-                              max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, kv_cache_gib=kv_gib) as server:
+    vllm_limits = {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+                   "kv_cache_gib": kv_gib}
+    with peer_vllm.VllmServer(venv, model, served_name, log_dir, **vllm_limits) as server:
         sides["vllm"] = _measure(server.url, served_name, src, loads, args, progress)
     limits = duet_limits(threads)
     for kind in engines:
         progress(f"duet engine_{kind} behind the gateway, {threads} torch threads")
         (log_dir / kind).mkdir(exist_ok=True)
-        with ServingStack(model, [kind], {"policy": "round_robin"}, limits, log_dir=log_dir / kind) as stack:
+        with ServingStack(model, [kind], {}, limits, log_dir=log_dir / kind) as stack:  # one worker: no policy to pick
             sides[kind] = _measure(stack.url, served_name, src, loads, args, progress)
+    stacks = [] if args.backend_stacks == "none" else parse_list(args.backend_stacks, BACKEND_STACKS, "backend-stacks")
+    for name in stacks:
+        from loadtests.experiments.peer_backends import measure_stack
+
+        sides[name] = measure_stack(name, venv, model, served_name, log_dir, vllm_limits, limits,
+                                    lambda url: _measure(url, served_name, src, loads, args, progress), progress)
+    engines = engines + stacks  # combine() gives every side its ratios against vLLM alone
     return {"peer": f"{peer_vllm.PACKAGE}=={peer_vllm.VERSION}", "model": str(model),
             "num_prompts": args.num_prompts, "concurrency": args.concurrency, "warmup": args.warmup,
             "cores": cores, "duet_threads": threads, "loads": combine(sides, engines)}

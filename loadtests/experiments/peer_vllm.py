@@ -18,6 +18,7 @@ SIGKILL after a grace period.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -90,16 +91,32 @@ def ensure_installed(progress=print) -> Path:
     return venv
 
 
+def backend_args(kv_port: int | None = None, replay_port: int | None = None) -> tuple[str, ...]:
+    """`vllm serve` flags for a server behind Duet's gateway as a pool (gateway/http_backend.py): the
+    token-in-token-out endpoint, cached tokens in usage, and KV events on kv_port (a wildcard endpoint, which
+    vLLM binds: given a host it would connect, gateway/kv_events_sub.py) with replay on replay_port."""
+    args = ["--enable-scale-out", "--enable-prompt-tokens-details"]
+    if kv_port is not None:
+        config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{kv_port}",
+                  "topic": "kv"}
+        if replay_port is not None:
+            config["replay_endpoint"] = f"tcp://127.0.0.1:{replay_port}"
+        args += ["--kv-events-config", json.dumps(config)]
+    return tuple(args)
+
+
 class VllmServer:
     """`vllm serve` of one model directory, with the batch limits Duet's workers get."""
 
     def __init__(self, venv: Path, model_dir: Path, served_name: str, log_dir: Path, *, max_num_seqs: int,
-                 max_num_batched_tokens: int, kv_cache_gib: int, ready_timeout_s: float = 900.0) -> None:
+                 max_num_batched_tokens: int, kv_cache_gib: int, ready_timeout_s: float = 900.0,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.venv, self.model_dir, self.served_name = venv, Path(model_dir), served_name
         self.log_path = log_dir / "vllm.log"
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.kv_cache_gib = kv_cache_gib
         self.ready_timeout_s = ready_timeout_s
+        self.extra_args = tuple(extra_args)  # e.g. backend_args(): what Duet's gateway needs of it
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -108,7 +125,7 @@ class VllmServer:
         return [str(self.venv / "bin" / "vllm"), "serve", str(self.model_dir), "--host", "127.0.0.1",
                 "--port", str(self.port), "--served-model-name", self.served_name, "--dtype", "float32",
                 "--max-num-seqs", str(self.max_num_seqs),
-                "--max-num-batched-tokens", str(self.max_num_batched_tokens)]
+                "--max-num-batched-tokens", str(self.max_num_batched_tokens), *self.extra_args]
 
     def __enter__(self) -> Self:
         env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),

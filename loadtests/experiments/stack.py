@@ -113,7 +113,8 @@ class ServingStack:
 
         def every_gateway_sees_every_worker() -> bool:
             views = [self.workers(u) for u in self.urls]
-            return all(len(rows) == len(self.kinds) and all(r["healthy"] for r in rows) for rows in views)
+            want = len(self.kinds) + len(self.gateway_extra.get("backends", ()))  # external pools count too
+            return all(len(rows) == want and all(r["healthy"] for r in rows) for rows in views)
 
         self.launcher.wait_until(every_gateway_sees_every_worker, self.ready_timeout_s,
                                  what="not every worker healthy", interval_s=0.25)
