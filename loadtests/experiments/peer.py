@@ -150,6 +150,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests per load and side (not measured)")
     p.add_argument("--duet-threads", type=int, default=None,
                    help="torch threads of Duet's worker (default: every core, as vllm_all_cores computes on)")
+    p.add_argument("--duet-quantization", default="none", choices=("none", "int8"),
+                   help="Duet's worker's --quantization (int8: weight-only int8; vLLM stays fp32)")
     p.add_argument("--log-dir", default=None, help="keep the servers' logs here (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=main)
@@ -209,13 +211,14 @@ def run(args: argparse.Namespace, progress) -> dict:
                                   max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, kv_cache_gib=kv_gib,
                                   config=config) as server:
             sides[config] = _measure(server.url, served_name, src, loads, args, progress)
-    limits = duet_limits(threads)
+    limits = duet_limits(threads, args.duet_quantization)
     for kind in engines:
         progress(f"duet engine_{kind} behind the gateway, {threads} torch threads")
         (log_dir / kind).mkdir(exist_ok=True)
         with ServingStack(model, [kind], {"policy": "round_robin"}, limits, log_dir=log_dir / kind) as stack:
             sides[kind] = _measure(stack.url, served_name, src, loads, args, progress)
     return {"peer": f"{peer_vllm.PACKAGE}=={peer_vllm.VERSION}", "model": str(model),
+            "duet_quantization": args.duet_quantization,
             "num_prompts": args.num_prompts, "concurrency": args.concurrency, "warmup": args.warmup,
             "cores": cores, "duet_threads": threads, "loads": combine(sides, engines)}
 
@@ -226,12 +229,13 @@ def duet_threads(requested: int | None = None) -> int:
     return requested or len(os.sched_getaffinity(0))
 
 
-def duet_limits(threads: int):
-    """The Duet worker's limits, the peer's own (batch, tokens per step, KV budget)."""
+def duet_limits(threads: int, quantization: str = "none"):
+    """The Duet worker's limits, the peer's own (batch, tokens per step, KV budget), and its weights."""
     from loadtests.experiments.stack import EngineLimits
 
     return EngineLimits(kv_cache_tokens=KV_CACHE_TOKENS, max_num_seqs=MAX_NUM_SEQS,
-                        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, torch_threads=threads)
+                        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, torch_threads=threads,
+                        quantization=quantization)
 
 
 def _kv_bytes_per_token(model: Path) -> int:
