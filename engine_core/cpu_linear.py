@@ -10,8 +10,9 @@ on column-major weights (model_runner.py): packed, they measured at most 1.2x fa
 prefill, and the logits' difference from transformers grew past the real-model tier's 1e-4 (1.4e-4).
 
 `Int8Linear` (`--quantization int8`) keeps each weight as int8 with one scale per output channel (symmetric,
-absmax / 127), weight-only: `torch._weight_int8pack_mm` takes bf16 activations (its fp32 path is a slow
-reference loop) and returns bf16, widened back to fp32. Perplexity on the pydoc topics text: +0.6% over fp32.
+absmax / 127), weight-only: up to 64 rows (decode) `torch._weight_int8pack_mm` multiplies, with bf16
+activations (its fp32 path is a slow reference loop), widened back to fp32; a bigger call (prefill) dequantizes
+the weight to fp32 for that call, where the kernel measured 0.4x fp32 GEMM. Perplexity on the pydoc topics text: +0.6% over fp32.
 Quantizing the activations too measured faster but failed the 2% bound: fbgemm's dynamic int8 GEMM (one scale
 per batch) +47%, int8 x int8 `torch._int_mm` with one scale per token +4.2%. The kernel needs the input width
 to be a multiple of 16, so narrower layers (the tiny test models') are zero-padded.
@@ -57,6 +58,9 @@ def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 _INT8_WIDTH = 16  # torch._weight_int8pack_mm crashes on an input width that is not a multiple of this
+# above this many rows the kernel's bf16 path is slower than fp32 GEMM (0.4x at 512 rows): a prefill dequantizes
+# the weight for the call instead, about 1 ms per matrix against tens of ms saved
+_KERNEL_MAX_ROWS = 64
 
 
 class Int8Linear(nn.Module):
@@ -67,7 +71,8 @@ class Int8Linear(nn.Module):
         self.out_features, self.in_features = q.shape
         self.pad = -self.in_features % _INT8_WIDTH
         self.q = torch.nn.functional.pad(q, (0, self.pad)).contiguous()
-        self.scale = scale.to(torch.bfloat16)
+        self.scale = scale.float()
+        self.kernel_scale = scale.to(torch.bfloat16)
         self.bias = None if bias is None else bias.detach().float()
 
     @classmethod
@@ -75,10 +80,14 @@ class Int8Linear(nn.Module):
         return cls(*quantize_per_channel(weight), bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] > _KERNEL_MAX_ROWS:
+            weight = self.q[:, :self.in_features].float() * self.scale[:, None]
+            return torch.nn.functional.linear(x, weight, self.bias)
+        rows = rows.to(torch.bfloat16)
         if self.pad:
             rows = torch.nn.functional.pad(rows, (0, self.pad))
-        y = torch._weight_int8pack_mm(rows.contiguous(), self.q, self.scale).float()
+        y = torch._weight_int8pack_mm(rows.contiguous(), self.q, self.kernel_scale).float()
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)

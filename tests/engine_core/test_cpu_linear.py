@@ -31,11 +31,14 @@ def test_int8_layer_is_the_product_with_its_dequantized_weights(width):
     q, scale = quantize_per_channel(w)
     assert q.dtype == torch.int8 and q.abs().max() == 127 and scale.shape == (48,)
     assert (q.float() * scale[:, None] - w).abs().max() <= scale.max() / 2 + 1e-7
+    layer = Int8Linear(q, scale, b)
     x = torch.randn(2, 5, width, generator=gen)
-    got = Int8Linear(q, scale, b)(x)
+    got = layer(x)
     assert got.shape == (2, 5, 48) and got.dtype == torch.float32
     want = F.linear(x, q.float() * scale[:, None], b)
-    assert (got - want).abs().max() <= 0.02 * want.abs().max()  # bf16 activations: ~3 significant digits
+    assert (got - want).abs().max() <= 0.02 * want.abs().max()  # the kernel's bf16 activations: ~3 digits
+    many = torch.randn(100, width, generator=gen)  # above the kernel's rows: the weight dequantized for the call
+    torch.testing.assert_close(layer(many), F.linear(many, q.float() * scale[:, None], b), atol=1e-5, rtol=1e-5)
 
 
 def test_a_cpu_model_gets_a_packed_head_and_int8_swaps_every_plain_linear(hf_checkpoints):
