@@ -22,6 +22,7 @@ PAGED_POLICIES = ("fcfs", "priority")
 PREFIX_POLICIES = ("lpm", "dfs-weight", "fcfs")  # engine_prefix.policy.Policy (a test keeps them equal)
 DTYPES = ("float32", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
+QUANTIZATIONS = ("none", "int8")  # engine_core.cpu_linear.QUANTIZATIONS (a test keeps them equal)
 
 
 def setting(default: Any, help: str, **flag: Any) -> Any:
@@ -42,6 +43,9 @@ class EngineConfig:
     device: str = setting("auto", "where the model runs (cuda with no CUDA device is an error)", choices=DEVICES)
     threads: int | None = setting(None, "torch CPU threads of this worker (default: OMP_NUM_THREADS, else every "
                                         "core it may use)", type=int)
+    quantization: str = setting("none", "int8: weights as int8 with one scale per output channel, weight-only "
+                                        "(CPU, fp32 checkpoints; a quarter of the weight bytes)",
+                                choices=QUANTIZATIONS)
     page_size: int = setting(16, "tokens per KV page", type=int)
     kv_cache_tokens: int | None = setting(None, "KV cache capacity in tokens", type=int, group="kv budget")
     kv_cache_memory_gb: float | None = setting(None, "KV cache capacity in GiB", type=float, group="kv budget")
@@ -60,6 +64,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}: must be 1 or more")
+        if self.quantization != "none" and self.tensor_parallel_size > 1:
+            raise ValueError(f"--quantization {self.quantization} does not combine with --tensor-parallel-size")
 
     @property
     def worker_label(self) -> str:

@@ -65,6 +65,7 @@ class EngineLimits:
     page_size: int = ENGINE_DEFAULTS.page_size
     torch_threads: int = 1
     paged_prefix_caching: bool = True  # engine_paged's automatic prefix caching (--[no-]enable-prefix-caching)
+    quantization: str = "none"  # --quantization (int8: weight-only int8 on the CPU)
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,8 @@ def _engine_argv(spec: WorkerSpec) -> list[str]:
         argv += _flags([("--page-size", lim.page_size), ("--kv-cache-tokens", lim.kv_cache_tokens),
                         ("--max-num-seqs", lim.max_num_seqs),
                         ("--max-num-batched-tokens", lim.max_num_batched_tokens)])
+        if lim.quantization != "none":
+            argv += ["--quantization", lim.quantization]
         if spec.kind == "paged":
             argv.append("--enable-prefix-caching" if lim.paged_prefix_caching else "--no-enable-prefix-caching")
     return argv + list(spec.extra_args)

@@ -141,6 +141,8 @@ class DecoderModel(nn.Module):
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.max_positions = max_positions or config.max_position_embeddings
+        # the LM head's matmul prepared at load (engine_core.cpu_linear, CPU only); None: F.linear on the weight
+        self.head: nn.Module | None = None
         # rope cache is derived, not a weight: rebuilt on device by build_rope_cache()
         self.rope_cache: Tensor | None = None
 
@@ -169,5 +171,7 @@ class DecoderModel(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
+        if self.head is not None:
+            return self.head(hidden).float()
         weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
         return torch.nn.functional.linear(hidden, weight).float()

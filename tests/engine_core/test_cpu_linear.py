@@ -1,0 +1,84 @@
+"""engine_core/cpu_linear.py: the CPU matmuls prepared at load. The packed LM head gives F.linear's product for
+any row count; int8 layers give the dequantized weights' product; a loaded model gets them on the CPU only,
+and `--quantization int8` generates with every arch (the real model's quality: tests/realmodel/test_real_int8.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from duet.engine_config import ENGINE_DEFAULTS, QUANTIZATIONS
+from engine_core import LLM, SamplingParams, cpu_linear
+from engine_core.cpu_linear import Int8Linear, PackedLinear, prepare_cpu_linears, quantize_per_channel
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_packed_weight_gives_f_linear_at_any_row_count(rows):
+    gen = torch.Generator().manual_seed(rows)
+    w, b = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)
+    layer = PackedLinear(w, b)
+    x = torch.randn(rows, 64, generator=gen)
+    torch.testing.assert_close(layer(x), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("width", [64, 37])  # 37: not a multiple of the kernel's 16, padded
+def test_int8_layer_is_the_product_with_its_dequantized_weights(width):
+    gen = torch.Generator().manual_seed(width)
+    w, b = torch.randn(48, width, generator=gen) * 0.05, torch.randn(48, generator=gen)
+    q, scale = quantize_per_channel(w)
+    assert q.dtype == torch.int8 and q.abs().max() == 127 and scale.shape == (48,)
+    assert (q.float() * scale[:, None] - w).abs().max() <= scale.max() / 2 + 1e-7
+    layer = Int8Linear(q, scale, b)
+    x = torch.randn(2, 5, width, generator=gen)
+    got = layer(x)
+    assert got.shape == (2, 5, 48) and got.dtype == torch.float32
+    want = F.linear(x, q.float() * scale[:, None], b)
+    assert (got - want).abs().max() <= 0.02 * want.abs().max()  # the kernel's bf16 activations: ~3 digits
+    many = torch.randn(100, width, generator=gen)  # above the kernel's rows: the weight dequantized for the call
+    torch.testing.assert_close(layer(many), F.linear(many, q.float() * scale[:, None], b), atol=1e-5, rtol=1e-5)
+
+
+def test_a_cpu_model_gets_a_packed_head_and_int8_swaps_every_plain_linear(hf_checkpoints):
+    from duet.model_dir import read_model_dir
+    from engine_core.model_runner import load_model
+
+    md = read_model_dir(hf_checkpoints["llama"][0])
+    fp32 = load_model(md.config, md.weight_files, torch.device("cpu"), torch.float32)
+    assert isinstance(fp32.head, PackedLinear) and not hasattr(fp32, "lm_head")
+    assert type(fp32.layers[0].mlp.down_proj) is torch.nn.Linear  # layers keep F.linear (see cpu_linear)
+    int8 = load_model(md.config, md.weight_files, torch.device("cpu"), torch.float32, quantization="int8")
+    kinds = {type(m) for m in int8.modules()}
+    assert Int8Linear in kinds and torch.nn.Linear not in kinds and isinstance(int8.head, Int8Linear)
+
+
+def test_packing_off_keeps_f_linear_and_bf16_or_unknown_refuse(hf_checkpoints, monkeypatch):
+    from duet.model_dir import read_model_dir
+    from engine_core.model_runner import load_model
+
+    monkeypatch.setenv("DUET_CPU_PACKED_WEIGHTS", "0")
+    md = read_model_dir(hf_checkpoints["qwen2"][0])  # tied embeddings
+    model = load_model(md.config, md.weight_files, torch.device("cpu"), torch.float32)
+    assert model.head is None and model.layers[0].mlp.down_proj.weight.t().is_contiguous()  # column-major
+    with pytest.raises(ValueError, match="runs on the CPU from fp32 weights only"):
+        prepare_cpu_linears(model.to(torch.bfloat16), "int8")
+    with pytest.raises(ValueError, match="choose one of none, int8"):
+        prepare_cpu_linears(model, "int4")
+    assert QUANTIZATIONS == cpu_linear.QUANTIZATIONS
+
+
+def test_int8_generates_on_every_arch_close_to_fp32(hf_checkpoints, arch):
+    path, _ = hf_checkpoints[arch]
+    prompt = list(range(5, 25))
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    [fp32] = LLM(path).generate([prompt], greedy)
+    [int8] = LLM(path, quantization="int8").generate([prompt], greedy)
+    assert len(int8.outputs[0].token_ids) == 8
+    assert int8.outputs[0].token_ids[0] == fp32.outputs[0].token_ids[0]
+
+
+def test_int8_does_not_combine_with_tensor_parallelism():
+    with pytest.raises(ValueError, match="does not combine with --tensor-parallel-size"):
+        dataclasses.replace(ENGINE_DEFAULTS, quantization="int8", tensor_parallel_size=2)
