@@ -35,6 +35,7 @@ from engine_core.metrics import EngineMetrics
 from engine_core.request import FinishReason, KvEvent, LoadStats, Request, StepOutput
 from engine_core.scheduler_protocol import Runner, Scheduler
 from engine_core.step_rates import StepRates
+from engine_core.step_trace import StepTrace, TracingRunner
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,9 @@ class StepLoop:
 
     def __init__(self, scheduler: Scheduler, runner: Runner, *, metrics: EngineMetrics | None = None,
                  max_pending: int = 4096) -> None:
+        self.trace = StepTrace.from_env()  # DUET_STEP_TRACE (engine_core.step_trace): off unless asked for
+        if self.trace is not None:
+            runner = TracingRunner(runner)
         self.core = EngineCore(scheduler, runner)
         self.scheduler = scheduler
         self.runner = runner
@@ -244,12 +248,15 @@ class StepLoop:
 
     def _step(self, outputs: list[StepOutput]) -> bool:
         t0 = self._step_began = time.monotonic()
+        began_wall = time.time()
         try:
             result = self.core.step()
         finally:
             self._step_began = None
         if result.ran_model:
             self.rates.observe(time.monotonic() - t0, result.prefill_tokens, result.decode_tokens)
+            if self.trace is not None:
+                self.trace.write(began_wall, time.monotonic() - t0, self.runner)
         if self._debug_delay_s and result.did_work:
             time.sleep(self._debug_delay_s)  # the test knob above: a slower build, on purpose
         # a request's `started` goes out before the tokens of the same step

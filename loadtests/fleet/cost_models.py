@@ -45,9 +45,14 @@ class StepShape:
 
 
 def shape_of(chunks: Sequence) -> StepShape:
+    return shape_of_counts((len(c.token_ids), c.start_pos, len(c.logits_positions)) for c in chunks)
+
+
+def shape_of_counts(chunks) -> StepShape:
+    """The shape of a step given as (new tokens, tokens already in the pages, logits rows) per chunk: a
+    worker's step trace (engine_core/step_trace.py) records its steps so."""
     prefill = decode = context = pairs = rows = decode_context = 0
-    for c in chunks:
-        n, s = len(c.token_ids), c.start_pos
+    for n, s, r in chunks:
         if n > 1:
             prefill += n
         else:
@@ -55,7 +60,7 @@ def shape_of(chunks: Sequence) -> StepShape:
             decode_context += s + 1
         context += s + n
         pairs += n * s + n * (n + 1) // 2
-        rows += len(c.logits_positions)
+        rows += r
     return StepShape(prefill, decode, context, pairs, rows, decode_context)
 
 

@@ -1,12 +1,15 @@
 """`FleetSim`: one stack of simulated workers (loadtests/fleet/engine.py) behind the real gateway's decisions,
 run as a discrete-event loop over virtual time (no sleeping, no threads).
 
-Events, in time order (ties in the order they were made): a request's arrival, a worker's step boundary, the
-pool planner's tick (every `tick_s`, as the gateway's pool loop) and the end of a worker's kind switch. At
-an arrival the request is routed exactly as gateway/generation.py routes it: its prompt's chained block
+Events, in time order (ties in the order they were made): a request's arrival (the client's send), its
+reaching the worker (`ROUTE`: after the gateway's FIFO, `GatewayPath.request_s` a request:
+loadtests/fleet/gateway_path.py; at once when that is 0), a worker's step boundary, the gateway's load poll
+(every `GatewayPath.poll_interval_s`, when set), the pool planner's tick (every `tick_s`, as the gateway's
+pool loop) and the end of a worker's kind switch. A token reaches the client `GatewayPath.token_s` after the
+step that made it. When it reaches the gateway's routing the request is routed exactly as gateway/generation.py routes it: its prompt's chained block
 hashes (duet.hashing, 16-token blocks, at most 256), a `RouteRequest` with the session key and turn count,
-worker views (running, waiting, KV usage, the gateway's own queued-prefill count from
-gateway/pool_tracker.PoolTracker), the policy (`gateway.routing.route`, or the SGLang-style baseline
+worker views (running, waiting, KV usage: live, or as the last poll saw them; the gateway's own
+queued-prefill count from gateway/pool_tracker.PoolTracker), the policy (`gateway.routing.route`, or the SGLang-style baseline
 `routing_baselines.SGLangRoute` for the homogeneous stacks, as `duet bench compare` runs them), then the
 decision recorded (SeenBlocks, WorkerBlockIndex, session affinity). At a step boundary a worker first
 delivers what its previous step produced (outputs stamped with the boundary's time; its KV events applied to
@@ -35,11 +38,12 @@ from gateway.route_types import RouteRequest, RoutingConfig, WorkerView
 from gateway.routing import route
 from loadtests.experiments.routing_baselines import SGLangRoute
 from loadtests.fleet.engine import MODEL_ID, EngineProfile, SimEngine, make_request
+from loadtests.fleet.gateway_path import GatewayPath, GatewayQueue
 from loadtests.fleet.workload import FleetRequest
 
 HASH_BLOCK = 16  # the gateway's block size: both kinds report 16-token hash blocks at page size 16
 MAX_HASH_BLOCKS = 256  # gateway/config.py max_hash_blocks
-ARRIVE, STEP, TICK, BACK = 0, 1, 2, 3
+ARRIVE, STEP, TICK, BACK, ROUTE, POLL = 0, 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ class Served:
     """What the client saw of one request."""
 
     req: FleetRequest
-    sent_s: float
+    sent_s: float  # when the client sent it
     prompt_tokens: int
     worker_id: str = ""
     kind: str = ""
@@ -84,6 +88,7 @@ class SimSettings:
     switch_s: float = 20.0  # a worker restarting as the other kind (h200: loading 16 GB of weights)
     keep_step_log: bool = False
     chain_sessions: bool = True  # False: every turn at its own arrival time (an open-loop client, as --validate's)
+    gateway: GatewayPath = field(default_factory=GatewayPath)  # zero cost and live views unless measured
 
 
 class FleetSim:
@@ -111,6 +116,9 @@ class FleetSim:
         self.switches = 0
         self.unfinished = len(requests)
         self.kind_timeline: list[tuple[float, int, int]] = []
+        self.gateway = GatewayQueue(self.s.gateway.request_s)
+        self.sent_at: dict[str, float] = {}
+        self.polled: dict[str, object] = {}  # worker id -> LoadStats at the last poll (poll_interval_s set)
 
     def _add_worker(self, kind: str, slot: int) -> SimEngine:
         wid = f"{kind}-{slot}-{next(self.generation)}"
@@ -127,6 +135,8 @@ class FleetSim:
             self._push(r.arrival_s, ARRIVE, r)
         if self.spec.planner:
             self._push(self.s.tick_s, TICK, None)
+        if self.s.gateway.poll_interval_s is not None:
+            self._push(0.0, POLL, None)
         while self.events and self.unfinished > 0:
             t, _, what, payload = heapq.heappop(self.events)
             self.now = t
@@ -134,9 +144,14 @@ class FleetSim:
                 self._arrive(payload)
             elif what == STEP:
                 self._boundary(payload)
+            elif what == ROUTE:
+                self._dispatch(payload)
             elif what == TICK:
                 self._tick()
                 self._push(t + self.s.tick_s, TICK, None)
+            elif what == POLL:
+                self.polled = {wid: w.core.scheduler.load() for wid, w in self.workers.items()}
+                self._push(t + self.s.gateway.poll_interval_s, POLL, None)
             else:
                 self._back(*payload)
         return [self.served[r.request_id] for r in self.requests if r.request_id in self.served]
@@ -147,12 +162,22 @@ class FleetSim:
                 self.backlog.setdefault(req.session, deque()).append(req)
                 return
             self.busy_sessions.add(req.session)
-        self._dispatch(req)
+        self._send(req, self.now)
+
+    def _send(self, req: FleetRequest, sent_s: float) -> None:
+        """The client sent `req` at `sent_s`; it reaches routing after the gateway's queue."""
+        self.sent_at[req.request_id] = sent_s
+        reach = self.gateway.admit(sent_s)
+        if reach <= self.now:
+            self._dispatch(req)
+        else:
+            self._push(reach, ROUTE, req)
 
     def views(self) -> list[WorkerView]:
         out = []
         for wid, w in self.workers.items():
-            load = w.core.scheduler.load()
+            polled = self.polled.get(wid) if self.s.gateway.poll_interval_s is not None else None
+            load = polled if polled is not None else w.core.scheduler.load()  # a worker newer than the poll: live
             out.append(WorkerView(worker_id=wid, model_id=MODEL_ID, engine_kind=w.kind, version="v1",
                                   capabilities=frozenset(), healthy=True, draining=w.draining,
                                   num_running=load.num_running, num_waiting=load.num_waiting,
@@ -175,8 +200,8 @@ class FleetSim:
         self.tracker.prefill_started(req.request_id, decision.worker_id,
                                      len(prompt) - min(decision.cached_blocks * HASH_BLOCK, len(prompt) - 1))
         w = self.workers[decision.worker_id]
-        self.served[req.request_id] = Served(req, self.now, len(prompt), w.worker_id, w.kind, decision.reason,
-                                             decision)
+        self.served[req.request_id] = Served(req, self.sent_at.pop(req.request_id, self.now), len(prompt),
+                                             w.worker_id, w.kind, decision.reason, decision)
         w.core.add(make_request(req.request_id, prompt, req.max_tokens))
         if not w.stepping:
             w.stepping = True
@@ -208,11 +233,12 @@ class FleetSim:
             if out.cached_tokens is not None:
                 s.cached_tokens = out.cached_tokens
             if out.token_ids:
+                seen = self.now + self.s.gateway.token_s  # when the client has it
                 if s.first_s is None:
-                    s.first_s = self.now
+                    s.first_s = seen
                     self.tracker.prefill_done(out.request_id)
                 s.tokens += len(out.token_ids)
-                s.last_s = self.now
+                s.last_s = seen
             if out.finish_reason is not None:
                 self._finished(s)
 
@@ -227,7 +253,7 @@ class FleetSim:
         if session is not None and self.s.chain_sessions:
             queue = self.backlog.get(session)
             if queue:
-                self._dispatch(queue.popleft())  # the user read the answer: the next turn is sent now
+                self._send(queue.popleft(), self.now + self.s.gateway.token_s)  # the user read the answer
             else:
                 self.busy_sessions.discard(session)
 

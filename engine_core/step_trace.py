@@ -1,0 +1,62 @@
+"""A per-step trace of a serving worker, for checking a model of its steps against the real thing (the fleet
+simulator's `cpu` cost model: `duet bench fleet --validate`). Off unless `DUET_STEP_TRACE` names a directory.
+
+When on, the worker appends one JSON line per step that ran the model to `<dir>/steps-<pid>.jsonl`:
+`t` (wall-clock time the step began, time.time(), so that traces of several processes line up), `step_s`
+(the whole `EngineCore.step`: schedule, forward, sample, process), `forward_s` (the model runner's forward
+alone) and `chunks` ([new tokens, tokens already in its pages, logits rows] per sequence: what the cost model reads,
+loadtests/fleet/cost_models.shape_of).
+A diagnosis knob like DUET_DEBUG_STEP_DELAY_MS, never for production: it writes a line per step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+STEP_TRACE_ENV = "DUET_STEP_TRACE"
+
+
+class TracingRunner:
+    """The runner, with the chunks and duration of its last forward kept for the trace."""
+
+    def __init__(self, runner) -> None:
+        self.inner = runner
+        self.last_chunks: list[list[int]] = []
+        self.last_forward_s = 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)  # kv_pool, vocab_size, copy_pages, ...: the real runner's
+
+    def forward(self, chunks):
+        self.last_chunks = [[len(c.token_ids), c.start_pos, len(c.logits_positions)] for c in chunks]
+        t0 = time.perf_counter()
+        try:
+            return self.inner.forward(chunks)
+        finally:
+            self.last_forward_s = time.perf_counter() - t0
+
+
+class StepTrace:
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"steps-{os.getpid()}.jsonl"
+        self._file = self.path.open("a", buffering=1)  # a line at a time: a killed worker keeps its trace
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> StepTrace | None:
+        raw = environ.get(STEP_TRACE_ENV, "").strip()
+        return cls(Path(raw)) if raw else None
+
+    def write(self, began_wall: float, step_s: float, runner: TracingRunner) -> None:
+        self._file.write(json.dumps({"t": round(began_wall, 6), "step_s": round(step_s, 6),
+                                     "forward_s": round(runner.last_forward_s, 6), "chunks": runner.last_chunks})
+                         + "\n")
+
+
+def read_traces(directory: Path) -> list[list[dict]]:
+    """Every worker's trace in `directory` (one list of step records per file)."""
+    return [[json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+            for p in sorted(Path(directory).glob("steps-*.jsonl"))]
