@@ -7,6 +7,8 @@ import argparse
 import json
 import sys
 
+WINDOW_S, RATE = 300.0, 1.0  # the simulator runs' --window-s and --rate when not given
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -20,8 +22,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=32)
     p.add_argument("--trace", default="mixed", help="mixed (Mooncake chat + Azure code documents), chat, documents, "
                    "source=multiplier,... (mooncake, azure_code, azure_conv) or a trace file")
-    p.add_argument("--window-s", type=float, default=300.0, help="trace seconds taken from each source")
-    p.add_argument("--rate", type=float, default=1.0, help="arrival-rate multiplier (2: twice the trace's rate)")
+    p.add_argument("--window-s", type=float, default=None, help=f"trace seconds taken from each source "
+                   f"(default {WINDOW_S}; --validate: its own)")
+    p.add_argument("--rate", type=float, default=None, help=f"arrival-rate multiplier (2: twice the trace's rate; "
+                   f"default {RATE}; --validate: its own)")
     p.add_argument("--find-rate", action="store_true", help="first find the rate at which the best homogeneous "
                    "stack meets --attainment of its SLOs, and each stack's capacity (many runs)")
     p.add_argument("--attainment", type=float, default=0.9)
@@ -36,7 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--planner-window-s", type=float, default=None, help="planner: rate window and cooldown "
                    "(default: the gateway's 30 s; a run of tens of virtual seconds needs a shorter one to act)")
     p.add_argument("--validate", action="store_true", help="run the workload on the local pinned stack and in the "
-                   "simulator (cpu model) and print the relative errors (loadtests/fleet/validate.py)")
+                   "simulator (cpu model) and print the relative errors (loadtests/fleet/validate.py); it reads "
+                   "--window-s and --rate when given (default: 60 s at 0.5)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=_run_fleet)
 
@@ -47,6 +52,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--threads", type=int, default=1)
     c.add_argument("--repeats", type=int, default=3)
     c.add_argument("--out", default=None, help="where to write the fit (default: loadtests/fleet/cpu_cost.json)")
+    c.add_argument("--gateway", action="store_true", help="instead of the step fit, measure the gateway path "
+                   "(request and token times through the local stack's gateway: loadtests/fleet/calibrate_gateway.py) "
+                   "into the fit's `gateway` section")
+    c.add_argument("--gateway-requests", type=int, default=12, help="--gateway: requests to time")
     c.set_defaults(func=_run_calibrate)
 
 
@@ -58,13 +67,26 @@ def settings_from(args: argparse.Namespace):
     if args.cost_model not in ("h200", "cpu"):
         raise ValueError(f"--cost-model must be h200 or cpu, got {args.cost_model!r}")
     return FleetSettings(cost_model=args.cost_model, workers=args.workers, mix=parse_mix(args.trace),
-                         window_s=args.window_s, rate=args.rate,
+                         window_s=WINDOW_S if args.window_s is None else args.window_s,
+                         rate=RATE if args.rate is None else args.rate,
                          stacks=tuple(x.strip() for x in args.stacks.split(",") if x.strip()),
                          splits=tuple(parse_split(x) for x in args.split), slos=parse_slos(args.slo, args.cost_model),
                          max_output_tokens=args.max_output_tokens, switch_s=args.switch_s,
                          planner_window_s=args.planner_window_s,
                          attainment=args.attainment, rate_range=_rate_range(args.rate_range),
                          search_steps=args.search_steps).validate()
+
+
+def validate_settings(args: argparse.Namespace):
+    """--validate's workload: its own defaults, or --window-s / --rate when given on the command line."""
+    from loadtests.fleet.validate import ValidateSettings
+
+    base = ValidateSettings()
+    window = base.window_s if args.window_s is None else args.window_s
+    rate = base.rate if args.rate is None else args.rate
+    if window <= 0 or rate <= 0:
+        raise ValueError(f"--window-s and --rate must be > 0, got {window} and {rate}")
+    return ValidateSettings(window_s=window, rate=rate)
 
 
 def _rate_range(text: str) -> tuple[float, float]:
@@ -86,7 +108,7 @@ def _run_fleet(args: argparse.Namespace) -> int:
         from loadtests.fleet.validate import format_table as validate_table
         from loadtests.fleet.validate import validate
 
-        result = validate(progress=_progress)
+        result = validate(validate_settings(args), progress=_progress)
         print(json.dumps(result, indent=2) if args.json else validate_table(result))
         return 0
     from loadtests.fleet.bench import run
@@ -117,6 +139,15 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     from loadtests.fleet.calibrate import measure
     from loadtests.fleet.cost_models import CPU_FIT
 
+    if args.gateway:
+        from loadtests.fleet.calibrate_gateway import measure_gateway
+
+        if args.gateway_requests < 1:
+            raise ValueError("--gateway-requests must be >= 1")
+        section = measure_gateway(args.gateway_requests, out=Path(args.out) if args.out else CPU_FIT,
+                                  progress=_progress)
+        print(json.dumps(section, indent=2))
+        return 0
     if args.threads < 1 or args.repeats < 1:
         raise ValueError("--threads and --repeats must be >= 1")
     result = measure(args.model, args.threads, args.repeats, Path(args.out) if args.out else CPU_FIT, _progress)

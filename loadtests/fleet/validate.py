@@ -18,9 +18,13 @@ The default workload (a minute of the mixed trace at half its rate, prompts cut 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
+import tempfile
 import statistics
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from loadtests.fleet.report import DEFAULT_SLOS, met
 
@@ -73,41 +77,100 @@ def _pin(pid: int, core: int) -> None:
             pass  # a thread that just ended
 
 
+def stack_poll_interval_s() -> float:
+    """How often the local stack's gateway polls its workers' load (duet.launcher.gateway_config's default,
+    which ServingStack keeps)."""
+    from duet.launcher import gateway_config
+
+    return inspect.signature(gateway_config).parameters["poll_interval_s"].default
+
+
 def simulated(requests, s: ValidateSettings) -> dict:
     from loadtests.fleet.cost_models import LinearCostModel
     from loadtests.fleet.engine import EngineProfile
+    from loadtests.fleet.gateway_path import GatewayPath
     from loadtests.fleet.simulator import FleetSim, SimSettings, StackSpec
 
+    settings = SimSettings(chain_sessions=False, gateway=GatewayPath.from_json(stack_poll_interval_s()))
     sim = FleetSim(StackSpec("validate", s.kinds, "duet"), requests, LinearCostModel.from_json(),
-                   EngineProfile.for_cost_model("cpu"), SimSettings(chain_sessions=False))
+                   EngineProfile.for_cost_model("cpu"), settings)
     served = sim.run()
     return _figures(served, requests[-1].arrival_s - requests[0].arrival_s)
 
 
-def local(requests, s: ValidateSettings, progress=None) -> dict:
+def step_cost_check(trace_dir: Path) -> list[dict]:
+    """Per worker of the local run: its real steps against the `cpu` model of the same shapes (the workers'
+    step traces). `forward_over_model` = real forward seconds / modelled seconds, summed and per step (median),
+    for prefill-only, decode-only and mixed steps: whether the step fit holds in the running stack, apart from
+    everything else that shapes TTFT."""
+    from engine_core.step_trace import read_traces
+    from loadtests.fleet.cost_models import LinearCostModel, shape_of_counts
+
+    model = LinearCostModel.from_json()
+    out = []
+    for steps in read_traces(trace_dir):
+        rows = []
+        for st in steps:
+            shape = shape_of_counts(st["chunks"])
+            kind = "mixed" if shape.prefill_tokens and shape.decode_tokens else (
+                "prefill" if shape.prefill_tokens else "decode")
+            rows.append((kind, st["forward_s"], model.step_seconds(shape), st["step_s"]))
+        worker = {"steps": len(rows), "outside_forward_s_per_step": round(
+            statistics.fmean(r[3] - r[1] for r in rows), 5) if rows else None}
+        for kind in ("prefill", "decode", "mixed"):
+            sel = [r for r in rows if r[0] == kind]
+            if sel:
+                worker[kind] = {"steps": len(sel), "forward_over_model_sum": round(
+                    sum(r[1] for r in sel) / sum(r[2] for r in sel), 3),
+                    "forward_over_model_median": round(statistics.median(r[1] / r[2] for r in sel), 3)}
+        out.append(worker)
+    return out
+
+
+@contextmanager
+def pinned_stack(kinds: tuple[str, ...], trace_dir: Path | None = None):
+    """The local stack --validate runs: (stack, model dir). Each worker pinned to its own core; with
+    `trace_dir`, each worker writes its step trace there (DUET_STEP_TRACE, engine_core/step_trace.py)."""
     from duet.launcher import EngineLimits
-    from duet.tokenizer import Tokenizer
+    from engine_core.step_trace import STEP_TRACE_ENV
     from loadtests.experiments import compare
     from loadtests.experiments.stack import ServingStack
+    from loadtests.fleet.engine import EngineProfile
+
+    profile = EngineProfile.for_cost_model("cpu")
+    model_dir = compare.preset_checkpoint("smollm2")
+    limits = EngineLimits(kv_cache_tokens=profile.kv_cache_tokens, max_num_seqs=profile.max_num_seqs,
+                          max_num_batched_tokens=profile.max_num_batched_tokens, page_size=profile.page_size)
+    cores = sorted(os.sched_getaffinity(0))
+    before = os.environ.get(STEP_TRACE_ENV)
+    if trace_dir is not None:
+        os.environ[STEP_TRACE_ENV] = str(trace_dir)  # the workers inherit it; the gateway ignores it
+    try:
+        with ServingStack(model_dir, list(kinds), {}, limits) as stack:
+            for i, (worker_id, _, _) in enumerate(stack.slots):
+                pid = stack.supervisor.pid(worker_id)
+                if pid is not None and len(cores) >= len(kinds):
+                    _pin(pid, cores[i % len(cores)])
+            yield stack, model_dir
+    finally:
+        if before is None:
+            os.environ.pop(STEP_TRACE_ENV, None)
+        else:
+            os.environ[STEP_TRACE_ENV] = before
+
+
+def local(requests, s: ValidateSettings, progress=None, trace_dir: Path | None = None) -> dict:
+    from duet.tokenizer import Tokenizer
     from loadtests.fleet.engine import EngineProfile
     from loadtests.load.client import arun_benchmark
     from loadtests.load.workloads import BenchRequest
 
     profile = EngineProfile.for_cost_model("cpu")
-    model_dir = compare.preset_checkpoint("smollm2")
     bench = [BenchRequest(r.request_id, r.traffic_class, tuple(r.prompt(profile.max_model_len)), r.max_tokens,
                           arrival_s=r.arrival_s, session_id=r.session) for r in requests]
-    limits = EngineLimits(kv_cache_tokens=profile.kv_cache_tokens, max_num_seqs=profile.max_num_seqs,
-                          max_num_batched_tokens=profile.max_num_batched_tokens, page_size=profile.page_size)
-    cores = sorted(os.sched_getaffinity(0))
-    with ServingStack(model_dir, list(s.kinds), {}, limits) as stack:
-        for i, (worker_id, _, _) in enumerate(stack.slots):
-            pid = stack.supervisor.pid(worker_id)
-            if pid is not None and len(cores) >= len(s.kinds):
-                _pin(pid, cores[i % len(cores)])
+    with pinned_stack(s.kinds, trace_dir) as (stack, model_dir):
         if progress:
-            progress(f"local stack up ({len(s.kinds)} workers pinned to cores {cores[:len(s.kinds)]}); "
-                     f"sending {len(bench)} requests")
+            progress(f"local stack up ({len(s.kinds)} workers pinned to cores); sending {len(bench)} requests")
         records = asyncio.run(arun_benchmark(stack.url, model_dir.name, bench,
                                              encode=Tokenizer.from_dir(model_dir).encode, progress=False))
     by_id = {r.request_id: r for r in requests}
@@ -128,14 +191,16 @@ def validate(s: ValidateSettings = ValidateSettings(), progress=None) -> dict:
     sim = simulated(requests, s)
     if progress:
         progress(f"simulated: {sim}")
-    real = local(requests, s, progress)
+    trace_dir = Path(tempfile.mkdtemp(prefix="duet-validate-trace-"))
+    real = local(requests, s, progress, trace_dir)
     return {"workload": {"mix": "mixed", "window_s": s.window_s, "rate": s.rate, "requests": len(requests),
                          "max_prompt_tokens": s.max_prompt_tokens, "max_output_tokens": s.max_output_tokens,
                          "workers": list(s.kinds)},
             "local": real, "simulated": sim,
             "goodput_error": _error(sim["goodput_rps"], real["goodput_rps"]),
             "ttft_p50_error": _error(sim["ttft_p50_s"], real["ttft_p50_s"]),
-            "tpot_p50_error": _error(sim["tpot_p50_s"], real["tpot_p50_s"])}
+            "tpot_p50_error": _error(sim["tpot_p50_s"], real["tpot_p50_s"]),
+            "local_steps_vs_cpu_model": step_cost_check(trace_dir)}
 
 
 def format_table(result: dict) -> str:
