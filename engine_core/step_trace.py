@@ -56,7 +56,7 @@ class StepTrace:
                          + "\n")
 
 
-def read_traces(directory: Path) -> list[list[dict]]:
-    """Every worker's trace in `directory` (one list of step records per file)."""
-    return [[json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-            for p in sorted(Path(directory).glob("steps-*.jsonl"))]
+def read_traces(directory: Path) -> dict[int, list[dict]]:
+    """Every worker's trace in `directory`: its pid -> its step records, in order."""
+    return {int(p.stem.removeprefix("steps-")): [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+            for p in sorted(Path(directory).glob("steps-*.jsonl"))}

@@ -46,9 +46,9 @@ def measure_gateway(requests: int = 12, prompt_tokens: int = 512, out: Path = CP
 
     if requests < 1 or prompt_tokens < 2:
         raise ValueError(f"--gateway needs >= 1 request of >= 2 prompt tokens, got {requests} and {prompt_tokens}")
-    trace_dir = Path(tempfile.mkdtemp(prefix="duet-gateway-trace-"))
     sends = []
-    with pinned_stack(("paged",), trace_dir) as (stack, model_dir), httpx.Client(timeout=120.0) as client:
+    with (tempfile.TemporaryDirectory(prefix="duet-gateway-trace-") as tmp, pinned_stack(("paged",), Path(tmp)) as
+          (stack, model_dir), httpx.Client(timeout=120.0) as client):
         _one(client, stack.url, model_dir.name, list(range(1, prompt_tokens + 1)))  # warm-up
         for i in range(requests):
             prompt = [(i * 7919 + j) % 30000 + 1 for j in range(prompt_tokens)]  # new each time: no cache hit
@@ -56,7 +56,7 @@ def measure_gateway(requests: int = 12, prompt_tokens: int = 512, out: Path = CP
             sends.append(_one(client, stack.url, model_dir.name, prompt))
             if progress:
                 progress(f"request {i + 1}/{requests}: {sends[-1][1] - sends[-1][0]:.3f} s")
-    (steps,) = read_traces(trace_dir)
+        (steps,) = read_traces(Path(tmp)).values()
     steps = steps[1:]  # the warm-up's
     if len(steps) != len(sends):
         raise RuntimeError(f"{len(steps)} worker steps for {len(sends)} one-token requests (was the stack shared?)")

@@ -98,7 +98,7 @@ def simulated(requests, s: ValidateSettings) -> dict:
     return _figures(served, requests[-1].arrival_s - requests[0].arrival_s)
 
 
-def step_cost_check(trace_dir: Path) -> list[dict]:
+def step_cost_check(trace_dir: Path, workers: dict[int, str]) -> dict[str, dict]:
     """Per worker of the local run: its real steps against the `cpu` model of the same shapes (the workers'
     step traces). `forward_over_model` = real forward seconds / modelled seconds, summed and per step (median),
     for prefill-only, decode-only and mixed steps: whether the step fit holds in the running stack, apart from
@@ -107,8 +107,8 @@ def step_cost_check(trace_dir: Path) -> list[dict]:
     from loadtests.fleet.cost_models import LinearCostModel, shape_of_counts
 
     model = LinearCostModel.from_json()
-    out = []
-    for steps in read_traces(trace_dir):
+    out = {}
+    for pid, steps in read_traces(trace_dir).items():
         rows = []
         for st in steps:
             shape = shape_of_counts(st["chunks"])
@@ -123,7 +123,7 @@ def step_cost_check(trace_dir: Path) -> list[dict]:
                 worker[kind] = {"steps": len(sel), "forward_over_model_sum": round(
                     sum(r[1] for r in sel) / sum(r[2] for r in sel), 3),
                     "forward_over_model_median": round(statistics.median(r[1] / r[2] for r in sel), 3)}
-        out.append(worker)
+        out[workers.get(pid, f"pid {pid}")] = worker
     return out
 
 
@@ -159,7 +159,8 @@ def pinned_stack(kinds: tuple[str, ...], trace_dir: Path | None = None):
             os.environ[STEP_TRACE_ENV] = before
 
 
-def local(requests, s: ValidateSettings, progress=None, trace_dir: Path | None = None) -> dict:
+def local(requests, s: ValidateSettings, progress=None, trace_dir: Path | None = None) -> tuple[dict, dict]:
+    """The local run's figures, and its workers' pids -> worker ids (to name their step traces)."""
     from duet.tokenizer import Tokenizer
     from loadtests.fleet.engine import EngineProfile
     from loadtests.load.client import arun_benchmark
@@ -173,13 +174,14 @@ def local(requests, s: ValidateSettings, progress=None, trace_dir: Path | None =
             progress(f"local stack up ({len(s.kinds)} workers pinned to cores); sending {len(bench)} requests")
         records = asyncio.run(arun_benchmark(stack.url, model_dir.name, bench,
                                              encode=Tokenizer.from_dir(model_dir).encode, progress=False))
+        pids = {stack.supervisor.pid(worker_id): worker_id for worker_id, _, _ in stack.slots}
     by_id = {r.request_id: r for r in requests}
     served = []
     for rec in records:
         ok = rec.ok and rec.e2e_s is not None
         tpot = (rec.e2e_s - rec.ttft_s) / (rec.output_tokens - 1) if ok and rec.output_tokens > 1 else 0.0
         served.append(_LocalServed(by_id[rec.request_id], rec.ttft_s or 0.0, tpot, rec.output_tokens, ok))
-    return _figures(served, requests[-1].arrival_s - requests[0].arrival_s)
+    return _figures(served, requests[-1].arrival_s - requests[0].arrival_s), pids
 
 
 def validate(s: ValidateSettings = ValidateSettings(), progress=None) -> dict:
@@ -191,8 +193,9 @@ def validate(s: ValidateSettings = ValidateSettings(), progress=None) -> dict:
     sim = simulated(requests, s)
     if progress:
         progress(f"simulated: {sim}")
-    trace_dir = Path(tempfile.mkdtemp(prefix="duet-validate-trace-"))
-    real = local(requests, s, progress, trace_dir)
+    with tempfile.TemporaryDirectory(prefix="duet-validate-trace-") as tmp:
+        real, pids = local(requests, s, progress, Path(tmp))
+        steps = step_cost_check(Path(tmp), pids)
     return {"workload": {"mix": "mixed", "window_s": s.window_s, "rate": s.rate, "requests": len(requests),
                          "max_prompt_tokens": s.max_prompt_tokens, "max_output_tokens": s.max_output_tokens,
                          "workers": list(s.kinds)},
@@ -200,7 +203,7 @@ def validate(s: ValidateSettings = ValidateSettings(), progress=None) -> dict:
             "goodput_error": _error(sim["goodput_rps"], real["goodput_rps"]),
             "ttft_p50_error": _error(sim["ttft_p50_s"], real["ttft_p50_s"]),
             "tpot_p50_error": _error(sim["tpot_p50_s"], real["tpot_p50_s"]),
-            "local_steps_vs_cpu_model": step_cost_check(trace_dir)}
+            "local_steps_vs_cpu_model": steps}
 
 
 def format_table(result: dict) -> str:
