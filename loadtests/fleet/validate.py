@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-import tempfile
 import statistics
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path

@@ -6,11 +6,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
 
-from engine_core.request import LoadStats
 from loadtests.fleet.cost_models import LinearCostModel, shape_of, shape_of_counts
 from loadtests.fleet.engine import EngineProfile, make_request
 from loadtests.fleet.gateway_path import GatewayPath, GatewayQueue
@@ -29,9 +27,9 @@ def _req(i: int, t: float, blocks: tuple[int, ...], tokens: int = 512, session: 
     return FleetRequest(f"r{i}", t, record, "chat" if session else "document", session, 1, 4, tokens)
 
 
-def _run(requests, kinds=("prefix",), path=GatewayPath()):
+def _run(requests, kinds=("prefix",), path=None):
     sim = FleetSim(StackSpec("t", kinds, "duet"), requests, COST, CPU,
-                   SimSettings(chain_sessions=False, gateway=path, keep_step_log=True))
+                   SimSettings(chain_sessions=False, gateway=path or GatewayPath(), keep_step_log=True))
     return sim, {s.req.request_id: s for s in sim.run()}
 
 
