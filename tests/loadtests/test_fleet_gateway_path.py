@@ -135,17 +135,24 @@ def test_the_step_trace_records_what_the_real_step_loop_ran(tmp_path, monkeypatc
 
 
 def test_validate_compares_traced_steps_with_the_model(tmp_path):
+    """Worker 42's steps took twice the model; its first two ran while worker 43 was mid-step, the third alone."""
     from loadtests.fleet.validate import step_cost_check
 
     model = LinearCostModel.from_json()
     chunks = [[512, 0, 1]]
     seconds = model.step_seconds(shape_of_counts(chunks))
-    lines = [{"t": i, "step_s": 2 * seconds + 0.001, "forward_s": 2 * seconds, "chunks": chunks} for i in range(3)]
+    lines = [{"t": 10.0 * i, "step_s": 2 * seconds + 0.001, "forward_s": 2 * seconds, "chunks": chunks}
+             for i in range(3)]
     (tmp_path / "steps-42.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    result = step_cost_check(tmp_path, {42: "paged-0"})
-    assert result["paged-0"]["prefill"] == {"steps": 3, "forward_over_model_sum": 2.0, "forward_over_model_median": 2.0}
-    assert result["paged-0"]["outside_forward_s_per_step"] == pytest.approx(0.001)
-    assert "decode" not in result["paged-0"]
+    neighbour = [{"t": 10.0 * i, "step_s": 4.0, "forward_s": 4.0, "chunks": [[1, 100, 1]]} for i in range(2)]
+    (tmp_path / "steps-43.jsonl").write_text("".join(json.dumps(x) + "\n" for x in neighbour))
+    result = step_cost_check(tmp_path, {42: "paged-0", 43: "prefix-1"})
+    paged = result["paged-0"]
+    assert paged["prefill"] == {"steps": 1, "forward_over_model_sum": 2.0, "forward_over_model_median": 2.0}
+    assert paged["prefill_with_neighbour_busy"]["steps"] == 2
+    assert paged["outside_forward_s_per_step"] == pytest.approx(0.001)
+    assert "decode" not in paged
+    assert result["prefix-1"]["decode_with_neighbour_busy"]["steps"] == 2  # worker 42 was mid-step throughout
 
 
 def test_validate_reads_window_and_rate_only_when_given():
