@@ -7,8 +7,12 @@ pinned to its own core (`os.sched_setaffinity` on every thread, as `taskset -a -
 the requests sent by the benchmark client (loadtests/load/client.py) at the workload's arrival times,
 prompts as token ids. Simulated: the same requests, worker kinds, KV budget and batch limits
 (`EngineProfile.for_cost_model("cpu")`, the stack's EngineLimits), Duet's routing, every turn at its own
-arrival time as the open-loop client sends it (`chain_sessions=False`). Both are judged by the cpu SLOs of
-loadtests/fleet/report.py over the same arrival span. Error = |simulated - local| / local.
+arrival time as the open-loop client sends it (`chain_sessions=False`), through the measured gateway path
+(loadtests/fleet/gateway_path.py: the gateway's FIFO, its token time, routing on the load its 0.5 s poll saw).
+Both are judged by the cpu SLOs of loadtests/fleet/report.py over the same arrival span. Error =
+|simulated - local| / local. The local workers trace their steps (engine_core/step_trace.py), and
+`local_steps_vs_cpu_model` compares each traced step with the cpu model of its shape: the check that says whether
+the machine was as quiet as when the fit was measured, and so whether the errors are the simulator's.
 
 The default workload (a minute of the mixed trace at half its rate, prompts cut to 512 tokens, outputs to
 32) takes about three minutes on the quiet machine; the `cpu` fit should be measured there first
