@@ -63,7 +63,10 @@ def _figures(served, span: float) -> dict:
     return {"requests": len(served), "completed": len(done),
             "goodput_rps": sum(1 for s in done if met(s, slos)) / span,
             "ttft_p50_s": _median([s.ttft_s for s in done]),
-            "tpot_p50_s": _median([s.tpot_s for s in done if s.tokens > 1])}
+            "tpot_p50_s": _median([s.tpot_s for s in done if s.tokens > 1]),
+            # the overall median sits between the classes' TTFTs (docs/benchmarks.md): read it with these
+            "ttft_p50_s_by_class": {cls: _median([s.ttft_s for s in done if s.req.traffic_class == cls])
+                                    for cls in sorted({s.req.traffic_class for s in done})}}
 
 
 def _error(sim, local):

@@ -163,3 +163,17 @@ def test_validate_reads_window_and_rate_only_when_given():
     assert validate_settings(argparse.Namespace(window_s=20.0, rate=None)).window_s == 20.0
     with pytest.raises(ValueError, match="must be > 0"):
         validate_settings(argparse.Namespace(window_s=-1.0, rate=None))
+
+
+def test_validate_simulates_through_the_measured_gateway_path():
+    from loadtests.fleet.validate import ValidateSettings, simulated
+    from loadtests.fleet.workload import MIXES, build
+
+    s = ValidateSettings(window_s=12.0)
+    requests = build(MIXES["mixed"], s.window_s, s.rate, CPU.max_model_len, max_output_tokens=s.max_output_tokens,
+                     max_prompt_tokens=s.max_prompt_tokens)
+    figures = simulated(requests, s)
+    path = GatewayPath.from_json(0.5)
+    assert figures["completed"] == figures["requests"] == len(requests)
+    assert set(figures["ttft_p50_s_by_class"]) == {"chat", "document"}
+    assert min(figures["ttft_p50_s_by_class"].values()) > path.request_s + path.token_s
