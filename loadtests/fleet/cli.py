@@ -42,6 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--validate", action="store_true", help="run the workload on the local pinned stack and in the "
                    "simulator (cpu model) and print the relative errors (loadtests/fleet/validate.py); it reads "
                    "--window-s and --rate when given (default: 60 s at 0.5)")
+    p.add_argument("--per-request", default=None, metavar="PATH", help="--validate: write both sides of every "
+                   "request (engine, route reason, cached tokens, TTFT, TPOT) to PATH as JSON lines")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=_run_fleet)
 
@@ -108,7 +110,7 @@ def _run_fleet(args: argparse.Namespace) -> int:
         from loadtests.fleet.validate import format_table as validate_table
         from loadtests.fleet.validate import validate
 
-        result = validate(validate_settings(args), progress=_progress)
+        result = validate(validate_settings(args), progress=_progress, per_request=args.per_request)
         print(json.dumps(result, indent=2) if args.json else validate_table(result))
         return 0
     from loadtests.fleet.bench import run

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import os
 import statistics
 import tempfile
@@ -93,6 +94,10 @@ def stack_poll_interval_s() -> float:
 
 
 def simulated(requests, s: ValidateSettings) -> dict:
+    return _figures(simulated_served(requests, s), requests[-1].arrival_s - requests[0].arrival_s)
+
+
+def simulated_served(requests, s: ValidateSettings) -> list:
     from loadtests.fleet.cost_models import LinearCostModel
     from loadtests.fleet.engine import EngineProfile
     from loadtests.fleet.gateway_path import GatewayPath
@@ -101,8 +106,7 @@ def simulated(requests, s: ValidateSettings) -> dict:
     settings = SimSettings(chain_sessions=False, gateway=GatewayPath.from_json(stack_poll_interval_s()))
     sim = FleetSim(StackSpec("validate", s.kinds, "duet"), requests, LinearCostModel.from_json(),
                    EngineProfile.for_cost_model("cpu"), settings)
-    served = sim.run()
-    return _figures(served, requests[-1].arrival_s - requests[0].arrival_s)
+    return sim.run()
 
 
 def _overlap(step: dict, others: list[tuple[float, float]]) -> float:
@@ -179,8 +183,9 @@ def pinned_stack(kinds: tuple[str, ...], trace_dir: Path | None = None):
             os.environ[STEP_TRACE_ENV] = before
 
 
-def local(requests, s: ValidateSettings, progress=None, trace_dir: Path | None = None) -> tuple[dict, dict]:
-    """The local run's figures, and its workers' pids -> worker ids (to name their step traces)."""
+def local(requests, s: ValidateSettings, progress=None, trace_dir: Path | None = None) -> tuple[dict, dict, list]:
+    """The local run's figures, its workers' pids -> worker ids (to name their step traces) and the client's
+    records."""
     from duet.tokenizer import Tokenizer
     from loadtests.fleet.engine import EngineProfile
     from loadtests.load.client import arun_benchmark
@@ -201,21 +206,43 @@ def local(requests, s: ValidateSettings, progress=None, trace_dir: Path | None =
         ok = rec.ok and rec.e2e_s is not None
         tpot = (rec.e2e_s - rec.ttft_s) / (rec.output_tokens - 1) if ok and rec.output_tokens > 1 else 0.0
         served.append(_LocalServed(by_id[rec.request_id], rec.ttft_s or 0.0, tpot, rec.output_tokens, ok))
-    return _figures(served, requests[-1].arrival_s - requests[0].arrival_s), pids
+    return _figures(served, requests[-1].arrival_s - requests[0].arrival_s), pids, records
 
 
-def validate(s: ValidateSettings = ValidateSettings(), progress=None) -> dict:
+def per_request_rows(sim_served, records) -> list[dict]:
+    """Both sides of each request, by id (`--per-request`): to tell a constant offset from a gap that grows
+    with the prompt or with the queue."""
+    local_by_id = {r.request_id: r for r in records}
+    rows = []
+    for x in sim_served:
+        rec = local_by_id.get(x.req.request_id)
+        rows.append({"request_id": x.req.request_id, "class": x.req.traffic_class, "sent_s": round(x.sent_s, 4),
+                     "prompt_tokens": x.prompt_tokens,
+                     "sim": {"engine": x.kind, "reason": x.reason, "cached_tokens": x.cached_tokens,
+                             "ttft_s": round(x.ttft_s, 4), "tpot_s": round(x.tpot_s, 4), "tokens": x.tokens},
+                     "local": None if rec is None else {
+                         "engine": rec.engine, "reason": rec.route_reason, "cached_tokens": rec.cached_tokens,
+                         "ttft_s": rec.ttft_s, "tpot_s": rec.tpot_s, "tokens": rec.output_tokens,
+                         "text_chunks": len(rec.chunk_times_s), "error": rec.error}})
+    return rows
+
+
+def validate(s: ValidateSettings = ValidateSettings(), progress=None, per_request: Path | None = None) -> dict:
+    """The validation's figures; with `per_request`, both sides of every request as JSON lines there."""
     from loadtests.fleet.engine import EngineProfile
     from loadtests.fleet.workload import MIXES, build
 
     requests = build(MIXES["mixed"], s.window_s, s.rate, EngineProfile.for_cost_model("cpu").max_model_len,
                      max_output_tokens=s.max_output_tokens, max_prompt_tokens=s.max_prompt_tokens)
-    sim = simulated(requests, s)
+    sim_served = simulated_served(requests, s)
+    sim = _figures(sim_served, requests[-1].arrival_s - requests[0].arrival_s)
     if progress:
         progress(f"simulated: {sim}")
     with tempfile.TemporaryDirectory(prefix="duet-validate-trace-") as tmp:
-        real, pids = local(requests, s, progress, Path(tmp))
+        real, pids, records = local(requests, s, progress, Path(tmp))
         steps = step_cost_check(Path(tmp), pids)
+    if per_request is not None:
+        Path(per_request).write_text("".join(json.dumps(row) + "\n" for row in per_request_rows(sim_served, records)))
     return {"workload": {"mix": "mixed", "window_s": s.window_s, "rate": s.rate, "requests": len(requests),
                          "max_prompt_tokens": s.max_prompt_tokens, "max_output_tokens": s.max_output_tokens,
                          "workers": list(s.kinds)},

@@ -177,3 +177,22 @@ def test_validate_simulates_through_the_measured_gateway_path():
     assert figures["completed"] == figures["requests"] == len(requests)
     assert set(figures["ttft_p50_s_by_class"]) == {"chat", "document"}
     assert min(figures["ttft_p50_s_by_class"].values()) > path.request_s + path.token_s
+
+
+def test_per_request_rows_pair_both_sides_by_id():
+    from loadtests.fleet.validate import ValidateSettings, per_request_rows, simulated_served
+    from loadtests.fleet.workload import MIXES, build
+    from loadtests.load.client import RequestRecord
+
+    s = ValidateSettings(window_s=4.0)
+    requests = build(MIXES["mixed"], s.window_s, s.rate, CPU.max_model_len, max_output_tokens=s.max_output_tokens,
+                     max_prompt_tokens=s.max_prompt_tokens)
+    served = simulated_served(requests, s)
+    first = requests[0]
+    records = [RequestRecord(first.request_id, first.traffic_class, first.session, 512, 32, ttft_s=1.5, e2e_s=2.0,
+                             output_tokens=3, engine="paged", route_reason="reuse_low")]
+    rows = per_request_rows(served, records)
+    assert [r["request_id"] for r in rows] == [r.request_id for r in requests]
+    assert rows[0]["local"]["ttft_s"] == 1.5 and rows[0]["local"]["tpot_s"] == 0.25
+    assert rows[0]["sim"]["ttft_s"] > 0 and all(r["local"] is None for r in rows[1:])
+    json.dumps(rows)  # a JSON line each
