@@ -109,48 +109,6 @@ def simulated_served(requests, s: ValidateSettings) -> list:
     return sim.run()
 
 
-def _overlap(step: dict, others: list[tuple[float, float]]) -> float:
-    """The share of `step`'s time during which another worker was mid-step (the cores' shared caches and
-    memory bandwidth are the one thing the step fit, measured one runner at a time, does not see)."""
-    t0, t1 = step["t"], step["t"] + step["step_s"]
-    busy = sum(max(0.0, min(t1, b) - max(t0, a)) for a, b in others)
-    return min(1.0, busy / (t1 - t0)) if t1 > t0 else 0.0
-
-
-def step_cost_check(trace_dir: Path, workers: dict[int, str]) -> dict[str, dict]:
-    """Per worker of the local run: its real steps against the `cpu` model of the same shapes (the workers'
-    step traces). `forward_over_model` = real forward seconds / modelled seconds, summed and per step (median),
-    for prefill-only, decode-only and mixed steps, and apart for the steps that ran while another worker was
-    mid-step most of the time (`*_with_neighbour_busy`) and the rest: whether the step fit holds in the running
-    stack, apart from everything else that shapes TTFT, and whether a busy neighbour core slows a step."""
-    from engine_core.step_trace import read_traces
-    from loadtests.fleet.cost_models import LinearCostModel, shape_of_counts
-
-    model = LinearCostModel.from_json()
-    traces = read_traces(trace_dir)
-    spans = {pid: [(st["t"], st["t"] + st["step_s"]) for st in steps] for pid, steps in traces.items()}
-    out = {}
-    for pid, steps in traces.items():
-        others = [span for other, s in spans.items() if other != pid for span in s]
-        rows = []
-        for st in steps:
-            shape = shape_of_counts(st["chunks"])
-            kind = "mixed" if shape.prefill_tokens and shape.decode_tokens else (
-                "prefill" if shape.prefill_tokens else "decode")
-            if _overlap(st, others) >= 0.5:
-                kind += "_with_neighbour_busy"
-            rows.append((kind, st["forward_s"], model.step_seconds(shape), st["step_s"]))
-        worker = {"steps": len(rows), "outside_forward_s_per_step": round(
-            statistics.fmean(r[3] - r[1] for r in rows), 5) if rows else None}
-        for kind in sorted({r[0] for r in rows}):
-            sel = [r for r in rows if r[0] == kind]
-            worker[kind] = {"steps": len(sel), "forward_over_model_sum": round(
-                sum(r[1] for r in sel) / sum(r[2] for r in sel), 3),
-                "forward_over_model_median": round(statistics.median(r[1] / r[2] for r in sel), 3)}
-        out[workers.get(pid, f"pid {pid}")] = worker
-    return out
-
-
 @contextmanager
 def pinned_stack(kinds: tuple[str, ...], trace_dir: Path | None = None):
     """The local stack --validate runs: (stack, model dir). Each worker pinned to its own core; with
@@ -230,6 +188,7 @@ def per_request_rows(sim_served, records) -> list[dict]:
 def validate(s: ValidateSettings = ValidateSettings(), progress=None, per_request: Path | None = None) -> dict:
     """The validation's figures; with `per_request`, both sides of every request as JSON lines there."""
     from loadtests.fleet.engine import EngineProfile
+    from loadtests.fleet.step_check import step_cost_check
     from loadtests.fleet.workload import MIXES, build
 
     requests = build(MIXES["mixed"], s.window_s, s.rate, EngineProfile.for_cost_model("cpu").max_model_len,
@@ -240,7 +199,7 @@ def validate(s: ValidateSettings = ValidateSettings(), progress=None, per_reques
         progress(f"simulated: {sim}")
     with tempfile.TemporaryDirectory(prefix="duet-validate-trace-") as tmp:
         real, pids, records = local(requests, s, progress, Path(tmp))
-        steps = step_cost_check(Path(tmp), pids)
+        steps = step_cost_check(Path(tmp), pids)  # loadtests/fleet/step_check.py
     if per_request is not None:
         Path(per_request).write_text("".join(json.dumps(row) + "\n" for row in per_request_rows(sim_served, records)))
     return {"workload": {"mix": "mixed", "window_s": s.window_s, "rate": s.rate, "requests": len(requests),

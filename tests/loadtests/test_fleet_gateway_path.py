@@ -136,7 +136,7 @@ def test_the_step_trace_records_what_the_real_step_loop_ran(tmp_path, monkeypatc
 
 def test_validate_compares_traced_steps_with_the_model(tmp_path):
     """Worker 42's steps took twice the model; its first two ran while worker 43 was mid-step, the third alone."""
-    from loadtests.fleet.validate import step_cost_check
+    from loadtests.fleet.step_check import step_cost_check
 
     model = LinearCostModel.from_json()
     chunks = [[512, 0, 1]]
