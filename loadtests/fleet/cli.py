@@ -58,6 +58,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "(request and token times through the local stack's gateway: loadtests/fleet/calibrate_gateway.py) "
                    "into the fit's `gateway` section")
     c.add_argument("--gateway-requests", type=int, default=12, help="--gateway: requests to time")
+    c.add_argument("--neighbour", action="store_true", help="instead of the step fit, measure how much slower a step "
+                   "runs while the other core steps too (loadtests/fleet/calibrate_neighbour.py) into the fit's "
+                   "`neighbour_slowdown`")
     c.set_defaults(func=_run_calibrate)
 
 
@@ -141,6 +144,11 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     from loadtests.fleet.calibrate import measure
     from loadtests.fleet.cost_models import CPU_FIT
 
+    if args.neighbour:
+        from loadtests.fleet.calibrate_neighbour import measure_neighbour
+
+        print(json.dumps(measure_neighbour(args.repeats, Path(args.out) if args.out else CPU_FIT, _progress), indent=2))
+        return 0
     if args.gateway:
         from loadtests.fleet.calibrate_gateway import measure_gateway
 

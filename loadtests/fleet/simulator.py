@@ -14,7 +14,8 @@ queued-prefill count from gateway/pool_tracker.PoolTracker), the policy (`gatewa
 decision recorded (SeenBlocks, WorkerBlockIndex, session affinity). At a step boundary a worker first
 delivers what its previous step produced (outputs stamped with the boundary's time; its KV events applied to
 the gateway's index, as gateway/workers.py applies them), then runs its next real step; the step's modelled
-seconds put the next boundary. A worker with nothing runnable idles until a request arrives.
+seconds put the next boundary (longer by `neighbour_slowdown` when another worker is mid-step: workers sharing
+one machine, as the local stack's do). A worker with nothing runnable idles until a request arrives.
 
 With the planner (`planner=True`), each tick feeds `PoolTracker.tick` (gateway/pool_planner.py) the views;
 when its target differs from the fleet, one worker at a time is switched as duet/pool_manager.py does: the
@@ -89,6 +90,9 @@ class SimSettings:
     keep_step_log: bool = False
     chain_sessions: bool = True  # False: every turn at its own arrival time (an open-loop client, as --validate's)
     gateway: GatewayPath = field(default_factory=GatewayPath)  # zero cost and live views unless measured
+    # workers sharing one machine's caches and memory bandwidth (the local stack, one worker per core): a step
+    # that starts while another worker is mid-step takes this much longer (calibrate_neighbour.py); 0: apart
+    neighbour_slowdown: float = 0.0
 
 
 class FleetSim:
@@ -213,7 +217,10 @@ class FleetSim:
             self._deliver(w, w.pending)
             w.pending = None
         if w.core.has_unfinished():
+            neighbour_busy = any(o.pending is not None for o in self.workers.values() if o is not w)
             result, seconds = w.step()
+            if neighbour_busy:
+                seconds *= 1.0 + self.s.neighbour_slowdown
             if result.ran_model:
                 w.pending = result
                 self._push(self.now + seconds, STEP, wid)

@@ -98,12 +98,14 @@ def simulated(requests, s: ValidateSettings) -> dict:
 
 
 def simulated_served(requests, s: ValidateSettings) -> list:
-    from loadtests.fleet.cost_models import LinearCostModel
+    from loadtests.fleet.cost_models import CPU_FIT, LinearCostModel
     from loadtests.fleet.engine import EngineProfile
     from loadtests.fleet.gateway_path import GatewayPath
     from loadtests.fleet.simulator import FleetSim, SimSettings, StackSpec
 
-    settings = SimSettings(chain_sessions=False, gateway=GatewayPath.from_json(stack_poll_interval_s()))
+    fit = json.loads(CPU_FIT.read_text())
+    settings = SimSettings(chain_sessions=False, gateway=GatewayPath.from_json(stack_poll_interval_s()),
+                           neighbour_slowdown=fit.get("neighbour_slowdown", 0.0))
     sim = FleetSim(StackSpec("validate", s.kinds, "duet"), requests, LinearCostModel.from_json(),
                    EngineProfile.for_cost_model("cpu"), settings)
     return sim.run()

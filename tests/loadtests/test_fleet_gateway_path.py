@@ -196,3 +196,27 @@ def test_per_request_rows_pair_both_sides_by_id():
     assert rows[0]["local"]["ttft_s"] == 1.5 and rows[0]["local"]["tpot_s"] == 0.25
     assert rows[0]["sim"]["ttft_s"] > 0 and all(r["local"] is None for r in rows[1:])
     json.dumps(rows)  # a JSON line each
+
+
+def test_a_step_is_slower_while_the_other_worker_is_mid_step():
+    """Two workers, one document each at the same instant: the second worker's step starts while the first's
+    is running and takes `neighbour_slowdown` longer (the first started alone: a first-order model, applied at
+    a step's start); a worker alone on the machine is never slowed."""
+    docs = [_req(0, 0.0, (7,)), _req(1, 0.0, (8,))]
+    lone = [_req(0, 0.0, (7,))]
+
+    def ttfts(requests, slowdown):
+        sim = FleetSim(StackSpec("t", ("paged", "paged"), "duet"), requests, COST, CPU,
+                       SimSettings(chain_sessions=False, neighbour_slowdown=slowdown))
+        return {s.req.request_id: s.ttft_s for s in sim.run()}
+
+    base, slowed = ttfts(docs, 0.0), ttfts(docs, 0.1)
+    assert slowed["r0"] == pytest.approx(base["r0"])
+    assert slowed["r1"] == pytest.approx(base["r1"] * 1.1)
+    assert ttfts(lone, 0.1) == pytest.approx(ttfts(lone, 0.0))  # alone on the machine: no slowdown
+
+
+def test_the_shipped_fit_has_a_measured_neighbour_slowdown():
+    from loadtests.fleet.cost_models import CPU_FIT
+
+    assert 0 <= json.loads(CPU_FIT.read_text())["neighbour_slowdown"] < 1
