@@ -13,6 +13,10 @@ The gateway's overhead is read on one server: duet_over_vllm's vLLM is first mea
 gateway starts), then through the gateway, and duet_over_vllm's ratios are against that. Against the `vllm`
 side they would also count the flags the backend server adds and one more server start. The order (direct
 first) is fixed; each pass has its own warm-up. vllm_paged_duet_prefix is compared with the `vllm` side.
+
+The gateway runs on the cores vLLM reserves for its own front-end (its log's `reserved_cpus`, core 1 of 2 by
+default), beside vLLM's API server, as a deployment would place it: unpinned, the scheduler may put it on the
+core vLLM's model worker is bound to and take compute from it. A Duet worker is not pinned.
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ def measure_stack(name: str, venv: Path, model: Path, served_name: str, log_dir:
             progress(f"{name}: its vllm server alone first ({DIRECT})")
             sides[DIRECT] = measure(server.url, "direct-")
         extra = {"backends": [backend_entry(server, kv_port, replay_port)]}
-        with ServingStack(model, kinds, {}, duet_limits, log_dir=stack_dir, gateway_extra=extra) as stack:
+        front = ",".join(map(str, server.reserved_cpus())) or None  # module doc: the gateway is a front-end
+        progress(f"{name}: the gateway on cpus {front}" if front else f"{name}: vllm reserves no cpu; gateway unpinned")
+        with ServingStack(model, kinds, {}, duet_limits, log_dir=stack_dir, gateway_extra=extra,
+                          gateway_cpus=front) as stack:
             sides[name] = measure(stack.url, "")
         return sides

