@@ -22,8 +22,8 @@ def test_a_stream_through_an_openai_backend_is_the_backends_own_answer(tmp_path)
     try:
         outer = GatewayThread(gateway_config([], backends=[{"engine": "openai", "url": inner.url}])).start(
             wait_workers=1)
-        args = dict(model=MODEL, prompt="the backend answers", max_tokens=12, temperature=0.0,
-                    extra_body={"ignore_eos": True})
+        args = {"model": MODEL, "prompt": "the backend answers", "max_tokens": 12, "temperature": 0.0,
+                "extra_body": {"ignore_eos": True}}
         direct = openai.OpenAI(base_url=inner.url + "/v1", api_key="k", max_retries=0).completions.create(**args)
         c = openai.OpenAI(base_url=outer.url + "/v1", api_key="k", max_retries=0)
         with c.completions.with_streaming_response.create(stream=True, **args) as raw:
