@@ -8,7 +8,7 @@ the requests sent by the benchmark client (loadtests/load/client.py) at the work
 prompts as token ids. Simulated: the same requests, worker kinds, KV budget and batch limits
 (`EngineProfile.for_cost_model("cpu")`, the stack's EngineLimits), Duet's routing, every turn at its own
 arrival time as the open-loop client sends it (`chain_sessions=False`). Both are judged by the cpu SLOs of
-loadtests/fleet/report.py over the same arrival span. Error = |simulated - local| / local.
+loadtests/class_slo.py (FLEET_SLOS) over the same arrival span. Error = |simulated - local| / local.
 
 The default workload (a minute of the mixed trace at half its rate, prompts cut to 512 tokens, outputs to
 32) takes about three minutes on the quiet machine; the `cpu` fit should be measured there first
@@ -22,7 +22,8 @@ import os
 import statistics
 from dataclasses import dataclass
 
-from loadtests.fleet.report import DEFAULT_SLOS, met
+from loadtests.class_slo import FLEET_SLOS
+from loadtests.fleet.report import met
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class _LocalServed:
     tpot_s: float
     tokens: int
     done: bool
+    prompt_tokens: int
 
 
 def _median(values):
@@ -50,7 +52,7 @@ def _median(values):
 
 
 def _figures(served, span: float) -> dict:
-    slos = DEFAULT_SLOS["cpu"]
+    slos = FLEET_SLOS["cpu"]
     done = [s for s in served if s.done]
     return {"requests": len(served), "completed": len(done),
             "goodput_rps": sum(1 for s in done if met(s, slos)) / span,
@@ -115,7 +117,8 @@ def local(requests, s: ValidateSettings, progress=None) -> dict:
     for rec in records:
         ok = rec.ok and rec.e2e_s is not None
         tpot = (rec.e2e_s - rec.ttft_s) / (rec.output_tokens - 1) if ok and rec.output_tokens > 1 else 0.0
-        served.append(_LocalServed(by_id[rec.request_id], rec.ttft_s or 0.0, tpot, rec.output_tokens, ok))
+        served.append(_LocalServed(by_id[rec.request_id], rec.ttft_s or 0.0, tpot, rec.output_tokens, ok,
+                                    rec.prompt_tokens))
     return _figures(served, requests[-1].arrival_s - requests[0].arrival_s)
 
 
