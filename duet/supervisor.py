@@ -61,11 +61,25 @@ class _Child:
     given_up: bool = False
 
 
+_PR_SET_PDEATHSIG = 1
+try:  # resolved in the parent, so the forked child calls a function pointer and loads nothing
+    _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: children are stopped by their owners only
+    _prctl = None
+
+
+def ask_for_parent_death_signal() -> None:
+    """A `preexec_fn`: in the child before exec, ask the kernel for SIGTERM when the parent dies (Linux;
+    nothing elsewhere). The signal comes when the thread that started the child exits, so start children
+    from a thread that lives as long as they should."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _die_with_parent() -> None:
-    """In the child before exec: own process group, SIGTERM when the parent dies (Linux)."""
+    """In the child before exec: own process group, SIGTERM when the parent dies."""
     os.setpgrp()
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    ask_for_parent_death_signal()
 
 
 class Supervisor:

@@ -63,7 +63,8 @@ def process(proc: OutputProcessor, batch: PagedBatch, logits: torch.Tensor) -> l
             rows.append((e.group, e.seq, row))
         row += 1
     if rows:
-        sample_rows = [SampleRow(g.request.params, s.token_ids[:s.num_prompt], s.output_token_ids, s.generator)
+        # the request's own prompt and a view of the output: no per-step copy of either
+        sample_rows = [SampleRow(g.request.params, g.request.prompt_token_ids, s.outputs, s.generator)
                        for g, s, _ in rows]
         out = proc.sampler.sample(logits[[r for _, _, r in rows]], sample_rows)
         for (group, seq, _), token, lp in zip(rows, out.token_ids, out.logprobs):
@@ -88,7 +89,7 @@ def _fork_outputs(proc: OutputProcessor, group: SequenceGroup, parent: Sequence)
 
 
 def _finish_reason(proc: OutputProcessor, group: SequenceGroup, seq: Sequence) -> FinishReason | None:
-    reason = group.request.params.finish_reason(seq.output_token_ids, proc.eos_token_ids,
+    reason = group.request.params.finish_reason(seq.outputs, proc.eos_token_ids,
                                                 max_model_len=proc.max_model_len, num_prompt_tokens=seq.num_prompt)
     return None if reason is None else FinishReason(reason)
 
@@ -109,9 +110,9 @@ def _append(proc: OutputProcessor, group: SequenceGroup, seq: Sequence, token: i
         seq.logprobs.append(lp)
         seq.cumulative_logprob += lp.logprob
     seq.finish_reason = _finish_reason(proc, group, seq)
-    new = seq.output_token_ids[seq.num_sent:]
+    new = seq.token_ids[seq.num_prompt + seq.num_sent:]
     new_lps = seq.logprobs[seq.num_sent:] if lp is not None else None
-    seq.num_sent = len(seq.output_token_ids)
+    seq.num_sent = seq.num_output
     if seq.finish_reason is not None:
         proc.bm.free(seq.seq_id)
         if all(s.finished for s in group.seqs):
@@ -122,7 +123,7 @@ def _append(proc: OutputProcessor, group: SequenceGroup, seq: Sequence, token: i
 
 # -- beam search -------------------------------------------------------------------------------
 def _score(seq: Sequence, length_penalty: float) -> float:
-    return seq.cumulative_logprob / max(1, len(seq.output_token_ids)) ** length_penalty
+    return seq.cumulative_logprob / max(1, seq.num_output) ** length_penalty
 
 
 def _beam_step(proc: OutputProcessor, group: SequenceGroup, beam_rows: list[tuple[Sequence, torch.Tensor]]
@@ -136,7 +137,7 @@ def _beam_step(proc: OutputProcessor, group: SequenceGroup, beam_rows: list[tupl
         ids, values = zip(*params.logit_bias)
         logits[:, list(ids)] += torch.tensor(values, device=logits.device)
     logp = torch.log_softmax(logits, dim=-1)
-    if len(parents[0].output_token_ids) < params.min_tokens and stops:
+    if parents[0].num_output < params.min_tokens and stops:
         logp[:, sorted(stops)] = float("-inf")
     total = logp + torch.tensor([p.cumulative_logprob for p in parents])[:, None]
     values, flat = total.flatten().topk(min(2 * width, total.numel()))
@@ -176,7 +177,7 @@ def _beam_step(proc: OutputProcessor, group: SequenceGroup, beam_rows: list[tupl
         live.append(seq)
     group.seqs = live
     group.forked = True
-    out_len = len(live[0].output_token_ids) if live else 0
+    out_len = live[0].num_output if live else 0
     at_limit = live and (out_len >= params.max_tokens or len(live[0].token_ids) >= proc.max_model_len)
     if at_limit:
         for seq in live:

@@ -6,6 +6,8 @@ prefill completes, n > 1 and beam search fork it (the block manager shares the p
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -15,6 +17,26 @@ from engine_core.forward_batch import SeqChunk
 from engine_core.request import FinishReason, Request, TokenLogprob
 
 _seq_ids = itertools.count()
+
+
+class TokenTail(SequenceABC):
+    """`ids[start:]` read in place: the sampler and the stopping rule look at a sequence's output every
+    step, and a copy would make each step O(prompt + output) instead of O(new tokens)."""
+
+    __slots__ = ("_ids", "_start")
+
+    def __init__(self, ids: list[int], start: int) -> None:
+        self._ids, self._start = ids, start
+
+    def __len__(self) -> int:
+        return len(self._ids) - self._start
+
+    def __getitem__(self, i):
+        positions = range(self._start, len(self._ids))[i]  # bounds and negative indices as a list's tail has them
+        return [self._ids[j] for j in positions] if isinstance(i, slice) else self._ids[positions]
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(self._ids, self._start, None)
 
 
 class GroupStatus(Enum):
@@ -38,7 +60,16 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
+        """A copy; per-step code reads `outputs` (no copy) or `num_output`."""
         return self.token_ids[self.num_prompt:]
+
+    @property
+    def outputs(self) -> TokenTail:
+        return TokenTail(self.token_ids, self.num_prompt)
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - self.num_prompt
 
     @property
     def num_uncomputed(self) -> int:

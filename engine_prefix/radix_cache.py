@@ -28,6 +28,27 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol
 
 
+def common_len(key: tuple[int, ...], tokens: Sequence[int], pos: int, end: int, page_size: int) -> int:
+    """Length of the common prefix of ``key`` and ``tokens[pos:end]``, rounded down to whole pages.
+
+    Every match and insert runs it on each node of the path, so it compares slices (in C), not tokens (in
+    Python): chunks that double while they match and halve after a miss, down to one page. A long match
+    costs O(log) slice compares, and a miss a page or two in stays as cheap as it was token by token."""
+    limit = max(0, min(len(key), end - pos))
+    limit -= limit % page_size  # a partial page never counts
+    n, step = 0, page_size
+    while n < limit:
+        step = min(step, limit - n)
+        if key[n:n + step] == tuple(tokens[pos + n:pos + n + step]):
+            n += step
+            step *= 2
+        elif step > page_size:
+            step = max(page_size, step // 2 - step // 2 % page_size)
+        else:
+            break
+    return n
+
+
 class Allocator(Protocol):
     """The part of engine_core.kv_pool.PageAllocator the cache uses."""
 
@@ -127,7 +148,7 @@ class RadixCache:
             child = node.children.get(tuple(token_ids[pos : pos + self.page_size]))
             if child is None:
                 break
-            n = self._common_len(child.key, token_ids, pos, usable)
+            n = common_len(child.key, token_ids, pos, usable, self.page_size)
             if n < len(child.key):
                 child = self._split(child, n)
             child.last_access = now
@@ -162,7 +183,7 @@ class RadixCache:
                 if self.listener is not None:
                     self.listener.on_stored(self, new)
                 break
-            n = self._common_len(child.key, token_ids, pos, length)
+            n = common_len(child.key, token_ids, pos, length, self.page_size)
             if n < len(child.key):
                 child = self._split(child, n)
             child.last_access = now
@@ -255,14 +276,6 @@ class RadixCache:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
-
-    def _common_len(self, key: tuple[int, ...], tokens: Sequence[int], pos: int, end: int) -> int:
-        """Length of the common prefix of ``key`` and ``tokens[pos:end]``, rounded down to whole pages."""
-        n = 0
-        limit = min(len(key), end - pos)
-        while n < limit and key[n] == tokens[pos + n]:
-            n += 1
-        return n - n % self.page_size
 
     def _split(self, child: Node, n: int) -> Node:
         """Cut ``child`` after ``n`` tokens (a page multiple); returns the new upper node."""

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 import httpx
 
 from duet.rpc import engine_pb2 as pb
+from duet.sse import SseReader
 from gateway.backend_load import engine_load
 from gateway.backend_spec import CAPABILITIES, BackendSpec
 from gateway.backend_wire import ChunkReader, WireError, completions_body, vllm_generate_body
@@ -122,15 +123,11 @@ class HttpBackendClient:
                     bad = 400 <= resp.status_code < 500 and resp.status_code not in (408, 429)
                     raise EngineCallError(self.worker_id, "INVALID_ARGUMENT" if bad else "UNAVAILABLE",
                                           f"HTTP {resp.status_code}: {text}", not bad)
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
+                events = SseReader(resp.aiter_lines())
+                async for data in events:
                     for msg in reader.push(json.loads(data)):
                         yield msg
-                else:
+                if not events.done:
                     raise EngineCallError(self.worker_id, "UNAVAILABLE", "the stream ended before [DONE]", True)
         except WireError as e:
             raise EngineCallError(self.worker_id, "INTERNAL", str(e), e.retryable) from None

@@ -60,7 +60,7 @@ def _run_advise_fleet(args: argparse.Namespace) -> int:
     if args.cost_model not in ("h200", "cpu"):
         raise ValueError(f"--cost-model must be h200 or cpu, got {args.cost_model!r}")
     s = FleetSettings(cost_model=args.cost_model, workers=args.workers or 8, mix=parse_mix(args.trace),
-                      window_s=args.window_s, rate=args.rate, slos=parse_slos(args.class_slo, args.cost_model))
+                      window_s=args.window_s, rate=args.rate, slos=parse_slos(args.class_slo, args.cost_model, "--class-slo"))
     result = advise_fleet.advise(s, args.worker_hour_usd, progress=lambda line: print(line, file=sys.stderr))
     print(json.dumps(result, indent=2) if args.json else advise_fleet.format_markdown(result))
     return 0
@@ -106,8 +106,8 @@ def compare_settings(args: argparse.Namespace):
     """The Settings the parsed flags describe (tests check this without starting a stack)."""
     from dataclasses import replace
 
+    from loadtests.class_slo import ClassSlo, parse_class_slos
     from loadtests.experiments import compare
-    from loadtests.load.class_slo import ClassSlo, parse_class_slos
 
     s = compare.QUICK if args.quick else compare.Settings()
     if args.pin_cores:
@@ -205,7 +205,7 @@ def _add_advise(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cost-model", default="h200", help="--fleet: h200 or cpu")
     p.add_argument("--rate", type=float, default=1.0, help="--fleet: arrival-rate multiplier")
     p.add_argument("--window-s", type=float, default=300.0, help="--fleet: trace seconds replayed")
-    p.add_argument("--class-slo", default=None, help="--fleet: per-class SLOs, e.g. chat.ttft=3,document.ttft=6")
+    p.add_argument("--class-slo", default=None, help="--fleet: per-class SLOs in ms, e.g. chat.ttft=3000,document.ttft=6s")
     p.add_argument("--worker-hour-usd", type=float, default=None, help="--fleet: price of one worker-hour")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the markdown")
     p.set_defaults(func=_run_advise)

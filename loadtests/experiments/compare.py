@@ -36,7 +36,7 @@ prefill), not cache. The request count per run is what arrives at the rate in `r
 light and heavy.
 
 `--pin-cores` (loadtests/experiments/pinning.py) pins worker i of every stack to core i (two workers on this
-machine: 2 paged, 2 prefix, 1 + 1) and judges goodput by per-class SLOs (loadtests/load/class_slo.py: a chat
+machine: 2 paged, 2 prefix, 1 + 1) and judges goodput by per-class SLOs (loadtests/class_slo.py: a chat
 turn must start within 2 s, a document within 4 s + 4 ms a prompt token) instead of one bound for all.
 
 Per stack and rate: goodput (requests meeting both the TTFT and the TPOT SLO, per second), TTFT per
@@ -53,11 +53,11 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from loadtests.class_slo import ClassSlo
 from loadtests.experiments.compare_report import headline, rate_summary
 from loadtests.experiments.pinning import core_plan
 from loadtests.experiments.routing_baselines import SGLANG_ROUTING_POLICY
 from loadtests.experiments.stack import EngineLimits, ServingStack, paged_prefix_caching_flags
-from loadtests.load.class_slo import ClassSlo
 from loadtests.load.client import RequestRecord, arun_benchmark
 from loadtests.load.report import Slo, summarize
 from loadtests.load.workloads import SESSION_TURNS, BenchRequest, TokenSource, mix

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from duet.engine_config import ENGINE_DEFAULTS
 from loadtests.experiments.peer_backends import STACKS as BACKEND_STACKS
+from loadtests.experiments.peer_backends import wrapped_side
 from loadtests.load.workloads import BenchRequest, TokenSource
 
 
@@ -103,30 +104,49 @@ def strongest(peers: dict[str, dict]) -> str:
 
 
 def combine(sides: dict[str, dict[str, dict]], engines: list[str], wraps: dict[str, str] | None = None) -> dict:
-    """{side: {load: figures}} -> {load: {vllm config: figures, kind: figures + ratios + "vs"}}, every kind's
-    ratios against the stronger vLLM configuration of that load (sides named vllm*) - except a side in `wraps`,
-    which puts Duet's gateway in front of one vLLM configuration and is compared with that one alone (its
-    ratios are the gateway's overhead)."""
-    configs = [side for side in sides if side.startswith("vllm") and side not in engines]
+    """{side: {load: figures}} -> {load: {vllm side: figures, kind: figures + ratios + "vs"}}, every kind's
+    ratios against the stronger vLLM configuration of that load (VLLM_CONFIGS) - except a side in `wraps`,
+    which puts Duet's gateway in front of one vLLM server and is compared with the side it names (that server
+    measured directly: its ratios are the gateway's overhead). Sides that are neither configurations nor
+    `engines` (such a direct measurement) are reported raw."""
+    configs = [side for side in sides if side in VLLM_CONFIGS and side not in engines]
+    references = [side for side in sides if side not in configs and side not in engines]
     out: dict[str, dict] = {}
-    for load in sides[configs[0]]:
+    for load in next(iter(sides.values())):
         peers = {config: sides[config][load] for config in configs}
-        best = strongest(peers)
-        out[load] = dict(peers)
+        best = strongest(peers) if peers else None  # sides_asked: only a stack measuring its own server goes without
+        out[load] = {**peers, **{side: sides[side][load] for side in references}}
         for kind in engines:
             ours, vs = sides[kind][load], (wraps or {}).get(kind, best)
-            if vs not in peers:
+            if vs not in out[load]:
                 vs = best
-            out[load][kind] = {**ratios(ours, peers[vs]), "vs": vs, **ours}
+            out[load][kind] = {**ratios(ours, out[load][vs]), "vs": vs, **ours}
     return out
 
 
 def parse_list(text: str, allowed, what: str) -> list[str]:
+    """A comma-separated subset of `allowed`; `none` is the empty one."""
     items = [x.strip() for x in text.split(",") if x.strip()]
+    if items == ["none"]:
+        return []
     unknown = [x for x in items if x not in allowed]
     if unknown or not items:
-        raise ValueError(f"--{what}: choose from {', '.join(allowed)}; got {text!r}")
+        raise ValueError(f"--{what}: choose from {', '.join(allowed)}, or none; got {text!r}")
     return list(dict.fromkeys(items))
+
+
+def sides_asked(args: argparse.Namespace) -> tuple[list[str], list[str], list[str]]:
+    """(vLLM configurations, Duet engine kinds, backend stacks) to measure; ValueError when they cannot be
+    compared: an engine kind, or the stack compared with vLLM's default, without the vLLM side it needs."""
+    configs = parse_list(args.vllm, VLLM_CONFIGS, "vllm")
+    engines = parse_list(args.engines, ENGINES, "engines")
+    stacks = parse_list(args.backend_stacks, BACKEND_STACKS, "backend-stacks")
+    if not (configs or engines or stacks):
+        raise ValueError("nothing to measure: --vllm, --engines and --backend-stacks are all none")
+    needs = engines + [s for s in stacks if wrapped_side(s) in VLLM_CONFIGS and wrapped_side(s) not in configs]
+    if not configs and needs:
+        raise ValueError(f"{', '.join(needs)} is compared with a vLLM configuration: --vllm none leaves none")
+    return configs, engines, stacks
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -147,9 +167,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="model directory (default: the real SmolLM2-135M-Instruct, pulled once; else the "
                    "smollm2-shape random checkpoint)")
     p.add_argument("--loads", default=",".join(LOADS), help=f"comma-separated subset of {', '.join(LOADS)}")
-    p.add_argument("--engines", default=",".join(ENGINES), help="Duet engine kinds to measure, one at a time")
+    p.add_argument("--engines", default=",".join(ENGINES),
+                   help="Duet engine kinds to measure, one at a time, or none")
     p.add_argument("--vllm", default=",".join(VLLM_CONFIGS),
-                   help="vLLM configurations to measure: vllm (its default), vllm_all_cores (every core computing)")
+                   help="vLLM configurations to measure: vllm (its default), vllm_all_cores (every core computing), "
+                        "or none (only with stacks that measure their own server: duet_over_vllm)")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests per load and side (not measured)")
@@ -177,16 +199,19 @@ def _default_model(progress) -> Path:
         return cached_model_dir("smollm2", "llama")
 
 
-def _measure(url: str, served_name: str, src: TokenSource, loads: list[str], args, progress) -> dict[str, dict]:
+def _measure(url: str, served_name: str, src: TokenSource, loads: list[str], args, progress,
+             tag: str = "") -> dict[str, dict]:
+    """{load: figures} of one side. `tag` keys other prompts of the same shapes, for a second side on a server
+    whose cache the first one warmed."""
     from loadtests.load.client import run_benchmark
     from loadtests.load.report import summarize
 
     out = {}
     for load in loads:
         if args.warmup:
-            run_benchmark(url, served_name, build_requests(load, src, args.warmup, "warmup"),
+            run_benchmark(url, served_name, build_requests(load, src, args.warmup, f"{tag}warmup"),
                           concurrency=args.concurrency, progress=False)
-        records = run_benchmark(url, served_name, build_requests(load, src, args.num_prompts, "measure"),
+        records = run_benchmark(url, served_name, build_requests(load, src, args.num_prompts, f"{tag}measure"),
                                 concurrency=args.concurrency, progress=False)
         out[load] = figures(summarize(records))
         progress(f"  {load}: {json.dumps(out[load])}")
@@ -198,9 +223,8 @@ def run(args: argparse.Namespace, progress) -> dict:
     from loadtests.experiments.stack import ServingStack
 
     loads = parse_list(args.loads, LOADS, "loads")
-    engines = parse_list(args.engines, ENGINES, "engines")
-    configs = parse_list(args.vllm, VLLM_CONFIGS, "vllm")
     check_args(args)
+    configs, engines, stacks = sides_asked(args)
     model = Path(args.model).expanduser().resolve() if args.model else _default_model(progress)
     served_name = model.name  # what Duet's gateway serves it as; vLLM is told the same
     src = TokenSource.from_model_dir(model)
@@ -225,18 +249,19 @@ def run(args: argparse.Namespace, progress) -> dict:
         (log_dir / kind).mkdir(exist_ok=True)
         with ServingStack(model, [kind], {}, limits, log_dir=log_dir / kind) as stack:  # one worker: no policy to pick
             sides[kind] = _measure(stack.url, served_name, src, loads, args, progress)
-    stacks = [] if args.backend_stacks == "none" else parse_list(args.backend_stacks, BACKEND_STACKS, "backend-stacks")
     for name in stacks:
         from loadtests.experiments.peer_backends import measure_stack
 
-        sides[name] = measure_stack(name, venv, model, served_name, log_dir, vllm_limits, limits,
-                                    lambda url: _measure(url, served_name, src, loads, args, progress), progress)
-    engines = engines + stacks  # the backend stacks wrap the default vLLM configuration: compared with it
+        sides.update(measure_stack(name, venv, model, served_name, log_dir, vllm_limits, limits,
+                                   lambda url, tag="": _measure(url, served_name, src, loads, args, progress, tag),
+                                   progress))
+    engines = engines + stacks
+    wraps = {name: wrapped_side(name) for name in stacks}
     return {"peer": f"{peer_vllm.PACKAGE}=={peer_vllm.VERSION}", "model": str(model),
             "duet_quantization": args.duet_quantization,
             "num_prompts": args.num_prompts, "concurrency": args.concurrency, "warmup": args.warmup,
             "cores": cores, "duet_threads": threads,
-            "loads": combine(sides, engines, {name: "vllm" for name in stacks})}
+            "loads": combine(sides, engines, wraps)}
 
 
 def duet_threads(requested: int | None = None) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -121,6 +122,16 @@ def backend_args(kv_port: int | None = None, replay_port: int | None = None) -> 
     return tuple(args)
 
 
+_RESERVED = re.compile(r"reserved_cpus=\[([0-9, ]*)\]")
+
+
+def reserved_cpus(log_text: str) -> list[int]:
+    """The cores vLLM's CPU backend keeps off its model worker, from its thread-binding log line
+    (`reserved_cpus=[1]` by default on 2 cores); [] when it reserves none or has not said."""
+    found = _RESERVED.findall(log_text)
+    return [int(c) for c in found[-1].replace(" ", "").split(",") if c] if found else []
+
+
 class VllmServer:
     """`vllm serve` of one model directory, with the batch limits Duet's workers get."""
 
@@ -176,6 +187,9 @@ class VllmServer:
                 pass
             time.sleep(1.0)
         raise PeerError(f"vllm serve not ready after {self.ready_timeout_s:.0f}s; log: {self.log_path}")
+
+    def reserved_cpus(self) -> list[int]:
+        return reserved_cpus(self.tail(10**7))
 
     def tail(self, chars: int = 3000) -> str:
         try:

@@ -20,11 +20,12 @@ import time
 from dataclasses import dataclass, field, replace
 
 from gateway.pool_planner import PlannerConfig
+from loadtests.class_slo import FLEET_SLOS, ClassSlo
 from loadtests.fleet.cost_models import COST_MODELS, cost_model
 from loadtests.fleet.engine import EngineProfile
-from loadtests.fleet.report import Slo, add_ratios, summarize
+from loadtests.fleet.report import add_ratios, summarize
 from loadtests.fleet.simulator import FleetSim, SimSettings, StackSpec
-from loadtests.fleet.workload import build
+from loadtests.fleet.workload import CLASSES, build
 
 STACKS = ("all_paged", "all_prefix", "duet_planner")
 # one kind behind Duet's routing: what the routing alone is worth, without a second engine kind (shown, not
@@ -41,7 +42,7 @@ class FleetSettings:
     rate: float = 1.0  # arrival-rate multiplier
     stacks: tuple[str, ...] = STACKS
     splits: tuple[tuple[int, int], ...] = ()
-    slos: dict[str, Slo] | None = None
+    slos: ClassSlo | None = None  # None: FLEET_SLOS[cost_model]
     max_output_tokens: int | None = None
     switch_s: float | None = None  # None: 20 s (h200) / 3 s (cpu)
     planner_window_s: float | None = None  # the planner's rate window and cooldown; None: the gateway's 30 s
@@ -98,8 +99,6 @@ def specs(s: FleetSettings) -> list[StackSpec]:
 
 
 def run_stack(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> dict:
-    from loadtests.fleet.report import DEFAULT_SLOS
-
     profile = EngineProfile.for_cost_model(s.cost_model)
     requests = build(s.mix, s.window_s, s.rate if rate is None else rate, profile.max_model_len,
                      max_output_tokens=s.max_output_tokens)
@@ -112,7 +111,7 @@ def run_stack(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> d
     started = time.perf_counter()
     served = sim.run()
     span = max(1e-9, requests[-1].arrival_s - requests[0].arrival_s)
-    out = summarize(served, s.slos or DEFAULT_SLOS[s.cost_model], span, len(requests))
+    out = summarize(served, s.slos or FLEET_SLOS[s.cost_model], span, len(requests))
     counts = {k: sum(1 for w in sim.workers.values() if w.kind == k) for k in ("paged", "prefix")}
     out["workers"] = {"start": {k: spec.kinds.count(k) for k in ("paged", "prefix")}, "end": counts}
     out["rate"] = s.rate if rate is None else rate
@@ -171,5 +170,5 @@ def run(s: FleetSettings, find_rate: bool = False, progress=None) -> dict:
                 r["capacity_ratio_vs_best_homogeneous"] = round(capacities[name] / best, 4) if best else None
     return {"cost_model": s.cost_model, "workers": s.workers, "mix": s.mix, "window_s": s.window_s,
             "rate": s.rate, "attainment": s.attainment,
-            "slos": {k: {"ttft_s": v.ttft_s, "tpot_s": v.tpot_s} for k, v in (s.slos or {}).items()},
+            "slos": (s.slos or FLEET_SLOS[s.cost_model]).describe(CLASSES),
             "stacks": stacks}

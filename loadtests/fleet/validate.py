@@ -9,7 +9,7 @@ prompts as token ids. Simulated: the same requests, worker kinds, KV budget and 
 (`EngineProfile.for_cost_model("cpu")`, the stack's EngineLimits), Duet's routing, every turn at its own
 arrival time as the open-loop client sends it (`chain_sessions=False`), through the measured gateway path
 (loadtests/fleet/gateway_path.py: the gateway's FIFO, its token time, routing on the load its 0.5 s poll saw).
-Both are judged by the cpu SLOs of loadtests/fleet/report.py over the same arrival span. Error =
+Both are judged by the cpu SLOs of loadtests/class_slo.py (FLEET_SLOS) over the same arrival span. Error =
 |simulated - local| / local. The local workers trace their steps (engine_core/step_trace.py), and
 `local_steps_vs_cpu_model` compares each traced step with the cpu model of its shape: the check that says whether
 the machine was as quiet as when the fit was measured, and so whether the errors are the simulator's.
@@ -31,7 +31,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtests.fleet.report import DEFAULT_SLOS, met
+from loadtests.class_slo import FLEET_SLOS
+from loadtests.fleet.report import met
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class _LocalServed:
     tpot_s: float
     tokens: int
     done: bool
+    prompt_tokens: int
 
 
 def _median(values):
@@ -59,7 +61,7 @@ def _median(values):
 
 
 def _figures(served, span: float) -> dict:
-    slos = DEFAULT_SLOS["cpu"]
+    slos = FLEET_SLOS["cpu"]
     done = [s for s in served if s.done]
     return {"requests": len(served), "completed": len(done),
             "goodput_rps": sum(1 for s in done if met(s, slos)) / span,
@@ -165,7 +167,8 @@ def local(requests, s: ValidateSettings, progress=None, trace_dir: Path | None =
     for rec in records:
         ok = rec.ok and rec.e2e_s is not None
         tpot = (rec.e2e_s - rec.ttft_s) / (rec.output_tokens - 1) if ok and rec.output_tokens > 1 else 0.0
-        served.append(_LocalServed(by_id[rec.request_id], rec.ttft_s or 0.0, tpot, rec.output_tokens, ok))
+        served.append(_LocalServed(by_id[rec.request_id], rec.ttft_s or 0.0, tpot, rec.output_tokens, ok,
+                                    rec.prompt_tokens))
     return _figures(served, requests[-1].arrival_s - requests[0].arrival_s), pids, records
 
 

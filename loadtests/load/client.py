@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from duet.sse import SseReader
 from loadtests.load.workloads import BenchRequest
 
 ROUTE_HEADERS = ("x-duet-engine", "x-duet-variant", "x-duet-route-reason", "x-duet-worker")
@@ -158,12 +159,7 @@ class _Bench:
                 if resp.status_code != 200:
                     rec.error = f"HTTP {resp.status_code}: {_error_message((await resp.aread()).decode(errors='replace'))}"
                     return
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
+                async for data in SseReader(resp.aiter_lines()):
                     obj = json.loads(data)
                     if "error" in obj:
                         rec.error = f"stream error: {_error_message(data)}"

@@ -10,7 +10,7 @@ def test_duet_modules_do_not_import_torch() -> None:
     code = (
         "import sys, duet.model_dir, duet.model_make, duet.tokenizer, duet.detokenizer, duet.hashing,"
         " duet.balancer, duet.scale_out, duet.pool_scaler, duet.healthcheck,"
-        " duet.registry, duet.cli, duet.engine_config, duet.sim_worker;"
+        " duet.registry, duet.cli, duet.engine_config, duet.sim_worker, duet.sse;"
         "print(sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

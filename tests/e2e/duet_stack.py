@@ -9,7 +9,8 @@ gateway processes sharing Redis), torn down with the test.
     stack = LiveStack(tmp, [Sim("paged", worker_id="stable")], admin_key="k").start()  # all processes
 
 Command lines, ports and gateway configs come from the one stack launcher (duet/launcher.py); the
-processes here are plain children the tests hold (`.proc`), to freeze, kill or stop one at a time.
+processes here are plain children the tests hold (`.proc`), to freeze, kill or stop one at a time; each dies
+with the test process (PR_SET_PDEATHSIG), so a killed pytest leaves none behind.
 """
 
 from __future__ import annotations
@@ -31,10 +32,15 @@ from duet.launcher import gateway_config as launcher_gateway_config
 from duet.model_make import default_model_dir
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
+from duet.supervisor import ask_for_parent_death_signal
 from gateway.app import build_app
 from gateway.config import from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
+# A killed pytest must not leave sims and gateways serving: the kernel sends them SIGTERM when the test
+# process dies (PR_SET_PDEATHSIG, as duet/supervisor.py asks for `duet up`'s children). The child only calls
+# an already-resolved prctl before exec, so the test process's threads cannot deadlock it.
+DIE_WITH_TEST = {"preexec_fn": ask_for_parent_death_signal}
 
 
 def model_dir() -> Path:
@@ -66,7 +72,7 @@ class Sim:
                                                      self.fail_rate, capabilities=self.capabilities)))
         with open(log_dir / f"sim-{self.worker_id or self.port}.log", "wb") as log:
             self.proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                         env=dict(os.environ, PYTHONUNBUFFERED="1"), **DIE_WITH_TEST)
         return self
 
     def wait(self, timeout_s: float = 30.0) -> None:
@@ -149,7 +155,7 @@ class GatewayProcess:
         with open(self._log, "wb") as log:
             self.proc = subprocess.Popen(duet_argv("gateway", "--config", str(path)),
                                          cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                         env=dict(os.environ, PYTHONUNBUFFERED="1"), **DIE_WITH_TEST)
 
     def wait_ready(self, timeout_s: float = 30.0) -> GatewayProcess:
         deadline = time.monotonic() + timeout_s

@@ -167,3 +167,43 @@ def test_preemption_storm_with_forked_outputs_and_beams(cache):
         assert errors[rid] is None
         for index in range(3 if kind == "n" else 1):
             assert tokens[(rid, index)] == expected(prompt, max_tokens), (rid, index)
+
+
+
+class TwoChoiceRunner:
+    """Logits: `first` at 10 and `second` at 9 (fixed), else (token + 1) % EOS at 10 and (token + 2) % EOS at 9:
+    a penalty on the first choice flips it."""
+
+    def __init__(self, first=None, second=None) -> None:
+        self.first, self.second = first, second
+
+    def forward(self, chunks):
+        rows = []
+        for c in chunks:
+            for pos in c.logits_positions:
+                t = c.token_ids[pos]
+                row = torch.full((VOCAB,), -10.0)
+                row[self.first if self.first is not None else (t + 1) % EOS] = 10.0
+                row[self.second if self.second is not None else (t + 2) % EOS] = 9.0
+                rows.append(row)
+        return torch.stack(rows) if rows else torch.empty(0, VOCAB)
+
+
+def test_penalties_see_the_prompt_and_the_output_so_far():
+    """The sampler reads the prompt and the output in place each step (no copies): a repetition penalty
+    sees a prompt token, a frequency penalty the tokens generated so far, min_tokens the output's length."""
+    sched = make()
+    # 10 -> 11 is in the prompt: 10 / 4 = 2.5 < 9, so 12; then 13 and 14, never seen
+    sched.add(req("rep", [11, 10], 3, arrival=0, repetition_penalty=4.0))
+    tokens, _, _, _ = run(sched, TwoChoiceRunner())
+    assert tokens[("rep", 0)] == [12, 13, 14]
+    # always 30 (10) or 31 (9): a frequency penalty of 2 per use alternates them as the counts grow
+    sched = make()
+    sched.add(req("freq", [5], 5, arrival=0, frequency_penalty=2.0))
+    tokens, _, _, _ = run(sched, TwoChoiceRunner(30, 31))
+    assert tokens[("freq", 0)] == [30, 31, 30, 31, 30]
+    # EOS first every step: held back until min_tokens outputs exist
+    sched = make()
+    sched.add(req("min", [5], 8, arrival=0, min_tokens=3))
+    tokens, finish, _, _ = run(sched, TwoChoiceRunner(EOS, 40))
+    assert tokens[("min", 0)] == [40, 40, 40, EOS] and finish[("min", 0)] == FinishReason.STOP

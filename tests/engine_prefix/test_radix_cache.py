@@ -6,11 +6,11 @@ cache answers like the reference and check_integrity() holds (free + evictable +
 from __future__ import annotations
 
 import hypothesis.strategies as st
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from engine_core.kv_pool import PageAllocator
-from engine_prefix.radix_cache import RadixCache
+from engine_prefix.radix_cache import RadixCache, common_len
 
 PAGE = 2
 NUM_PAGES = 48
@@ -153,3 +153,43 @@ def test_match_splits_on_partial_match_and_tenants_never_share():
     cache.reset()
     assert alloc.num_free == 8 and cache.cached_pages == 0
     cache.check_integrity()
+
+
+# ---- common_len: the prefix compare every match and insert walks -------------------------------------------
+
+def _common_len_reference(key, tokens, pos, end, page_size):
+    """The definition, token by token."""
+    n, limit = 0, min(len(key), end - pos)
+    while n < limit and key[n] == tokens[pos + n]:
+        n += 1
+    return n - n % page_size
+
+
+def test_common_len_at_the_edges():
+    P = 4
+    key = tuple(range(100, 112))  # 3 pages
+    assert common_len((), [1, 2, 3, 4], 0, 4, P) == 0  # empty key
+    assert common_len(key, [], 0, 0, P) == 0  # empty tokens
+    assert common_len(key, list(key), 0, 12, P) == 12  # full match
+    assert common_len(key, tuple(key), 0, 12, P) == 12  # tuples too
+    assert common_len(key, [0] + list(key), 1, 13, P) == 12  # from pos
+    assert common_len(key, [9] + list(key[1:]), 0, 12, P) == 0  # first token differs
+    assert common_len(key, list(key[:-1]) + [9], 0, 12, P) == 8  # last token differs: two whole pages
+    assert common_len(key, list(key[:5]) + [9] * 7, 0, 12, P) == 4  # mid-page mismatch rounds down
+    assert common_len(key, list(key), 0, 10, P) == 8  # end not a page multiple: whole pages only
+    assert common_len(key, list(key) + [7] * 8, 0, 20, P) == 12  # tokens longer than the key
+    assert common_len(key, list(key[:7]), 0, 7, P) == 4  # tokens shorter than a page multiple
+    assert common_len(key, list(key), 3, 2, P) == 0  # end before pos
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 8), st.integers(0, 700), st.integers(0, 700), st.integers(0, 20), st.data())
+def test_common_len_is_the_token_by_token_definition(page_size, key_len, mismatch, pos, data):
+    """Chunks double and halve around the mismatch: any mismatch position, length and page size agrees."""
+    key = tuple(range(key_len))
+    tokens = [-1] * pos + list(key) + data.draw(st.lists(st.integers(0, 3), max_size=20))
+    if mismatch < len(key):
+        tokens[pos + mismatch] = -5
+    end = data.draw(st.integers(pos, len(tokens)))
+    got = common_len(key, tokens, pos, end, page_size)
+    assert got == _common_len_reference(key, tokens, pos, end, page_size)

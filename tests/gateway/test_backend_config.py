@@ -155,5 +155,16 @@ def test_vllm_and_sglang_metrics_fill_the_load():
     assert engine_load("", "openai") == pb.EngineLoad(kv_pages_total=1000)
 
 
+def test_the_metrics_scan_sums_label_sets_and_skips_what_it_does_not_read():
+    text = VLLM_METRICS + (
+        'vllm:num_requests_running{engine="1",model_name="a } b"} 4.0 1700000000000\n'  # a brace in a label, a ts
+        'vllm:num_requests_waiting 1\n'  # no labels
+        'vllm:num_requests_running_other{engine="0"} 99\n'  # a longer name is another metric
+        'vllm:e2e_request_latency_seconds_bucket{le="+Inf"} 7\n'
+        'vllm:kv_cache_usage_perc{engine="0"} not-a-number\n')
+    v = engine_load(text, "vllm")
+    assert (v.num_running, v.num_waiting, v.kv_pages_used) == (7, 3, 250)
+
+
 def test_request_json_is_serialisable():
     json.dumps(vllm_generate_body(_request(regex="[a-z]+")))

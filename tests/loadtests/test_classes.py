@@ -15,13 +15,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 from duet.launcher import WorkerSpec, worker_argv
+from loadtests.class_slo import CLASS_SLOS, DEFAULT_BOUND, FLEET_SLOS, ClassBound, ClassSlo, parse_class_slos
 from loadtests.cli import build_parser, compare_settings
 from loadtests.experiments import classes
 from loadtests.experiments.classes_cli import classes_settings
 from loadtests.experiments.compare import CONFIGS, stack_for
 from loadtests.experiments.pinning import PinError, core_plan
 from loadtests.experiments.stack import EngineLimits, ServingStack
-from loadtests.load.class_slo import ClassSlo, parse_class_slos
+from loadtests.fleet.workload import CLASSES as FLEET_CLASSES
 from loadtests.load.class_workloads import CLASSES, Sizes, class_mix, class_workload, mooncake_think_gaps
 from loadtests.load.client import RequestRecord, run_benchmark
 from loadtests.load.report import summarize
@@ -85,6 +86,26 @@ def test_a_chat_turn_and_a_document_are_judged_by_their_own_bounds():
     assert not tight.met(_rec("long_doc", 6.0, 1024)) and tight.bound("long_doc").ttft_ms_per_prompt_token == 4.0
     with pytest.raises(ValueError, match="CLASS=TTFT_MS"):
         parse_class_slos("long_doc=fast")
+
+
+def test_one_definition_in_ms_covers_every_class_of_both_benchmarks():
+    """loadtests/class_slo.py is the only place bounds live: every class a workload makes has its own, and the
+    overrides read the same way for the class benchmarks and the fleet (ms, or seconds with an s)."""
+    assert set(CLASSES) <= set(CLASS_SLOS)
+    for cost_model, slo in FLEET_SLOS.items():
+        assert set(slo.bounds) == set(FLEET_CLASSES), cost_model
+    s = parse_class_slos("agent.tpot=100, long_doc=9s,chat.ttft=1500ms")
+    assert (s.bound("agent").ttft_ms, s.bound("agent").itl_ms) == (2000.0, 100.0)
+    assert s.bound("long_doc").describe() == {"ttft_ms": 9000.0, "ttft_ms_per_prompt_token": 4.0, "itl_ms": 250.0}
+    assert s.bound("chat").ttft_ms == 1500.0 and s.bound("trace_replay") == DEFAULT_BOUND
+    fleet = parse_class_slos("document.tpot=0.2s", FLEET_SLOS["h200"], FLEET_CLASSES, "--slo")
+    assert fleet.bound("document") == ClassBound(6000.0, 200.0) and fleet.bound("chat") == ClassBound(3000.0, 100.0)
+    for bad, message in (("chat=0", "must be > 0"), ("chat.itl=5", "expected CLASS=TTFT_MS"),
+                         ("=5", "expected"), ("chat", "expected")):
+        with pytest.raises(ValueError, match=message):
+            parse_class_slos(bad)
+    with pytest.raises(ValueError, match="--slo: 'multi_turn=5': unknown class"):
+        parse_class_slos("multi_turn=5", FLEET_SLOS["cpu"], FLEET_CLASSES, "--slo")
 
 
 def test_pinned_workers_get_taskset_and_one_core_each():

