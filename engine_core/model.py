@@ -84,7 +84,8 @@ class Attention(nn.Module):
             self.q_norm = nn.Parameter(torch.ones(self.head_dim))
             self.k_norm = nn.Parameter(torch.ones(self.head_dim))
 
-    def forward(self, hidden: Tensor, step: StepInputs, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+    def project(self, hidden: Tensor, positions: Tensor, rope_cache: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q/k/v of the new tokens, q and k rotated: q [T, Hq, D], k/v [T, Hk, D]."""
         t = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(t, self.num_heads, self.head_dim)
@@ -93,10 +94,17 @@ class Attention(nn.Module):
         if self.qk_norm:  # Qwen3: per-head RMSNorm before rope
             q = kernels.rms_norm(q, self.q_norm, self.eps)
             k = kernels.rms_norm(k, self.k_norm, self.eps)
-        q, k = kernels.apply_rope(q, k, step.positions, step.rope_cache)
+        q, k = kernels.apply_rope(q, k, positions, rope_cache)
+        return q, k, v
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, step: StepInputs, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        """Stores k/v in their page slots, then attends: out [T, Hq * D] (before o_proj)."""
         kernels.store_kv(k, v, k_cache, v_cache, step.batch.slot_mapping)
-        out = paged_attention(q, k, v, k_cache, v_cache, step, self.scale)
-        return self.o_proj(out.reshape(t, self.q_size))
+        return paged_attention(q, k, v, k_cache, v_cache, step, self.scale).reshape(q.shape[0], self.q_size)
+
+    def forward(self, hidden: Tensor, step: StepInputs, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        q, k, v = self.project(hidden, step.positions, step.rope_cache)
+        return self.o_proj(self.attend(q, k, v, step, k_cache, v_cache))
 
 
 class MLP(nn.Module):
@@ -117,10 +125,23 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
+    # The layer runs as two regions around attention: pre_attention and post_attention hold every elementwise op
+    # (norms, residual adds, rope, SiLU-mul) with the matmuls between them, and take only tensors, so
+    # engine_core.cpu_compile can compile each once for every layer; attention (custom kernels, page indexing) stays
+    # eager between them.
     def forward(self, hidden, residual, step: StepInputs, k_cache, v_cache):
+        q, k, v, residual = self.pre_attention(hidden, residual, step.positions, step.rope_cache)
+        out = self.self_attn.attend(q, k, v, step, k_cache, v_cache)
+        return self.post_attention(out, residual)
+
+    def pre_attention(self, hidden: Tensor, residual: Tensor | None, positions: Tensor, rope_cache: Tensor):
+        """(q, k, v, residual): the input norm (with the residual add) and the rotated q/k/v of the new tokens."""
         hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(hidden, step, k_cache, v_cache)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return *self.self_attn.project(hidden, positions, rope_cache), residual
+
+    def post_attention(self, out: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """(hidden, residual) after o_proj, the post-attention norm (with the residual add) and the MLP."""
+        hidden, residual = self.post_attention_layernorm(self.self_attn.o_proj(out), residual)
         return self.mlp(hidden), residual
 
 

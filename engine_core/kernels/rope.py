@@ -74,6 +74,9 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    if torch.compiler.is_compiling():
+        # inductor fuses this into one loop; the out= views below would break its graph (engine_core.cpu_compile)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     o1, o2 = out[..., :half], out[..., half:]
     torch.mul(x1, cos, out=o1).sub_(x2 * sin)
