@@ -46,6 +46,10 @@ class EngineConfig:
     quantization: str = setting("none", "int8: weights as int8 with one scale per output channel, weight-only "
                                         "(CPU, fp32 checkpoints; a quarter of the weight bytes)",
                                 choices=QUANTIZATIONS)
+    compile: bool | None = setting(None, "torch.compile (inductor) the decoder layers' elementwise work at start-up, "
+                                         "cached in the cache dir (CPU, unquantized; default: on where a C++ "
+                                         "compiler is found, unless DUET_COMPILE=0)",
+                                   action=argparse.BooleanOptionalAction)
     page_size: int = setting(16, "tokens per KV page", type=int)
     kv_cache_tokens: int | None = setting(None, "KV cache capacity in tokens", type=int, group="kv budget")
     kv_cache_memory_gb: float | None = setting(None, "KV cache capacity in GiB", type=float, group="kv budget")
@@ -161,6 +165,8 @@ def _add_flag(parser, groups: dict, f: dataclasses.Field) -> None:
         target = groups[group]
     if isinstance(f.default, bool):
         meta["action"] = argparse.BooleanOptionalAction
+    elif "action" in meta:
+        pass
     elif "type" not in meta and "choices" not in meta:
         meta["type"] = type(f.default)
     target.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=f.default, **meta)

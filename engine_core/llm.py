@@ -55,7 +55,7 @@ class LLM:
                  page_size: int = ENGINE_DEFAULTS.page_size, kv_cache_tokens: int | None = None,
                  max_num_batched_tokens: int = ENGINE_DEFAULTS.max_num_batched_tokens,
                  max_model_len: int | None = None, seed: int | None = None, max_num_seqs: int = 256,
-                 enable_prefix_caching: bool = True, quantization: str = "none"):
+                 enable_prefix_caching: bool = True, quantization: str = "none", compile: bool | None = None):
         """model_dir: a checkpoint path or a duet.model_dir.ModelDir. kv_cache_tokens None sizes the KV pool
         to each generate() call; a number fixes it (requests then wait for pages, or are preempted)."""
         from duet.model_dir import ModelDir, read_model_dir
@@ -73,7 +73,8 @@ class LLM:
         self._fixed_pool = kv_cache_tokens is not None
         num_pages = pages_for_budget(self.config, page_size, kv_cache_tokens=kv_cache_tokens or page_size)
         runtime = build_runtime(self.model_dir, device=self.device, page_size=page_size, num_pages=num_pages,
-                                dtype=self.dtype, seed=seed, quantization=quantization)
+                                dtype=self.dtype, seed=seed, quantization=quantization,
+                                compile=compile)
         self.runner, self.sampler = runtime.runner, runtime.sampler
         self.scheduler = self._paged_scheduler(num_pages)
         self.core = EngineCore(self.scheduler, self.runner)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from engine_core.cpu_compile import compile_decoder
 from engine_core.cpu_linear import prepare_cpu_linears
 from engine_core.forward_batch import SeqChunk, build_forward_batch
 from engine_core.kv_pool import KVPool, torch_dtype
@@ -33,11 +34,13 @@ def _column_major_linear_weights(model: torch.nn.Module) -> None:
 
 def load_model(config, weight_files, device: torch.device, dtype: torch.dtype,
                prepare: Callable[[DecoderModel], None] | None = None,
-               shard: Callable[[str, Tensor], Tensor] | None = None, quantization: str = "none") -> DecoderModel:
+               shard: Callable[[str, Tensor], Tensor] | None = None, quantization: str = "none",
+               compile: bool | None = False) -> DecoderModel:
     """The decoder for `config` with its weights from `weight_files`, ready to run on `device`.
 
     On the CPU its matmuls are prepared once here (engine_core.cpu_linear: the LM head oneDNN-packed, or all int8 with
-    `quantization="int8"`); Linear layers left to F.linear get the column-major layout below.
+    `quantization="int8"`); Linear layers left to F.linear get the column-major layout below. `compile` (None: on
+    unless DUET_COMPILE=0) compiles the layers' elementwise work there too (engine_core.cpu_compile).
 
     Tensor parallelism (engine_core.parallel) passes a per-rank `config`, `prepare` (swaps in the sharded layers
     while the model is still on the meta device) and `shard` (cuts each checkpoint tensor to this rank's part)."""
@@ -52,19 +55,20 @@ def load_model(config, weight_files, device: torch.device, dtype: torch.dtype,
     if device.type == "cpu":
         _column_major_linear_weights(model)  # the Linear layers left to F.linear (none, unless packing is off)
     model.build_rope_cache(device)
+    compile_decoder(model, compile, quantization)  # CPU only, after every weight is in its final form
     return model
 
 
 class ModelRunner:
     def __init__(self, model_dir, kv_pool: KVPool, device: torch.device | str = "cpu",
-                 dtype: torch.dtype | str | None = None, quantization: str = "none"):
+                 dtype: torch.dtype | str | None = None, quantization: str = "none", compile: bool | None = None):
         self.config = model_dir.config
         self.device = torch.device(device)
         self.dtype = torch_dtype(dtype or self.config.dtype)
         self.kv_pool = kv_pool
         self.max_model_len = self.config.max_position_embeddings
         self.model = load_model(self.config, model_dir.weight_files, self.device, self.dtype,
-                                quantization=quantization)
+                                quantization=quantization, compile=compile)
 
     @property
     def vocab_size(self) -> int:

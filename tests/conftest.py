@@ -13,6 +13,10 @@ import shutil
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# torch.compile at every model load would cost each test seconds: the tests run eager unless they ask for
+# compile (tests/engine_core/test_cpu_compile.py, the real-model parity with compile on); users get it by default.
+os.environ.setdefault("DUET_COMPILE", "0")
+
 import socket
 import subprocess
 import time
