@@ -1,0 +1,159 @@
+"""`--compile` (engine_core.cpu_compile): the compiled decoder equals transformers within the parity tier's
+tolerance for every arch (prefill, chunked prefill, mixed decode batches at 1 and several tokens), a restart
+with a warm cache compiles nothing (inductor's FX graph cache under Duet's cache dir), and a machine without a
+C++ compiler serves eager after one line. The rest of the tests run eager (tests/conftest.py sets DUET_COMPILE=0)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from duet.model_dir import read_model_dir
+from engine_core import LLM, SamplingParams
+from engine_core.cpu_compile import compile_decoder, compile_requested, is_compiled
+from engine_core.forward_batch import SeqChunk
+from engine_core.kv_pool import KVPool, PageAllocator
+from engine_core.model_runner import ModelRunner
+
+ROOT = Path(__file__).resolve().parents[2]
+ATOL = 1e-4  # tests/engine_core/test_model_parity.py's
+PAGE = 4
+
+
+def _runner(path, num_pages=64):
+    md = read_model_dir(path)
+    c = md.config
+    pool = KVPool(c.num_hidden_layers, num_pages, PAGE, c.num_key_value_heads, c.head_dim, "float32", "cpu")
+    return ModelRunner(md, pool, "cpu", compile=True), PageAllocator(num_pages)
+
+
+def _prompt(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 256, (n,), generator=g).tolist()
+
+
+@torch.inference_mode()
+def _hf_logits(model, ids):
+    return model(torch.tensor([ids])).logits[0].float()
+
+
+def test_compiled_decoder_matches_transformers_in_prefill_chunks_and_mixed_decode(hf_checkpoints, arch):
+    """a: a 9-token prefill, then one token per step; b: prefill chunks of 5 up to 20, then one per step, so steps
+    mix a decode row with b's chunks, then decode 2 rows, then (b finished) a single row: the 1-token graph."""
+    path, hf = hf_checkpoints[arch]
+    runner, alloc = _runner(path)
+    assert is_compiled(runner.model)
+    seqs = {"b": _prompt(30, seed=3), "a": _prompt(40, seed=2)}
+    refs = {k: _hf_logits(hf, ids) for k, ids in seqs.items()}
+    pages = {k: alloc.alloc(-(-len(ids) // PAGE)) for k, ids in seqs.items()}
+    done, prefill_until = {"a": 0, "b": 0}, {"a": 9, "b": 20}
+    sizes = set()
+    while any(done[k] < len(seqs[k]) for k in seqs):
+        chunks, expected = [], []
+        for k, ids in seqs.items():
+            start = done[k]
+            if start >= len(ids):
+                continue
+            step = prefill_until[k] if k == "a" and start == 0 else (5 if start < prefill_until[k] else 1)
+            end = min(start + step, len(ids))
+            chunks.append(SeqChunk(ids[start:end], start, pages[k], tuple(range(end - start))))
+            expected.append(refs[k][start:end])
+            done[k] = end
+        sizes.add(sum(len(c.token_ids) for c in chunks))
+        torch.testing.assert_close(runner.forward(chunks), torch.cat(expected), atol=ATOL, rtol=0)
+    assert 1 in sizes and 2 in sizes and max(sizes) > 2
+
+
+def test_compiled_greedy_64_tokens_in_a_ragged_batch_matches_transformers_generate(hf_checkpoints):
+    path, hf = hf_checkpoints["llama"]
+    prompts = [_prompt(21, seed=4), _prompt(5, seed=5), _prompt(47, seed=6)]
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    llm = LLM(path, page_size=4, max_num_batched_tokens=16, compile=True)
+    assert is_compiled(llm.runner.model)
+    for ids, out in zip(prompts, llm.generate(prompts, params)):
+        with torch.inference_mode():
+            want = hf.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False, eos_token_id=None,
+                               pad_token_id=0)[0, len(ids):].tolist()
+        assert out.outputs[0].token_ids == want
+
+
+_START = """
+import json, sys
+from duet.model_make import default_model_dir
+from duet.model_dir import read_model_dir
+from engine_core.cpu_compile import is_compiled
+from engine_core.kv_pool import KVPool
+from engine_core.model_runner import ModelRunner
+from torch._dynamo.utils import counters
+md = read_model_dir(default_model_dir())
+c = md.config
+runner = ModelRunner(md, KVPool(c.num_hidden_layers, 8, 16, c.num_key_value_heads, c.head_dim, "float32", "cpu"),
+                     "cpu", compile=True)
+print(json.dumps({"compiled": is_compiled(runner.model), "hit": counters["inductor"]["fxgraph_cache_hit"],
+                  "miss": counters["inductor"]["fxgraph_cache_miss"]}))
+"""
+
+
+def _start_worker_model(cache: Path) -> dict:
+    env = {**os.environ, "DUET_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    env.pop("DUET_COMPILE", None)
+    out = subprocess.run([sys.executable, "-c", _START], env=env, capture_output=True, text=True, timeout=600,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_restart_with_a_warm_cache_compiles_nothing(tmp_path):
+    """Two processes load the default model compiled, one after the other, over one fresh Duet cache dir: the
+    first compiles its 6 graphs into <cache>/inductor, the second finds every one of them there (the tiny model
+    itself is made under the same cache dir by the first)."""
+    first = _start_worker_model(tmp_path)
+    assert first == {"compiled": True, "hit": 0, "miss": 6}
+    assert any((tmp_path / "inductor").rglob("*.so")), "no compiled kernel in the cache dir"
+    second = _start_worker_model(tmp_path)
+    assert second == {"compiled": True, "hit": 6, "miss": 0}
+
+
+def test_without_a_cxx_compiler_the_model_runs_eager_after_one_line(hf_checkpoints, monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no g++, c++ or clang++ on it
+    monkeypatch.delenv("CXX", raising=False)
+    path, hf = hf_checkpoints["llama"]
+    md = read_model_dir(path)
+    c = md.config
+    pool = KVPool(c.num_hidden_layers, 16, PAGE, c.num_key_value_heads, c.head_dim, "float32", "cpu")
+    with caplog.at_level(logging.INFO, logger="engine_core.cpu_compile"):
+        runner = ModelRunner(md, pool, "cpu", compile=True)
+    assert not is_compiled(runner.model)
+    lines = [r.getMessage() for r in caplog.records if r.name == "engine_core.cpu_compile"]
+    assert len(lines) == 1 and "no C++ compiler" in lines[0] and "eager" in lines[0]
+    ids = _prompt(12, seed=7)
+    pages = PageAllocator(16).alloc(3)
+    got = runner.forward([SeqChunk(ids, 0, pages, tuple(range(len(ids))))])
+    torch.testing.assert_close(got, _hf_logits(hf, ids), atol=ATOL, rtol=0)
+
+
+def test_compile_is_on_unless_the_flag_or_duet_compile_says_off():
+    assert compile_requested(None, {}) is True
+    assert compile_requested(None, {"DUET_COMPILE": "0"}) is False
+    assert compile_requested(True, {"DUET_COMPILE": "0"}) is True
+    assert compile_requested(False, {}) is False
+
+
+def test_int8_and_the_flag_off_leave_the_decoder_eager(hf_checkpoints):
+    path, _ = hf_checkpoints["llama"]
+    assert not is_compiled(LLM(path, compile=False).runner.model)
+    assert not is_compiled(LLM(path, quantization="int8", compile=True).runner.model)
+    # compile_decoder on a model that is not on the CPU does nothing (the GPU path keeps its Triton kernels)
+    with torch.device("meta"):
+        from engine_core.model import DecoderModel
+
+        meta = DecoderModel(read_model_dir(path).config)
+    assert compile_decoder(meta, True) is False and not is_compiled(meta)
