@@ -1,7 +1,8 @@
 """SmolLM2-135M-Instruct on our engine core equals transformers (fp32): logits within 1e-4 for a whole
 prefill, a chunked prefill, a prefix-cache hit and step-by-step decode; greedy 64 tokens identical to
 `generate`, alone and in a ragged batch of 8 (the paged scheduler; engine_prefix's greedy parity runs
-through the whole stack in test_real_stack.py)."""
+through the whole stack in test_real_stack.py). The runner's tests and the batch of 8 run eager and with
+`--compile` (engine_core.cpu_compile), within the same tolerances."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from duet.model_dir import read_model_dir
 from duet.tokenizer import Tokenizer
 from engine_core import LLM, SamplingParams
+from engine_core.cpu_compile import is_compiled
 from engine_core.forward_batch import SeqChunk
 from engine_core.kv_pool import KVPool, PageAllocator
 from engine_core.model_runner import ModelRunner
@@ -36,12 +38,14 @@ def prompts(smollm2_dir):
             for t in TEXTS]
 
 
-@pytest.fixture(scope="module")
-def runner(smollm2_dir):
+@pytest.fixture(scope="module", params=[False, True], ids=["eager", "compiled"])
+def runner(smollm2_dir, request):
     md = read_model_dir(smollm2_dir)
     c = md.config
     pool = KVPool(c.num_hidden_layers, 64, PAGE, c.num_key_value_heads, c.head_dim, "float32", "cpu")
-    return ModelRunner(md, pool, "cpu"), PageAllocator(64)
+    model = ModelRunner(md, pool, "cpu", compile=request.param)
+    assert is_compiled(model.model) == request.param
+    return model, PageAllocator(64)
 
 
 @torch.inference_mode()
@@ -126,7 +130,8 @@ def test_greedy_64_alone_matches_generate(smollm2_dir, prompts, hf_greedy_64):
     assert out.outputs[0].token_ids == hf_greedy_64[0]
 
 
-def test_greedy_64_ragged_batch_of_8_matches_generate(smollm2_dir, prompts, hf_greedy_64):
-    outs = LLM(smollm2_dir, page_size=PAGE, max_num_batched_tokens=96).generate(prompts, GREEDY)
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_greedy_64_ragged_batch_of_8_matches_generate(smollm2_dir, prompts, hf_greedy_64, compile):
+    outs = LLM(smollm2_dir, page_size=PAGE, max_num_batched_tokens=96, compile=compile).generate(prompts, GREEDY)
     for out, want in zip(outs, hf_greedy_64):
         assert out.outputs[0].token_ids == want
