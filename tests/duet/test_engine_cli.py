@@ -33,6 +33,7 @@ def parse(*argv: str):
     (["sim", "--max-num-batched-tokens", "64"], "--max-num-batched-tokens"),
     (["sim", "--tensor-parallel-size", "2"], "--tensor-parallel-size"),
     (["sim", "--quantization", "int8"], "--quantization"),
+    (["sim", "--no-compile"], "--no-compile"),
     (["paged", "--sim-ms-per-token", "3"], "--sim-ms-per-token"),
 ])
 def test_a_flag_the_kind_does_not_read_is_a_usage_error(argv, flag, capsys):
@@ -78,6 +79,14 @@ def test_the_tensor_parallel_size_reaches_paged_and_prefix_configs():
     assert parse("prefix", "--port", "7", "--tensor-parallel-size", "3").engine.tensor_parallel_size == 3
     with pytest.raises(ValueError, match="tensor_parallel_size=0"):
         EngineConfig(tensor_parallel_size=0)
+
+
+def test_compile_flag_reaches_the_config_unset_by_default():
+    """None (no flag): the worker decides, on where a C++ compiler is found (engine_core.cpu_compile)."""
+    assert ENGINE_DEFAULTS.compile is None
+    assert parse("paged", "--port", "7").engine.compile is None
+    assert parse("paged", "--port", "7", "--no-compile").engine.compile is False
+    assert parse("prefix", "--port", "7", "--compile").engine.compile is True
 
 
 def test_quantization_reaches_the_config_and_the_launched_workers_command_line(tmp_path):
