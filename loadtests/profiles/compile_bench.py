@@ -1,12 +1,13 @@
 """`--compile` against eager: decode step time at a few batch sizes, and start-up time cold and warm.
 
     python -m loadtests.profiles.compile_bench [--model DIR] [--threads 1] [--batches 1,16] [--steps 16]
-                                               [--rounds 3] [--context 256] [--json OUT]
+                                               [--rounds 3] [--context 256] [--prefill 512] [--skip-startup]
+                                               [--json OUT]
 
 Decode: one eager and one compiled ModelRunner over the same model (the pulled SmolLM2-135M-Instruct unless
 --model says otherwise), each sequence prefilled with `--context` tokens, then `--steps` decode steps per round,
 eager and compiled rounds interleaved so a change in the machine's load hits both; medians per step, wall and CPU
-(CPU time is the steadier figure on a shared machine). Start-up: a fresh process loads the model three times:
+(CPU time is the steadier figure on a shared machine); then one `--prefill`-token prefill step. Start-up: a fresh process loads the model three times:
 eager, compiled over an empty inductor cache (cold), compiled again over that cache (warm); seconds from the
 start of the load until the model can serve (weights loaded and, compiled, every graph warmed up).
 """
@@ -61,6 +62,27 @@ def _decode_rounds(runners: dict, batch: int, context: int, steps: int, rounds: 
             for name, (w, c) in times.items()}
 
 
+def _prefill_rounds(runners: dict, tokens: int, rounds: int) -> dict:
+    """name -> (wall ms, CPU ms) medians of one prefill step of `tokens` new tokens (one sequence)."""
+    pages = list(range(-(-tokens // PAGE)))
+    prompt = [5 + i % 1000 for i in range(tokens)]
+    times: dict = {name: ([], []) for name in runners}
+    for _ in range(rounds):
+        for name, r in runners.items():
+            wall, cpu = time.perf_counter(), time.process_time()
+            r.forward([SeqChunk(prompt, 0, pages, (tokens - 1,))])
+            times[name][0].append(time.perf_counter() - wall)
+            times[name][1].append(time.process_time() - cpu)
+    return {name: {"wall_ms": round(statistics.median(w) * 1e3, 2), "cpu_ms": round(statistics.median(c) * 1e3, 2)}
+            for name, (w, c) in times.items()}
+
+
+def _report(what: str, figures: dict) -> None:
+    e, c = figures["eager"], figures["compiled"]
+    print(f"{what}: eager {e['wall_ms']} ms wall / {e['cpu_ms']} ms CPU, compiled {c['wall_ms']} / {c['cpu_ms']} "
+          f"(CPU ratio {e['cpu_ms'] / c['cpu_ms']:.2f}x)")
+
+
 def _startup(model: str, compile: bool, cache: str) -> float:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
     out = subprocess.run([sys.executable, "-m", "loadtests.profiles.compile_bench", "--model", model,
@@ -77,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=16, help="decode steps per round")
     p.add_argument("--rounds", type=int, default=3, help="interleaved eager / compiled rounds")
     p.add_argument("--context", type=int, default=256, help="tokens in each sequence's KV before decoding")
+    p.add_argument("--prefill", type=int, default=512, help="tokens of one prefill step also timed (0: none)")
+    p.add_argument("--skip-startup", action="store_true", help="decode and prefill only")
     p.add_argument("--json", default=None, help="also write the figures here")
     p.add_argument("--startup-only", choices=("eager", "compile"), default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -91,23 +115,28 @@ def main(argv: list[str] | None = None) -> int:
         _runner(args.model, args.startup_only == "compile")
         print(json.dumps({"load_s": round(time.perf_counter() - start, 2)}))
         return 0
-    with tempfile.TemporaryDirectory() as cache:
-        startup = {"eager_s": _startup(args.model, False, cache), "compiled_cold_s": _startup(args.model, True, cache),
-                   "compiled_warm_s": _startup(args.model, True, cache)}
-    print(f"start-up: {startup}")
+    startup = None
+    if not args.skip_startup:
+        with tempfile.TemporaryDirectory() as cache:
+            startup = {"eager_s": _startup(args.model, False, cache),
+                       "compiled_cold_s": _startup(args.model, True, cache),
+                       "compiled_warm_s": _startup(args.model, True, cache)}
+        print(f"start-up: {startup}")
     batches = [int(b) for b in args.batches.split(",")]
-    pages = max(batches) * -(-(args.context + args.steps * args.rounds + 1) // PAGE)
+    pages = max(max(batches) * -(-(args.context + args.steps * args.rounds + 1) // PAGE), -(-args.prefill // PAGE))
     runners = {"eager": _runner(args.model, False, pages), "compiled": _runner(args.model, True, pages)}
     decode = {}
     with torch.inference_mode():
         for b in batches:
             decode[b] = _decode_rounds(runners, b, args.context, args.steps, args.rounds)
-            e, c = decode[b]["eager"], decode[b]["compiled"]
-            print(f"decode batch {b}: eager {e['wall_ms']} ms wall / {e['cpu_ms']} ms CPU, compiled "
-                  f"{c['wall_ms']} / {c['cpu_ms']} (CPU ratio {e['cpu_ms'] / c['cpu_ms']:.2f}x)")
+            _report(f"decode batch {b}", decode[b])
+        prefill = _prefill_rounds(runners, args.prefill, args.rounds) if args.prefill else None
+        if prefill:
+            _report(f"prefill {args.prefill} tokens", prefill)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "context": args.context, "startup": startup, "decode": decode}, f,
+            json.dump({"threads": args.threads, "context": args.context, "startup": startup, "decode": decode,
+                       "prefill": prefill}, f,
                       indent=2)
     return 0
 
