@@ -82,7 +82,7 @@ def compile_decoder(model: nn.Module, requested: bool | None = None, quantizatio
             setattr(layer, name, torch.compile(getattr(layer, name), dynamic=True))
     try:
         warm_up(model)
-    except Exception as exc:  # any failure of dynamo / inductor / the C++ build: serve eager rather than not at all
+    except Exception as exc:  # noqa: BLE001 - dynamo, inductor or the C++ build: serve eager rather than not at all
         uncompile(model)
         log.warning("--compile: compiling failed (%s: %s); the decoder runs eager",
                     type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")

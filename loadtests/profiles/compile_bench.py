@@ -27,7 +27,7 @@ import torch
 
 from duet.model_dir import read_model_dir
 from engine_core.forward_batch import SeqChunk
-from engine_core.kv_pool import KVPool, PageAllocator
+from engine_core.kv_pool import KVPool
 from engine_core.model_runner import ModelRunner
 
 PAGE = 16

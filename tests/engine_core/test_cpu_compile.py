@@ -1,7 +1,7 @@
-"""`--compile` (engine_core.cpu_compile): the compiled decoder equals transformers within the parity tier's
-tolerance for every arch (prefill, chunked prefill, mixed decode batches at 1 and several tokens), a restart
-with a warm cache compiles nothing (inductor's FX graph cache under Duet's cache dir), and a machine without a
-C++ compiler serves eager after one line. The rest of the tests run eager (tests/conftest.py sets DUET_COMPILE=0)."""
+"""`--compile` (engine_core.cpu_compile): compiled greedy generation equals transformers' (every arch's compiled
+logits are checked in test_model_parity.py's mixed decode batches), a restart with a warm cache compiles nothing
+(inductor's FX graph cache under Duet's cache dir), and a machine without a C++ compiler serves eager after one
+line. The rest of the tests run eager (tests/conftest.py sets DUET_COMPILE=0)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from duet.model_dir import read_model_dir
@@ -27,13 +26,6 @@ ATOL = 1e-4  # tests/engine_core/test_model_parity.py's
 PAGE = 4
 
 
-def _runner(path, num_pages=64):
-    md = read_model_dir(path)
-    c = md.config
-    pool = KVPool(c.num_hidden_layers, num_pages, PAGE, c.num_key_value_heads, c.head_dim, "float32", "cpu")
-    return ModelRunner(md, pool, "cpu", compile=True), PageAllocator(num_pages)
-
-
 def _prompt(n, seed):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, 256, (n,), generator=g).tolist()
@@ -42,33 +34,6 @@ def _prompt(n, seed):
 @torch.inference_mode()
 def _hf_logits(model, ids):
     return model(torch.tensor([ids])).logits[0].float()
-
-
-def test_compiled_decoder_matches_transformers_in_prefill_chunks_and_mixed_decode(hf_checkpoints, arch):
-    """a: a 9-token prefill, then one token per step; b: prefill chunks of 5 up to 20, then one per step, so steps
-    mix a decode row with b's chunks, then decode 2 rows, then (b finished) a single row: the 1-token graph."""
-    path, hf = hf_checkpoints[arch]
-    runner, alloc = _runner(path)
-    assert is_compiled(runner.model)
-    seqs = {"b": _prompt(30, seed=3), "a": _prompt(40, seed=2)}
-    refs = {k: _hf_logits(hf, ids) for k, ids in seqs.items()}
-    pages = {k: alloc.alloc(-(-len(ids) // PAGE)) for k, ids in seqs.items()}
-    done, prefill_until = {"a": 0, "b": 0}, {"a": 9, "b": 20}
-    sizes = set()
-    while any(done[k] < len(seqs[k]) for k in seqs):
-        chunks, expected = [], []
-        for k, ids in seqs.items():
-            start = done[k]
-            if start >= len(ids):
-                continue
-            step = prefill_until[k] if k == "a" and start == 0 else (5 if start < prefill_until[k] else 1)
-            end = min(start + step, len(ids))
-            chunks.append(SeqChunk(ids[start:end], start, pages[k], tuple(range(end - start))))
-            expected.append(refs[k][start:end])
-            done[k] = end
-        sizes.add(sum(len(c.token_ids) for c in chunks))
-        torch.testing.assert_close(runner.forward(chunks), torch.cat(expected), atol=ATOL, rtol=0)
-    assert 1 in sizes and 2 in sizes and max(sizes) > 2
 
 
 def test_compiled_greedy_64_tokens_in_a_ragged_batch_matches_transformers_generate(hf_checkpoints):
@@ -106,7 +71,7 @@ def _start_worker_model(cache: Path) -> dict:
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     env.pop("DUET_COMPILE", None)
     out = subprocess.run([sys.executable, "-c", _START], env=env, capture_output=True, text=True, timeout=600,
-                         cwd=ROOT)
+                         cwd=ROOT, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -1,4 +1,5 @@
-"""Our decoder over paged KV equals transformers' logits (fp32, 1e-4) and greedy tokens, for every arch."""
+"""Our decoder over paged KV equals transformers' logits (fp32, 1e-4) and greedy tokens, for every arch; the
+mixed decode batches also with `--compile` (engine_core.cpu_compile), through its 1-token and generic graphs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 
 from duet.model_dir import read_model_dir
 from engine_core import LLM, SamplingParams
+from engine_core.cpu_compile import is_compiled
 from engine_core.forward_batch import SeqChunk
 from engine_core.kv_pool import KVPool, PageAllocator
 from engine_core.model_runner import ModelRunner
@@ -14,11 +16,13 @@ from engine_core.model_runner import ModelRunner
 ATOL = 1e-4
 
 
-def _runner(path, page_size, num_pages=96):
+def _runner(path, page_size, num_pages=96, compile=False):
     md = read_model_dir(path)
     c = md.config
     pool = KVPool(c.num_hidden_layers, num_pages, page_size, c.num_key_value_heads, c.head_dim, "float32", "cpu")
-    return ModelRunner(md, pool, "cpu"), PageAllocator(num_pages)
+    runner = ModelRunner(md, pool, "cpu", compile=compile)
+    assert is_compiled(runner.model) == compile
+    return runner, PageAllocator(num_pages)
 
 
 def _prompt(n, seed):
@@ -51,12 +55,14 @@ def test_prefill_whole_and_chunked_match_transformers(hf_checkpoints, arch, page
     torch.testing.assert_close(torch.cat(got), ref, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("page_size", [16, 4])
-def test_decode_step_by_step_in_mixed_batches_matches_transformers(hf_checkpoints, arch, page_size):
+@pytest.mark.parametrize("page_size, compile", [(16, False), (4, False), (4, True)],
+                         ids=["page16", "page4", "page4-compiled"])
+def test_decode_step_by_step_in_mixed_batches_matches_transformers(hf_checkpoints, arch, page_size, compile):
     """a: 9-token prefill then one token per step. b: 5-token prefill chunks up to 20, then one token per step.
-    Early steps mix a's decode with b's prefill chunks; later ones are pure decode of two ragged sequences."""
+    Early steps mix a's decode with b's prefill chunks; later ones are pure decode of two ragged sequences, then
+    of b alone (a batch of 1 token: compiled, its own graph)."""
     path, hf = hf_checkpoints[arch]
-    runner, alloc = _runner(path, page_size)
+    runner, alloc = _runner(path, page_size, compile=compile)
     # b comes first in the callers' order, so a's decode row (flattened first) must come back second
     seqs = {"b": _prompt(45, seed=3), "a": _prompt(40, seed=2)}
     refs = {k: _hf_logits(hf, ids) for k, ids in seqs.items()}
