@@ -100,12 +100,15 @@ def test_greedy_64_tokens_alone_matches_transformers_generate(hf_checkpoints, ar
     assert out.outputs[0].finish_reason == "length"
 
 
-def test_greedy_64_tokens_in_a_ragged_batch_matches_transformers_generate(hf_checkpoints, arch):
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_greedy_64_tokens_in_a_ragged_batch_matches_transformers_generate(hf_checkpoints, arch, compile):
     """Three prompts of different lengths together, odd page size, a small token budget so that prefill
     chunks of one prompt share steps with decode tokens of the others."""
     path, hf = hf_checkpoints[arch]
     prompts = [_prompt(21, seed=4), _prompt(5, seed=5), _prompt(47, seed=6)]
-    outs = LLM(path, page_size=4, max_num_batched_tokens=16).generate(prompts, GREEDY)
+    llm = LLM(path, page_size=4, max_num_batched_tokens=16, compile=compile)
+    assert is_compiled(llm.runner.model) == compile
+    outs = llm.generate(prompts, GREEDY)
     for ids, out in zip(prompts, outs):
         assert out.prompt_token_ids == ids
         assert out.outputs[0].token_ids == _hf_greedy(hf, ids, 64)
