@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from duet.model_dir import read_model_dir
 from engine_core import LLM, SamplingParams
@@ -69,6 +70,7 @@ def test_decode_step_by_step_in_mixed_batches_matches_transformers(hf_checkpoint
     pages = {k: alloc.alloc(-(-len(ids) // page_size)) for k, ids in seqs.items()}
     done = {"a": 0, "b": 0}
     prefill_until = {"a": 9, "b": 20}
+    graphs = counters["stats"]["unique_graphs"]
     while any(done[k] < len(seqs[k]) for k in seqs):
         chunks, expected = [], []
         for k, ids in seqs.items():
@@ -81,6 +83,7 @@ def test_decode_step_by_step_in_mixed_batches_matches_transformers(hf_checkpoint
             expected.append(refs[k][start:end])
             done[k] = end
         torch.testing.assert_close(runner.forward(chunks), torch.cat(expected), atol=ATOL, rtol=0)
+    assert counters["stats"]["unique_graphs"] == graphs, "compiled again while serving: the warm-up missed a graph"
 
 
 @torch.inference_mode()
