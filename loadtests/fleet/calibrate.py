@@ -28,6 +28,9 @@ FEATURES = ("intercept_s", "per_prefill_token_s", "per_decode_token_s", "per_att
             "per_decode_context_token_s")
 
 
+MEASURED_ELSEWHERE = ("gateway", "neighbour_slowdown")  # calibrate_gateway.py, calibrate_neighbour.py
+
+
 def _shapes() -> list[list[tuple[int, int]]]:
     """Each step as (new tokens, cached tokens before them) per chunk."""
     out: list[list[tuple[int, int]]] = []
@@ -111,5 +114,8 @@ def measure(model: str | None = None, threads: int = 1, repeats: int = 3, out: P
                     "attended_pairs": s.attended_pairs, "rows": s.rows, "decode_context_tokens": s.decode_context_tokens,
                     "context_tokens": s.context_tokens, "seconds": round(t, 6)} for s, t in points],
     }
-    Path(out).write_text(json.dumps(result, indent=1) + "\n")
+    # the file's other sections (`gateway`, `neighbour_slowdown`) are measured by their own commands: keep them
+    kept = json.loads(Path(out).read_text()) if Path(out).is_file() else {}
+    Path(out).write_text(json.dumps({**{k: v for k, v in kept.items() if k in MEASURED_ELSEWHERE}, **result},
+                                    indent=1) + "\n")
     return result
