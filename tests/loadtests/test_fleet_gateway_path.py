@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
 
@@ -222,21 +221,3 @@ def test_the_shipped_fit_has_a_measured_neighbour_slowdown():
 
     assert 0 <= json.loads(CPU_FIT.read_text())["neighbour_slowdown"] < 1
 
-
-def test_the_step_fit_keeps_the_sections_other_commands_measured(tmp_path):
-    # fleet-calibrate rewrites the step fit only: the gateway and neighbour figures (fleet-calibrate --gateway,
-    # --neighbour) stay, or --validate refuses to run until they are measured again
-    import sys
-
-    from loadtests.fleet.calibrate import measure
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-    from duet_stack import model_dir
-
-    out = tmp_path / "cpu_cost.json"
-    gateway = {"request_s": 0.004, "token_s": 0.003}
-    out.write_text(json.dumps({"gateway": gateway, "neighbour_slowdown": 0.02, "coefficients": {"old": 1}}))
-    result = measure(str(model_dir()), repeats=1, out=out)
-    written = json.loads(out.read_text())
-    assert written["gateway"] == gateway and written["neighbour_slowdown"] == 0.02
-    assert written["coefficients"] == result["coefficients"] != {"old": 1}
