@@ -248,7 +248,7 @@ class StepLoop:
 
     def _step(self, outputs: list[StepOutput]) -> bool:
         t0 = self._step_began = time.monotonic()
-        began_wall = time.time()
+        began_wall = time.time() if self.trace is not None else 0.0  # the trace's clock, only when tracing
         try:
             result = self.core.step()
         finally:

@@ -144,7 +144,10 @@ def test_validate_compares_traced_steps_with_the_model(tmp_path):
     lines = [{"t": 10.0 * i, "step_s": 2 * seconds + 0.001, "forward_s": 2 * seconds, "chunks": chunks}
              for i in range(3)]
     (tmp_path / "steps-42.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    neighbour = [{"t": 10.0 * i, "step_s": 4.0, "forward_s": 4.0, "chunks": [[1, 100, 1]]} for i in range(2)]
+    # the neighbour's steps start with 42's and last 1.5 times as long: 42 is mid-step for two thirds of each,
+    # whatever the shipped fit's seconds are
+    long = 1.5 * (2 * seconds + 0.001)
+    neighbour = [{"t": 10.0 * i, "step_s": long, "forward_s": long, "chunks": [[1, 100, 1]]} for i in range(2)]
     (tmp_path / "steps-43.jsonl").write_text("".join(json.dumps(x) + "\n" for x in neighbour))
     result = step_cost_check(tmp_path, {42: "paged-0", 43: "prefix-1"})
     paged = result["paged-0"]
