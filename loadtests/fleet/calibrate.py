@@ -28,7 +28,8 @@ FEATURES = ("intercept_s", "per_prefill_token_s", "per_decode_token_s", "per_att
             "per_decode_context_token_s")
 
 
-MEASURED_ELSEWHERE = ("gateway", "neighbour_slowdown")  # calibrate_gateway.py, calibrate_neighbour.py
+MEASURED_ELSEWHERE = ("gateway", "neighbour_slowdown", "neighbour_slowdown_how", "in_situ")  # calibrate_gateway.py,
+# calibrate_neighbour.py, calibrate_in_situ.py
 
 
 def _shapes() -> list[list[tuple[int, int]]]:

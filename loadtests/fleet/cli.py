@@ -61,6 +61,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--neighbour", action="store_true", help="instead of the step fit, measure how much slower a step "
                    "runs while the other core steps too (loadtests/fleet/calibrate_neighbour.py) into the fit's "
                    "`neighbour_slowdown`")
+    c.add_argument("--in-situ", action="store_true", help="instead of the step fit, measure how much slower its steps "
+                   "run inside the pinned local stack, on a trace window --validate does not use "
+                   "(loadtests/fleet/calibrate_in_situ.py), into the fit's `in_situ` section (~2 min)")
     c.set_defaults(func=_run_calibrate)
 
 
@@ -144,6 +147,11 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     from loadtests.fleet.calibrate import measure
     from loadtests.fleet.cost_models import CPU_FIT
 
+    if args.in_situ:
+        from loadtests.fleet.calibrate_in_situ import measure_in_situ
+
+        print(json.dumps(measure_in_situ(Path(args.out) if args.out else CPU_FIT, _progress), indent=2))
+        return 0
     if args.neighbour:
         from loadtests.fleet.calibrate_neighbour import measure_neighbour
 

@@ -91,6 +91,36 @@ class LinearCostModel:
                    fit["per_attended_pair_s"], fit.get("per_row_s", 0.0), fit.get("per_decode_context_token_s", 0.0))
 
 
+def step_kind(s: StepShape) -> str:
+    """prefill (new prompt tokens only), decode (one token per sequence only) or mixed."""
+    if s.prefill_tokens and s.decode_tokens:
+        return "mixed"
+    return "prefill" if s.prefill_tokens else "decode"
+
+
+@dataclass(frozen=True)
+class InSituCostModel:
+    """The fit's seconds times the factor its step kind measured in the running stack (cpu_cost.json's `in_situ`,
+    loadtests/fleet/calibrate_in_situ.py): a worker's forward shares its core with its gRPC server and streaming."""
+
+    base: LinearCostModel
+    prefill: float
+    decode: float
+    mixed: float
+    name: str = "cpu"
+
+    def step_seconds(self, s: StepShape) -> float:
+        return self.base.step_seconds(s) * getattr(self, step_kind(s))
+
+    @classmethod
+    def from_json(cls, path: Path = CPU_FIT) -> InSituCostModel | None:
+        """None where the file has no `in_situ` section."""
+        section = json.loads(path.read_text()).get("in_situ") if path.is_file() else None
+        if not section:
+            return None
+        return cls(LinearCostModel.from_json(path), section["prefill"], section["decode"], section["mixed"])
+
+
 @dataclass(frozen=True)
 class RooflineCostModel:
     """A roofline of one model on one accelerator (module docstring: the h200 numbers)."""

@@ -12,7 +12,10 @@ beyond its own few milliseconds:
   added to each token's arrival.
 - `poll_interval_s`: the gateway sees a worker's running / waiting / KV usage from its GetLoad poll
   (gateway/workers.py), not live; routing reads that snapshot (its queued-prefill count is its own, live).
-  None: the live scheduler state (the simulator's default for `duet bench fleet`).
+  None: the live scheduler state (the simulator's default for `duet bench fleet`). `poll_phase_s` is when the
+  first poll falls: the real gateway's polls run at a phase nothing aligns with the arrivals, while a trace's
+  scaled timestamps often fall on whole seconds, so a poll at 0, 0.5, 1.0 ... would read every such burst
+  just before it lands (`--validate` simulates several phases and reports their median).
 
 `request_s` and `token_s` are measured on the local stack by `duet bench fleet-calibrate --gateway`
 (loadtests/fleet/calibrate_gateway.py) and stored in the `gateway` section of loadtests/fleet/cpu_cost.json.
@@ -32,12 +35,15 @@ class GatewayPath:
     request_s: float = 0.0
     token_s: float = 0.0
     poll_interval_s: float | None = None
+    poll_phase_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.request_s < 0 or self.token_s < 0:
             raise ValueError(f"gateway path times must be >= 0, got {self.request_s} and {self.token_s}")
         if self.poll_interval_s is not None and self.poll_interval_s <= 0:
             raise ValueError(f"poll_interval_s must be > 0 (or None: live), got {self.poll_interval_s}")
+        if self.poll_phase_s < 0:
+            raise ValueError(f"poll_phase_s must be >= 0, got {self.poll_phase_s}")
 
     @classmethod
     def from_json(cls, poll_interval_s: float | None, path: Path = CPU_FIT) -> GatewayPath:

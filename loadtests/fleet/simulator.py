@@ -140,7 +140,7 @@ class FleetSim:
         if self.spec.planner:
             self._push(self.s.tick_s, TICK, None)
         if self.s.gateway.poll_interval_s is not None:
-            self._push(0.0, POLL, None)
+            self._push(self.s.gateway.poll_phase_s, POLL, None)
         while self.events and self.unfinished > 0:
             t, _, what, payload = heapq.heappop(self.events)
             self.now = t

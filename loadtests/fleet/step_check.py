@@ -23,11 +23,11 @@ def _overlap(step: dict, others: list[tuple[float, float]]) -> float:
     return min(1.0, busy / (t1 - t0)) if t1 > t0 else 0.0
 
 
-def step_cost_check(trace_dir: Path, workers: dict[int, str]) -> dict[str, dict]:
-    """The module docstring's figures per worker (named by `workers`: pid -> worker id) of the traces in
-    `trace_dir`."""
+def classified_steps(trace_dir: Path) -> dict[int, list[tuple[str, bool, float, float, float]]]:
+    """Each worker's traced steps (by pid) as (kind, neighbour busy, forward s, modelled s, step s): kind is
+    prefill, decode or mixed, and the neighbour was busy when another worker was mid-step for most of the step."""
     from engine_core.step_trace import read_traces
-    from loadtests.fleet.cost_models import LinearCostModel, shape_of_counts
+    from loadtests.fleet.cost_models import LinearCostModel, shape_of_counts, step_kind
 
     model = LinearCostModel.from_json()
     traces = read_traces(trace_dir)
@@ -35,14 +35,18 @@ def step_cost_check(trace_dir: Path, workers: dict[int, str]) -> dict[str, dict]
     out = {}
     for pid, steps in traces.items():
         others = [span for other, s in spans.items() if other != pid for span in s]
-        rows = []
-        for st in steps:
-            shape = shape_of_counts(st["chunks"])
-            kind = "mixed" if shape.prefill_tokens and shape.decode_tokens else (
-                "prefill" if shape.prefill_tokens else "decode")
-            if _overlap(st, others) >= 0.5:
-                kind += "_with_neighbour_busy"
-            rows.append((kind, st["forward_s"], model.step_seconds(shape), st["step_s"]))
+        out[pid] = [(step_kind(shape := shape_of_counts(st["chunks"])), _overlap(st, others) >= 0.5,
+                     st["forward_s"], model.step_seconds(shape), st["step_s"]) for st in steps]
+    return out
+
+
+def step_cost_check(trace_dir: Path, workers: dict[int, str]) -> dict[str, dict]:
+    """The module docstring's figures per worker (named by `workers`: pid -> worker id) of the traces in
+    `trace_dir`."""
+    out = {}
+    for pid, steps in classified_steps(trace_dir).items():
+        rows = [(kind + ("_with_neighbour_busy" if busy else ""), fwd, model, step)
+                for kind, busy, fwd, model, step in steps]
         worker = {"steps": len(rows), "outside_forward_s_per_step": round(
             statistics.fmean(r[3] - r[1] for r in rows), 5) if rows else None}
         for kind in sorted({r[0] for r in rows}):

@@ -8,7 +8,10 @@ the requests sent by the benchmark client (loadtests/load/client.py) at the work
 prompts as token ids. Simulated: the same requests, worker kinds, KV budget and batch limits
 (`EngineProfile.for_cost_model("cpu")`, the stack's EngineLimits), Duet's routing, every turn at its own
 arrival time as the open-loop client sends it (`chain_sessions=False`), through the measured gateway path
-(loadtests/fleet/gateway_path.py: the gateway's FIFO, its token time, routing on the load its 0.5 s poll saw).
+(loadtests/fleet/gateway_path.py: the gateway's FIFO, its token time, routing on the load its 0.5 s poll saw,
+at five phases of that poll, each figure their median: the real poll's phase is unknown), each step the fit's
+seconds times the factor of its kind measured in the running stack on another window of the trace
+(`fleet-calibrate --in-situ`, cpu_cost.json's `in_situ`; the fit alone where that was not measured).
 Both are judged by the cpu SLOs of loadtests/class_slo.py (FLEET_SLOS) over the same arrival span. Error =
 |simulated - local| / local. The local workers trace their steps (engine_core/step_trace.py), and
 `local_steps_vs_cpu_model` compares each traced step with the cpu model of its shape: the check that says whether
@@ -22,6 +25,7 @@ The default workload (a minute of the mixed trace at half its rate, prompts cut 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import os
@@ -95,20 +99,47 @@ def stack_poll_interval_s() -> float:
     return inspect.signature(gateway_config).parameters["poll_interval_s"].default
 
 
+POLL_PHASES = 5  # the simulated gateway's first load poll at this many phases, spread evenly over its interval
+
+
+def poll_phases() -> list[float]:
+    """The phases --validate simulates (gateway_path.py: the real poll's phase is unknown, so none is favoured;
+    the middle one is the phase of `--per-request`)."""
+    interval = stack_poll_interval_s()
+    return [round((k + 0.5) * interval / POLL_PHASES, 4) for k in range(POLL_PHASES)]
+
+
 def simulated(requests, s: ValidateSettings) -> dict:
-    return _figures(simulated_served(requests, s), requests[-1].arrival_s - requests[0].arrival_s)
+    """Each figure's median over the poll phases, and every phase's own figures (`by_poll_phase`)."""
+    span = requests[-1].arrival_s - requests[0].arrival_s
+    runs = {phase: _figures(simulated_served(requests, s, phase), span) for phase in poll_phases()}
+    out = {key: _median([r[key] for r in runs.values()]) for key in ("goodput_rps", "ttft_p50_s", "tpot_p50_s")}
+    classes = {cls for r in runs.values() for cls in r["ttft_p50_s_by_class"]}
+    out["ttft_p50_s_by_class"] = {cls: _median([r["ttft_p50_s_by_class"][cls] for r in runs.values()
+                                                if cls in r["ttft_p50_s_by_class"]]) for cls in sorted(classes)}
+    out["requests"] = len(requests)
+    out["completed"] = min(r["completed"] for r in runs.values())
+    out["by_poll_phase"] = [{"poll_phase_s": phase, **{k: r[k] for k in ("goodput_rps", "ttft_p50_s", "tpot_p50_s")}}
+                            for phase, r in runs.items()]
+    return out
 
 
-def simulated_served(requests, s: ValidateSettings) -> list:
-    from loadtests.fleet.cost_models import CPU_FIT, LinearCostModel
+def simulated_served(requests, s: ValidateSettings, poll_phase_s: float | None = None) -> list:
+    """One simulated run; the gateway's first poll at `poll_phase_s` (default: the middle of poll_phases())."""
+    from loadtests.fleet.cost_models import CPU_FIT, InSituCostModel, LinearCostModel
     from loadtests.fleet.engine import EngineProfile
     from loadtests.fleet.gateway_path import GatewayPath
     from loadtests.fleet.simulator import FleetSim, SimSettings, StackSpec
 
     fit = json.loads(CPU_FIT.read_text())
-    settings = SimSettings(chain_sessions=False, gateway=GatewayPath.from_json(stack_poll_interval_s()),
-                           neighbour_slowdown=fit.get("neighbour_slowdown", 0.0))
-    sim = FleetSim(StackSpec("validate", s.kinds, "duet"), requests, LinearCostModel.from_json(),
+    # the steps as the running stack runs them, where fleet-calibrate --in-situ measured that; else the runner alone
+    in_situ = InSituCostModel.from_json(CPU_FIT)
+    slowdown = fit["in_situ"]["neighbour_slowdown"] if in_situ else fit.get("neighbour_slowdown", 0.0)
+    path = GatewayPath.from_json(stack_poll_interval_s())
+    phase = poll_phases()[POLL_PHASES // 2] if poll_phase_s is None else poll_phase_s
+    settings = SimSettings(chain_sessions=False, gateway=dataclasses.replace(path, poll_phase_s=phase),
+                           neighbour_slowdown=slowdown)
+    sim = FleetSim(StackSpec("validate", s.kinds, "duet"), requests, in_situ or LinearCostModel.from_json(),
                    EngineProfile.for_cost_model("cpu"), settings)
     return sim.run()
 
@@ -199,7 +230,7 @@ def validate(s: ValidateSettings = ValidateSettings(), progress=None, per_reques
     requests = build(MIXES["mixed"], s.window_s, s.rate, EngineProfile.for_cost_model("cpu").max_model_len,
                      max_output_tokens=s.max_output_tokens, max_prompt_tokens=s.max_prompt_tokens)
     sim_served = simulated_served(requests, s)
-    sim = _figures(sim_served, requests[-1].arrival_s - requests[0].arrival_s)
+    sim = simulated(requests, s)
     if progress:
         progress(f"simulated: {sim}")
     with tempfile.TemporaryDirectory(prefix="duet-validate-trace-") as tmp:

@@ -94,17 +94,21 @@ def _class_of(name: str, rec: TraceRecord) -> str:
 
 
 def build(mix: dict[str, float], window_s: float, rate: float, max_model_len: int, data_dir: Path = DATA,
-          max_output_tokens: int | None = None, max_prompt_tokens: int | None = None) -> list[FleetRequest]:
-    """The requests of `mix` over the first `window_s` trace seconds at `rate` x, in arrival order."""
-    if window_s <= 0 or rate <= 0:
-        raise WorkloadError(f"--window-s and --rate must be > 0, got {window_s} and {rate}")
+          max_output_tokens: int | None = None, max_prompt_tokens: int | None = None,
+          start_s: float = 0.0) -> list[FleetRequest]:
+    """The requests of `mix` over `window_s` trace seconds from `start_s` (default: the traces' start) at `rate` x,
+    in arrival order, timed from the window's start."""
+    if window_s <= 0 or rate <= 0 or start_s < 0:
+        raise WorkloadError(f"--window-s and --rate must be > 0 and the start >= 0, got {window_s}, {rate} and {start_s}")
     out = []
     for name, multiplier in mix.items():
         records = _records(name, str(data_dir))
         t0 = records[0].timestamp_ms
         turns: dict[str, int] = {}
         for i, rec in enumerate(records):
-            t = (rec.timestamp_ms - t0) / 1000.0
+            t = (rec.timestamp_ms - t0) / 1000.0 - start_s
+            if t < 0:
+                continue
             if t >= window_s:
                 break
             cls = _class_of(name, rec)
