@@ -142,12 +142,10 @@ def run_one(kind: str, workload: str, model: Path, s: Settings, src: TokenSource
 def run(s: Settings, log_dir: Path | None = None, progress=None) -> dict:
     s.validate()
     from duet.tokenizer import Tokenizer
-    from loadtests.experiments.compare import preset_checkpoint
+    from loadtests.experiments.compare import bench_model_dir
     from loadtests.load.class_workloads import mooncake_think_gaps
 
-    model = Path(s.model).expanduser().resolve() if s.model else preset_checkpoint(s.preset)
-    if not (model / "config.json").is_file():
-        raise ValueError(f"--model {model}: not a model directory (no config.json)")
+    model = bench_model_dir(s.model, s.preset)
     src, encode = TokenSource.from_model_dir(model), Tokenizer.from_dir(model).encode
     gaps = mooncake_think_gaps() if "multi_turn" in s.workloads or "mixed" in s.workloads else []
     t0 = time.monotonic()

@@ -53,6 +53,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from duet.model_pull import resolve_model
 from loadtests.class_slo import ClassSlo
 from loadtests.experiments.compare_report import headline, rate_summary
 from loadtests.experiments.pinning import core_plan
@@ -285,12 +286,19 @@ def _config_result(name: str, kinds: list[str], policy: str, records: list[Reque
     }
 
 
+def bench_model_dir(model: str | None, preset: str) -> Path:
+    """A benchmark's --model as a Hugging Face directory: a directory, a .gguf file or a pullable name, as the
+    engines take it (duet.model_pull.resolve_model); the preset's random checkpoint when not given."""
+    path = resolve_model(model) if model else preset_checkpoint(preset)
+    if not (path / "config.json").is_file():
+        raise CompareError(f"--model {model}: not a model directory (no config.json)")
+    return path
+
+
 def run(s: Settings, log_dir: Path | None = None, progress=None) -> dict:
     """The whole experiment; `progress(str)` hears one line per run."""
     s.validate()
-    model = Path(s.model).expanduser().resolve() if s.model else preset_checkpoint(s.preset)
-    if not (model / "config.json").is_file():
-        raise CompareError(f"--model {model}: not a model directory (no config.json)")
+    model = bench_model_dir(s.model, s.preset)
     from duet.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(model)
