@@ -247,7 +247,9 @@ def run(args: argparse.Namespace, progress) -> dict:
     for kind in engines:
         progress(f"duet engine_{kind} behind the gateway, {threads} torch threads")
         (log_dir / kind).mkdir(exist_ok=True)
-        with ServingStack(model, [kind], {}, limits, log_dir=log_dir / kind) as stack:  # one worker: no policy to pick
+        # one worker: no policy to pick; no drafting, as vLLM's default (both sides decode one token a step)
+        with ServingStack(model, [kind], {}, limits, log_dir=log_dir / kind,
+                          worker_args={"prefix": ("--speculative", "off")}) as stack:
             sides[kind] = _measure(stack.url, served_name, src, loads, args, progress)
     for name in stacks:
         from loadtests.experiments.peer_backends import measure_stack

@@ -64,6 +64,6 @@ def measure_stack(name: str, venv: Path, model: Path, served_name: str, log_dir:
         front = ",".join(map(str, server.reserved_cpus())) or None  # module doc: the gateway is a front-end
         progress(f"{name}: the gateway on cpus {front}" if front else f"{name}: vllm reserves no cpu; gateway unpinned")
         with ServingStack(model, kinds, {}, duet_limits, log_dir=stack_dir, gateway_extra=extra,
-                          gateway_cpus=front) as stack:
+                          gateway_cpus=front, worker_args={"prefix": ("--speculative", "off")}) as stack:  # as vLLM
             sides[name] = measure(stack.url, "")
         return sides

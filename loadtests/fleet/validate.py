@@ -99,6 +99,7 @@ def stack_poll_interval_s() -> float:
     return inspect.signature(gateway_config).parameters["poll_interval_s"].default
 
 
+NO_DRAFTING = ("--speculative", "off")
 POLL_PHASES = 5  # the simulated gateway's first load poll at this many phases, spread evenly over its interval
 
 
@@ -163,7 +164,8 @@ def pinned_stack(kinds: tuple[str, ...], trace_dir: Path | None = None):
     if trace_dir is not None:
         os.environ[STEP_TRACE_ENV] = str(trace_dir)  # the workers inherit it; the gateway ignores it
     try:
-        with ServingStack(model_dir, list(kinds), {}, limits) as stack:
+        # the simulator does not model drafting, so the local prefix worker does not draft either
+        with ServingStack(model_dir, list(kinds), {}, limits, worker_args={"prefix": NO_DRAFTING}) as stack:
             for i, (worker_id, _, _) in enumerate(stack.slots):
                 pid = stack.supervisor.pid(worker_id)
                 if pid is not None and len(cores) >= len(kinds):

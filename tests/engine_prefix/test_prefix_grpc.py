@@ -31,7 +31,7 @@ async def _start(build):
 @pytest.fixture
 async def engine(tiny_checkpoint):
     worker, channel, stub = await _start(lambda: build_engine(PrefixConfig(EngineConfig(
-        model=str(tiny_checkpoint), kv_cache_tokens=8192, max_num_batched_tokens=256))))
+        model=str(tiny_checkpoint), kv_cache_tokens=8192, max_num_batched_tokens=256), speculative="off")))
     stub.worker = worker
     yield stub
     await channel.close()
