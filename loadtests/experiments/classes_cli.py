@@ -36,6 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-replay", action="store_true",
                    help="no stacks: replay the mix through the real radix cache under each eviction rule "
                         "(deterministic hit rates; --num-requests, default 400)")
+    p.add_argument("--page-size", type=int, default=16, help="--cache-replay: tokens per KV page (default 16)")
     p.add_argument("--log-dir", default=None, help="keep the stacks' logs here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=_run_classes)
@@ -83,7 +84,9 @@ def _run_classes(args: argparse.Namespace) -> int:
         from loadtests.load.workloads import TokenSource
 
         src = TokenSource.from_model_dir(s.model or preset_checkpoint(s.preset))
-        result = cache_replay.run(src, args.num_requests or 400, seed=s.seed, sizes=s.sizes)
+        if args.page_size < 1:
+            raise ValueError(f"--page-size must be >= 1, got {args.page_size}")
+        result = cache_replay.run(src, args.num_requests or 400, page=args.page_size, seed=s.seed, sizes=s.sizes)
         print(json.dumps(result, indent=2) if args.json else cache_replay.format_table(result))
         return 0
     try:

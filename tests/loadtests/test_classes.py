@@ -3,6 +3,7 @@ the flags make, worker pinning (real processes on real cores) and one small clas
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -207,3 +208,13 @@ def test_the_cache_replay_shows_reuse_aware_eviction_keeping_reused_prefixes(src
     assert aware["hit_rate"]["agent"] > lru["hit_rate"]["agent"]
     assert aware["hit_rate"]["long_doc"] == lru["hit_rate"]["long_doc"] == 0.0  # nothing to reuse either way
     assert cache_replay.run(src, 120, kv_budgets=(4096,), page=16, sizes=classes.QUICK.sizes) == result  # exact
+
+
+def test_the_cache_replay_runs_at_the_page_size_asked_for(capsys):
+    from loadtests.cli import main
+
+    assert main(["classes", "--cache-replay", "--quick", "--num-requests", "40", "--page-size", "32", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["page_size"] == 32 and result["num_requests"] == 40
+    assert main(["classes", "--cache-replay", "--quick", "--page-size", "0"]) == 2
+    assert "--page-size must be >= 1" in capsys.readouterr().err

@@ -30,6 +30,20 @@ static inline __attribute__((always_inline)) void axpy(float *restrict y, const 
     for (int64_t i = 0; i < n; i++) y[i] += w * x[i];
 }
 
+/* Pages lie anywhere in the cache, so the hardware prefetcher, which follows one address stream, stalls at
+ * every page boundary (a decode over pages scattered by a busy pool measured 1.6x slower than over contiguous
+ * ones). Each K row is fetched AHEAD tokens before it is read, and its V row with it, for the third pass. */
+#define AHEAD 8
+static inline __attribute__((always_inline)) void prefetch_row(const float *k_cache, const float *v_cache,
+                                                               const int32_t *pages, const int64_t t,
+                                                               const int64_t page_size, const int64_t token_stride) {
+    const int64_t at = ((int64_t)pages[t / page_size] * page_size + t % page_size) * token_stride;
+    for (int64_t i = 0; i < token_stride; i += 16) {  /* one 64-byte line per 16 floats */
+        __builtin_prefetch(k_cache + at + i, 0, 3);
+        __builtin_prefetch(v_cache + at + i, 0, 1);
+    }
+}
+
 static inline __attribute__((always_inline)) void attend_row(
     const float *restrict q, const float *restrict k_cache, const float *restrict v_cache,
     const int32_t *restrict pages, const int64_t ctx, float *restrict out, const int64_t hq, const int64_t hk,
@@ -38,6 +52,7 @@ static inline __attribute__((always_inline)) void attend_row(
     const int64_t token_stride = hk * d;
     for (int64_t t = 0; t < ctx; t++) {
         const float *k = k_cache + ((int64_t)pages[t / page_size] * page_size + t % page_size) * token_stride;
+        if (t + AHEAD < ctx) prefetch_row(k_cache, v_cache, pages, t + AHEAD, page_size, token_stride);
         for (int64_t h = 0; h < hq; h++) s[h * ctx + t] = scale * dot(q + h * d, k + (h / group) * d, d);
     }
     for (int64_t h = 0; h < hq; h++) {
