@@ -68,7 +68,8 @@ def test_flags_become_the_kinds_config():
     assert paged == PagedConfig(EngineConfig(port=7, max_num_batched_tokens=256, kv_cache_memory_gb=0.5,
                                              worker_id="w"), enable_prefix_caching=False, schedule_policy="priority")
     prefix = parse("prefix", "--port", "7", "--speculative", "ngram", "--num-draft-tokens", "3")
-    assert prefix.draft_tokens == 3 and parse("prefix", "--port", "7").draft_tokens is None
+    assert prefix.draft_tokens == 3 and parse("prefix", "--port", "7", "--speculative", "off").draft_tokens is None
+    assert parse("prefix", "--port", "7").draft_tokens == 4  # n-gram drafting is the prefix engine's default
     sim = parse("sim", "--port", "7", "--host", "0.0.0.0", "--sim-as", "paged", "--sim-capabilities", "n,logprobs")
     assert (sim.sim_as, sim.sim_capabilities, sim.engine.worker_label) == ("paged", ("n", "logprobs"), "0.0.0.0:7")
     assert parse("sim", "--port", "7", "--sim-capabilities", "").sim_capabilities == ()
