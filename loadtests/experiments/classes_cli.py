@@ -80,12 +80,12 @@ def _run_classes(args: argparse.Namespace) -> int:
     s = classes_settings(args)
     if args.cache_replay:
         from loadtests.experiments import cache_replay
-        from loadtests.experiments.compare import preset_checkpoint
+        from loadtests.experiments.compare import bench_model_dir
         from loadtests.load.workloads import TokenSource
 
-        src = TokenSource.from_model_dir(s.model or preset_checkpoint(s.preset))
         if args.page_size < 1:
             raise ValueError(f"--page-size must be >= 1, got {args.page_size}")
+        src = TokenSource.from_model_dir(bench_model_dir(s.model, s.preset))
         result = cache_replay.run(src, args.num_requests or 400, page=args.page_size, seed=s.seed, sizes=s.sizes)
         print(json.dumps(result, indent=2) if args.json else cache_replay.format_table(result))
         return 0

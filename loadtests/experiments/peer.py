@@ -220,7 +220,7 @@ def _measure(url: str, served_name: str, src: TokenSource, loads: list[str], arg
 
 def run(args: argparse.Namespace, progress) -> dict:
     from loadtests.experiments import peer_vllm
-    from loadtests.experiments.stack import ServingStack
+    from loadtests.experiments.stack import NO_DRAFTING, ServingStack
 
     loads = parse_list(args.loads, LOADS, "loads")
     check_args(args)
@@ -249,7 +249,7 @@ def run(args: argparse.Namespace, progress) -> dict:
         (log_dir / kind).mkdir(exist_ok=True)
         # one worker: no policy to pick; no drafting, as vLLM's default (both sides decode one token a step)
         with ServingStack(model, [kind], {}, limits, log_dir=log_dir / kind,
-                          worker_args={"prefix": ("--speculative", "off")}) as stack:
+                          worker_args=NO_DRAFTING) as stack:
             sides[kind] = _measure(stack.url, served_name, src, loads, args, progress)
     for name in stacks:
         from loadtests.experiments.peer_backends import measure_stack

@@ -45,7 +45,7 @@ def measure_stack(name: str, venv: Path, model: Path, served_name: str, log_dir:
     `measure(url, tag)` runs the loads against a URL, on the prompts `tag` keys."""
     from duet.launcher import free_port
     from loadtests.experiments import peer_vllm
-    from loadtests.experiments.stack import ServingStack
+    from loadtests.experiments.stack import NO_DRAFTING, ServingStack
 
     if name not in STACKS:
         raise ValueError(f"unknown stack {name!r}; choose from {', '.join(STACKS)}")
@@ -64,6 +64,6 @@ def measure_stack(name: str, venv: Path, model: Path, served_name: str, log_dir:
         front = ",".join(map(str, server.reserved_cpus())) or None  # module doc: the gateway is a front-end
         progress(f"{name}: the gateway on cpus {front}" if front else f"{name}: vllm reserves no cpu; gateway unpinned")
         with ServingStack(model, kinds, {}, duet_limits, log_dir=stack_dir, gateway_extra=extra,
-                          gateway_cpus=front, worker_args={"prefix": ("--speculative", "off")}) as stack:  # as vLLM
+                          gateway_cpus=front, worker_args=NO_DRAFTING) as stack:  # as vLLM
             sides[name] = measure(stack.url, "")
         return sides

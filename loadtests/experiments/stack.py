@@ -32,10 +32,13 @@ from duet.launcher import (
 )
 from duet.supervisor import RestartPolicy
 
-__all__ = ["ADMIN_KEY", "EngineLimits", "ServingStack", "StackError", "free_port", "paged_prefix_caching_flags"]
+__all__ = ["ADMIN_KEY", "NO_DRAFTING", "EngineLimits", "ServingStack", "StackError", "free_port",
+           "paged_prefix_caching_flags"]
 
 ADMIN_KEY = "bench-admin"  # the stack is private to the benchmark: a fixed key is enough
 DEFAULT_LIMITS = EngineLimits()
+# worker_args for a stack whose prefix workers decode one token a step (engine_prefix drafts by default)
+NO_DRAFTING = {"prefix": ("--speculative", "off")}
 
 
 def paged_prefix_caching_flags() -> list[str]:

@@ -99,7 +99,6 @@ def stack_poll_interval_s() -> float:
     return inspect.signature(gateway_config).parameters["poll_interval_s"].default
 
 
-NO_DRAFTING = ("--speculative", "off")
 POLL_PHASES = 5  # the simulated gateway's first load poll at this many phases, spread evenly over its interval
 
 
@@ -110,10 +109,13 @@ def poll_phases() -> list[float]:
     return [round((k + 0.5) * interval / POLL_PHASES, 4) for k in range(POLL_PHASES)]
 
 
-def simulated(requests, s: ValidateSettings) -> dict:
-    """Each figure's median over the poll phases, and every phase's own figures (`by_poll_phase`)."""
+def simulated(requests, s: ValidateSettings, served_by_phase: dict[float, list] | None = None) -> dict:
+    """Each figure's median over the poll phases, and every phase's own figures (`by_poll_phase`);
+    `served_by_phase`: the runs already simulated, by phase (default: simulate them)."""
     span = requests[-1].arrival_s - requests[0].arrival_s
-    runs = {phase: _figures(simulated_served(requests, s, phase), span) for phase in poll_phases()}
+    if served_by_phase is None:
+        served_by_phase = {phase: simulated_served(requests, s, phase) for phase in poll_phases()}
+    runs = {phase: _figures(served, span) for phase, served in served_by_phase.items()}
     out = {key: _median([r[key] for r in runs.values()]) for key in ("goodput_rps", "ttft_p50_s", "tpot_p50_s")}
     classes = {cls for r in runs.values() for cls in r["ttft_p50_s_by_class"]}
     out["ttft_p50_s_by_class"] = {cls: _median([r["ttft_p50_s_by_class"][cls] for r in runs.values()
@@ -152,7 +154,7 @@ def pinned_stack(kinds: tuple[str, ...], trace_dir: Path | None = None):
     from duet.launcher import EngineLimits
     from engine_core.step_trace import STEP_TRACE_ENV
     from loadtests.experiments import compare
-    from loadtests.experiments.stack import ServingStack
+    from loadtests.experiments.stack import NO_DRAFTING, ServingStack
     from loadtests.fleet.engine import EngineProfile
 
     profile = EngineProfile.for_cost_model("cpu")
@@ -165,7 +167,7 @@ def pinned_stack(kinds: tuple[str, ...], trace_dir: Path | None = None):
         os.environ[STEP_TRACE_ENV] = str(trace_dir)  # the workers inherit it; the gateway ignores it
     try:
         # the simulator does not model drafting, so the local prefix worker does not draft either
-        with ServingStack(model_dir, list(kinds), {}, limits, worker_args={"prefix": NO_DRAFTING}) as stack:
+        with ServingStack(model_dir, list(kinds), {}, limits, worker_args=NO_DRAFTING) as stack:
             for i, (worker_id, _, _) in enumerate(stack.slots):
                 pid = stack.supervisor.pid(worker_id)
                 if pid is not None and len(cores) >= len(kinds):
@@ -231,8 +233,10 @@ def validate(s: ValidateSettings = ValidateSettings(), progress=None, per_reques
 
     requests = build(MIXES["mixed"], s.window_s, s.rate, EngineProfile.for_cost_model("cpu").max_model_len,
                      max_output_tokens=s.max_output_tokens, max_prompt_tokens=s.max_prompt_tokens)
-    sim_served = simulated_served(requests, s)
-    sim = simulated(requests, s)
+    phases = poll_phases()
+    by_phase = {phase: simulated_served(requests, s, phase) for phase in phases}
+    sim = simulated(requests, s, by_phase)
+    sim_served = by_phase[phases[POLL_PHASES // 2]]  # --per-request's phase
     if progress:
         progress(f"simulated: {sim}")
     with tempfile.TemporaryDirectory(prefix="duet-validate-trace-") as tmp:

@@ -31,8 +31,9 @@ static inline __attribute__((always_inline)) void axpy(float *restrict y, const 
 }
 
 /* Pages lie anywhere in the cache, so the hardware prefetcher, which follows one address stream, stalls at
- * every page boundary (a decode over pages scattered by a busy pool measured 1.6x slower than over contiguous
- * ones). Each K row is fetched AHEAD tokens before it is read, and its V row with it, for the third pass. */
+ * every page boundary (at page 16, pages scattered as a busy pool hands them out measured 1.3x slower than
+ * contiguous ones: loadtests/profiles/decode_attention_bench.py). Each K row is fetched AHEAD tokens before the
+ * first pass reads it, and its V row with it, for the third pass. */
 #define AHEAD 8
 static inline __attribute__((always_inline)) void prefetch_row(const float *k_cache, const float *v_cache,
                                                                const int32_t *pages, const int64_t t,
