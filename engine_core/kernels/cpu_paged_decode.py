@@ -7,8 +7,8 @@ Why: torch has no CPU attention that reads through a page table, so the planned 
 K/V pages into a contiguous view before SDPA: 39% of a decode step on SmolLM2's shape (docs/benchmarks.md).
 This kernel reads each key and value row once, in place. It is plain C, so it builds in about a second with the
 system C compiler (no torch headers, no ninja): once per machine and source, into Duet's cache dir, loaded with
-ctypes. ctypes releases the GIL during the call, so with several torch threads the rows are split over a thread
-pool of that size.
+ctypes (which releases the GIL during the call). It is built with OpenMP and so needs libgomp.so.1, which torch
+has loaded already: the kernel runs on torch's own thread team, as many threads as torch.get_num_threads().
 
 fp32 only (the CPU default); other dtypes, a machine without a C compiler, or DUET_NATIVE_CPU_ATTENTION=0 keep
 the torch path, which computes the same thing (tests/kernels/test_cpu_attention.py holds both to the reference).
@@ -24,7 +24,6 @@ import os
 import platform
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -36,7 +35,7 @@ _SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
 # -ffast-math lets the compiler vectorize the dot products' sums and expf (glibc's libmvec); the summation order
 # then differs from torch's by float rounding, as any two fp32 attention kernels do. The kernel handles no
 # inf/NaN itself (scores of finite K/V are finite), which is what fast-math assumes.
-_FLAGS = ["-O3", "-march=native", "-ffast-math", "-shared", "-fPIC"]
+_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
 _I64, _F32 = ctypes.c_int64, ctypes.c_float
 _P = ctypes.c_void_p
 
@@ -82,17 +81,12 @@ def _library() -> ctypes.CDLL | None:
                     detail.decode(errors="replace")[:500])
         return None
     lib.paged_decode_f32.restype = None
-    lib.paged_decode_f32.argtypes = [_P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _P]
+    lib.paged_decode_f32.argtypes = [_P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _P, _I64, _I64]
     return lib
 
 
 def native_decode_available() -> bool:
     return _library() is not None
-
-
-@functools.cache
-def _pool(threads: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="duet-attn")
 
 
 def native_decode_applies(device: torch.device, dtype: torch.dtype, cache_dtype: torch.dtype) -> bool:
@@ -111,17 +105,9 @@ def paged_decode_native(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table
     rows, hq, d = q.shape
     hk, page_size = k_cache.shape[2], k_cache.shape[1]
     out = torch.empty_like(q)
-    threads = min(torch.get_num_threads(), rows)
-    bounds = [rows * i // threads for i in range(threads + 1)]
-    scratch = torch.empty(threads, max(1, max_context) * hq, dtype=torch.float32)
-
-    def run(i: int) -> None:
-        lib.paged_decode_f32(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
-                             block_tables.stride(0), context_lens.data_ptr(), out.data_ptr(), bounds[i],
-                             bounds[i + 1], hq, hk, d, page_size, scale, scratch[i].data_ptr())
-
-    if threads <= 1:
-        run(0)
-    else:
-        list(_pool(threads).map(run, range(threads)))
+    threads = torch.get_num_threads()
+    scratch = torch.empty(threads, -(-max(1, max_context) // 16) * 16 * hq, dtype=torch.float32)
+    lib.paged_decode_f32(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+                         block_tables.stride(0), context_lens.data_ptr(), out.data_ptr(), rows, hq, hk, d,
+                         page_size, scale, scratch.data_ptr(), scratch.stride(0), threads)
     return out

@@ -4,60 +4,52 @@
  *
  * Layouts (all contiguous): q and out [B, Hq, D]; k_cache and v_cache [num_pages, page_size, Hk, D];
  * block_tables [B, bt_stride] int32 page ids; context_lens [B] int32 (keys per row, >= 1).
- * Rows [row_begin, row_end) are computed, so callers can split a batch over threads (ctypes releases the
- * GIL during the call). scratch holds Hq * max_context floats.
+ * scratch holds num_threads rows of Hq * (max_context rounded up to 16) floats.
  *
- * Per row, three passes, each reading memory in order: (1) for every cached token, its whole K row (all Hk
- * heads, contiguous) against every query head: scores s[hq][t]; (2) a max-subtracted softmax per query head,
- * a contiguous loop the compiler vectorizes (expf included, with -ffast-math and glibc's libmvec); (3) for
- * every token, its V row added into every head's output, which stays in L1. The head dim is a compile-time
- * constant for the common sizes (64, 128), so the dot products unroll into a few vector FMAs.
+ * The work is split into (row, KV head) items: the Hq / Hk query heads that share one KV head need only that
+ * head's K and V rows, so items are independent, and OpenMP hands them to threads. Built with -fopenmp, this
+ * library needs libgomp.so.1, which torch has already loaded: the dynamic linker reuses it, so the kernel
+ * runs on torch's own thread team (no second pool, no threads spinning against each other after a matmul).
+ *
+ * Per item, three passes, each reading memory in order: (1) every cached token's K row against each query
+ * head of the group: scores s[h][t]; (2) a max-subtracted softmax per head, a contiguous loop the compiler
+ * vectorizes (expf included, with -ffast-math and glibc's libmvec); (3) every token's V row added into each
+ * head's output. The head dim is a compile-time constant for the common sizes (64, 128).
+ *
+ * Decode attention reads every cached K and V row once per layer, so it is bound by memory bandwidth; what
+ * the kernel must not do is spend more than that. Rows are located with a cursor (no division per token),
+ * and with AVX-512 (below) the arithmetic runs at a few instructions per score.
  */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
-static inline __attribute__((always_inline)) float dot(const float *restrict a, const float *restrict b,
-                                                       const int64_t n) {
-    float acc = 0.0f;
-    for (int64_t i = 0; i < n; i++) acc += a[i] * b[i];
-    return acc;
-}
+/* Walks a row's tokens in order, page by page, with no division per token (a 64-bit divide by the runtime page
+ * size costs tens of cycles, about as much as the arithmetic on the row it locates). */
+typedef struct {
+    const int32_t *pages;
+    int64_t page_size, token_stride, page, offset;
+} token_cursor;
 
-static inline __attribute__((always_inline)) void axpy(float *restrict y, const float w,
-                                                       const float *restrict x, const int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += w * x[i];
-}
-
-/* Pages lie anywhere in the cache, so the hardware prefetcher, which follows one address stream, stalls at
- * every page boundary (at page 16, pages scattered as a busy pool hands them out measured 1.3x slower than
- * contiguous ones: loadtests/profiles/decode_attention_bench.py). Each K row is fetched AHEAD tokens before the
- * first pass reads it, and its V row with it, for the third pass. */
-#define AHEAD 8
-static inline __attribute__((always_inline)) void prefetch_row(const float *k_cache, const float *v_cache,
-                                                               const int32_t *pages, const int64_t t,
-                                                               const int64_t page_size, const int64_t token_stride) {
-    const int64_t at = ((int64_t)pages[t / page_size] * page_size + t % page_size) * token_stride;
-    for (int64_t i = 0; i < token_stride; i += 16) {  /* one 64-byte line per 16 floats */
-        __builtin_prefetch(k_cache + at + i, 0, 3);
-        __builtin_prefetch(v_cache + at + i, 0, 1);
+static inline __attribute__((always_inline)) int64_t next_token(token_cursor *c) {
+    const int64_t at = ((int64_t)c->pages[c->page] * c->page_size + c->offset) * c->token_stride;
+    if (++c->offset == c->page_size) {
+        c->offset = 0;
+        c->page++;
     }
+    return at;
 }
 
-static inline __attribute__((always_inline)) void attend_row(
-    const float *restrict q, const float *restrict k_cache, const float *restrict v_cache,
-    const int32_t *restrict pages, const int64_t ctx, float *restrict out, const int64_t hq, const int64_t hk,
-    const int64_t d, const int64_t page_size, const float scale, float *restrict s) {
-    const int64_t group = hq / hk;
-    const int64_t token_stride = hk * d;
-    for (int64_t t = 0; t < ctx; t++) {
-        const float *k = k_cache + ((int64_t)pages[t / page_size] * page_size + t % page_size) * token_stride;
-        if (t + AHEAD < ctx) prefetch_row(k_cache, v_cache, pages, t + AHEAD, page_size, token_stride);
-        for (int64_t h = 0; h < hq; h++) s[h * ctx + t] = scale * dot(q + h * d, k + (h / group) * d, d);
-    }
-    for (int64_t h = 0; h < hq; h++) {
-        float *sh = s + h * ctx;
+/* the first ctx scores of each of the `heads` rows of s (row stride `stride`) become their max-subtracted
+ * softmax */
+static inline __attribute__((always_inline)) void softmax_rows(float *restrict s, const int64_t heads,
+                                                               const int64_t ctx, const int64_t stride) {
+    for (int64_t h = 0; h < heads; h++) {
+        float *sh = s + h * stride;
         float m = -FLT_MAX, sum = 0.0f;
         for (int64_t t = 0; t < ctx; t++) m = sh[t] > m ? sh[t] : m;
         for (int64_t t = 0; t < ctx; t++) {
@@ -67,30 +59,171 @@ static inline __attribute__((always_inline)) void attend_row(
         const float inv = 1.0f / sum;
         for (int64_t t = 0; t < ctx; t++) sh[t] *= inv;
     }
-    memset(out, 0, sizeof(float) * hq * d);
+}
+
+/* One item, portable C. k and v point at KV head g's D floats within a token's row; q and out at the group's
+ * first query head. */
+static inline __attribute__((always_inline)) void attend_group(
+    const float *restrict q, const float *restrict k_cache, const float *restrict v_cache,
+    const int32_t *restrict pages, const int64_t ctx, float *restrict out, const int64_t kv_heads,
+    const int64_t group, const int64_t d, const int64_t page_size, const int64_t token_stride, const float scale,
+    float *restrict s) {
+    const int64_t heads = kv_heads * group;
+    token_cursor at = {pages, page_size, token_stride, 0, 0};
     for (int64_t t = 0; t < ctx; t++) {
-        const float *v = v_cache + ((int64_t)pages[t / page_size] * page_size + t % page_size) * token_stride;
-        for (int64_t h = 0; h < hq; h++) axpy(out + h * d, s[h * ctx + t], v + (h / group) * d, d);
+        const float *k = k_cache + next_token(&at);
+        for (int64_t h = 0; h < heads; h++) {
+            float acc = 0.0f;
+            for (int64_t i = 0; i < d; i++) acc += q[h * d + i] * k[(h / group) * d + i];
+            s[h * ctx + t] = scale * acc;
+        }
+    }
+    softmax_rows(s, heads, ctx, ctx);
+    memset(out, 0, sizeof(float) * heads * d);
+    at = (token_cursor){pages, page_size, token_stride, 0, 0};
+    for (int64_t t = 0; t < ctx; t++) {
+        const float *v = v_cache + next_token(&at);
+        for (int64_t h = 0; h < heads; h++)
+            for (int64_t i = 0; i < d; i++) out[h * d + i] += s[h * ctx + t] * v[(h / group) * d + i];
     }
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+#define AHEAD 8 /* V rows are fetched this many tokens before pass 3 reads them */
+
+/* The same item with AVX-512, for head dims 64 and 128. Plain C spends most of its time outside the FMAs:
+ * every (token, head) dot product ends in a horizontal sum of one vector, and pass 3 loads and stores the
+ * outputs for every token. Here pass 1 takes 16 tokens at a time (16 dot products in 16 vectors, then one
+ * transpose-add tree, hsum16, reduces them into one vector of 16 scores), and pass 3 keeps up to 16 vectors of
+ * outputs (4 heads of 64, 2 of 128) in registers while it streams the V rows. */
+
+/* lane j of the result is the sum of the 16 floats of a[j] */
+static inline __attribute__((always_inline)) __m512 hsum16(const __m512 a[16]) {
+    __m512 b[8], c[4];
+    for (int i = 0; i < 8; i++)  /* per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] of the pair */
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {  /* per 128-bit lane: the lane's sum for 4 consecutive inputs */
+        const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+        c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    /* add the four 128-bit lanes: lanes (0,2) + (1,3), twice, leaves inputs 0-3, 4-7, 8-11, 12-15 in order */
+    const __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+    const __m512 y = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
+}
+
+/* s[0..16) = scale * q . k[j] over 16 key rows (a block's tail points at zero_row). Unrolled, so the 16 dot
+ * products are independent chains of FMAs in registers rather than one chain at a time. */
+static inline __attribute__((always_inline)) void scores16(const float *restrict q, const float *const k[16],
+                                                           const int64_t d, const float scale, float *restrict s) {
+    __m512 qv[8], acc[16];
+    for (int64_t c = 0; c < d / 16; c++) qv[c] = _mm512_loadu_ps(q + 16 * c);
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++) acc[j] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k[j]));
+    for (int64_t c = 1; c < d / 16; c++)
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k[j] + 16 * c), acc[j]);
+    _mm512_storeu_ps(s, _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(scale)));
+}
+
+/* out[h] = sum_t s[h][t] v_t for `heads` query heads (a constant after inlining, so the accumulators stay in
+ * registers) */
+static inline __attribute__((always_inline)) void weighted_v(
+    const float *restrict v_cache, const int32_t *restrict pages, const int64_t ctx, const int64_t page_size,
+    const int64_t token_stride, const float *restrict s, const int64_t s_stride, const int heads, const int64_t d,
+    float *restrict out) {
+    __m512 o[4][8];
+    for (int h = 0; h < heads; h++)
+        for (int64_t c = 0; c < d / 16; c++) o[h][c] = _mm512_setzero_ps();
+    token_cursor at = {pages, page_size, token_stride, 0, 0}, ahead = at;
+    for (int64_t t = 0; t < AHEAD && t < ctx; t++) next_token(&ahead);
+    for (int64_t t = 0; t < ctx; t++) {
+        const float *v = v_cache + next_token(&at);
+        if (t + AHEAD < ctx) {  /* pages lie anywhere: the hardware prefetcher stalls at every page boundary */
+            const float *later = v_cache + next_token(&ahead);
+            for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(later + c, 0, 3);
+        }
+        for (int64_t c = 0; c < d / 16; c++) {
+            const __m512 vc = _mm512_loadu_ps(v + 16 * c);
+            for (int h = 0; h < heads; h++) o[h][c] = _mm512_fmadd_ps(_mm512_set1_ps(s[h * s_stride + t]), vc, o[h][c]);
+        }
+    }
+    for (int h = 0; h < heads; h++)
+        for (int64_t c = 0; c < d / 16; c++) _mm512_storeu_ps(out + h * d + 16 * c, o[h][c]);
+}
+
+static inline __attribute__((always_inline)) void attend_group_avx512(
+    const float *restrict q, const float *restrict k_cache, const float *restrict v_cache,
+    const int32_t *restrict pages, const int64_t ctx, float *restrict out, const int64_t kv_heads,
+    const int64_t group, const int64_t d, const int64_t page_size, const int64_t token_stride, const float scale,
+    float *restrict s) {
+    /* scores, 16 tokens a block, in rows of cs floats (room for a whole last block); the next block's K rows are
+     * fetched while this one is computed */
+    const int64_t cs = (ctx + 15) / 16 * 16;
+    static const float zero_row[128] = {0};
+    token_cursor at = {pages, page_size, token_stride, 0, 0};
+    const float *k[16], *kg[16], *next[16];
+    for (int j = 0; j < 16; j++) next[j] = j < ctx ? k_cache + next_token(&at) : zero_row;
+    for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
+        for (int j = 0; j < 16; j++) {
+            k[j] = next[j];
+            next[j] = t0 + 16 + j < ctx ? k_cache + next_token(&at) : zero_row;
+            for (int64_t g = 0; g < kv_heads; g++)
+                for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(next[j] + g * d + c, 0, 3);
+        }
+        for (int64_t g = 0; g < kv_heads; g++) {
+            for (int j = 0; j < 16; j++) kg[j] = k[j] == zero_row ? zero_row : k[j] + g * d;
+            for (int64_t h = g * group; h < (g + 1) * group; h++) scores16(q + h * d, kg, d, scale, s + h * cs + t0);
+        }
+    }
+    softmax_rows(s, kv_heads * group, ctx, cs);
+    const int most = d == 64 ? 4 : 2;  /* heads whose outputs fit in 16 vector registers */
+    for (int64_t g = 0; g < kv_heads; g++)
+        for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += most) {
+            const int heads = (g + 1) * group - h0 < most ? (int)((g + 1) * group - h0) : most;
+            const float *vg = v_cache + g * d, *sh = s + h0 * cs;
+            float *oh = out + h0 * d;
+            switch (heads) {
+            case 1: weighted_v(vg, pages, ctx, page_size, token_stride, sh, cs, 1, d, oh); break;
+            case 2: weighted_v(vg, pages, ctx, page_size, token_stride, sh, cs, 2, d, oh); break;
+            case 3: weighted_v(vg, pages, ctx, page_size, token_stride, sh, cs, 3, d, oh); break;
+            default: weighted_v(vg, pages, ctx, page_size, token_stride, sh, cs, 4, d, oh); break;
+            }
+        }
+}
+#define ATTEND_FAST attend_group_avx512
+#else
+#define ATTEND_FAST attend_group
+#endif
+
 void paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
-                      int64_t bt_stride, const int32_t *context_lens, float *out, int64_t row_begin,
-                      int64_t row_end, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                      int64_t page_size, float scale, float *scratch) {
-    for (int64_t b = row_begin; b < row_end; b++) {
-        const float *qb = q + b * num_q_heads * head_dim;
-        float *ob = out + b * num_q_heads * head_dim;
+                      int64_t bt_stride, const int32_t *context_lens, float *out, int64_t num_rows,
+                      int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t page_size, float scale,
+                      float *scratch, int64_t scratch_stride, int64_t num_threads) {
+    const int64_t group = num_q_heads / num_kv_heads, token_stride = num_kv_heads * head_dim;
+    /* An item is a row with all its KV heads, which reads each token's K and V rows whole and in order; with
+     * fewer rows than threads, an item is one KV head of a row, so a single sequence still uses every core. */
+    const int64_t per_item = num_rows >= num_threads ? num_kv_heads : 1, items_per_row = num_kv_heads / per_item;
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    for (int64_t item = 0; item < num_rows * items_per_row; item++) {
+        const int64_t b = item / items_per_row, g = (item % items_per_row) * per_item;
+#ifdef _OPENMP
+        float *s = scratch + omp_get_thread_num() * scratch_stride;
+#else
+        float *s = scratch;
+#endif
+        const float *qg = q + (b * num_q_heads + g * group) * head_dim;
+        float *og = out + (b * num_q_heads + g * group) * head_dim;
+        const float *kg = k_cache + g * head_dim, *vg = v_cache + g * head_dim;
         const int32_t *pages = block_tables + b * bt_stride;
         const int64_t ctx = context_lens[b];
         if (head_dim == 64)
-            attend_row(qb, k_cache, v_cache, pages, ctx, ob, num_q_heads, num_kv_heads, 64, page_size, scale,
-                       scratch);
+            ATTEND_FAST(qg, kg, vg, pages, ctx, og, per_item, group, 64, page_size, token_stride, scale, s);
         else if (head_dim == 128)
-            attend_row(qb, k_cache, v_cache, pages, ctx, ob, num_q_heads, num_kv_heads, 128, page_size, scale,
-                       scratch);
+            ATTEND_FAST(qg, kg, vg, pages, ctx, og, per_item, group, 128, page_size, token_stride, scale, s);
         else
-            attend_row(qb, k_cache, v_cache, pages, ctx, ob, num_q_heads, num_kv_heads, head_dim, page_size,
-                       scale, scratch);
+            attend_group(qg, kg, vg, pages, ctx, og, per_item, group, head_dim, page_size, token_stride, scale, s);
     }
 }
