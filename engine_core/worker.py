@@ -70,6 +70,15 @@ class Worker:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
 
+    def _build(self) -> EngineParts:
+        """The engine, built on a thread of its own; that thread's OpenMP team is freed before the step loop,
+        another thread, starts one (engine_core/threads.py says why)."""
+        from engine_core.threads import release_openmp_team
+
+        parts = self.build()
+        release_openmp_team()
+        return parts
+
     async def start(self) -> int:
         """Listen (NOT_SERVING), load the engine, turn SERVING. Returns the bound port."""
         self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
@@ -79,7 +88,7 @@ class Worker:
         await self._set_health(False)
         await self._server.start()
         log.info("listening on %s:%d, loading", self.host, self.port)
-        parts = await asyncio.to_thread(self.build)
+        parts = await asyncio.to_thread(self._build)
         self.metrics = EngineMetrics(parts.spec.engine_kind, parts.spec.model_id)
         if self.metrics_port is not None:
             self.metrics.serve(self.metrics_port)

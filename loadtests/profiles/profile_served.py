@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> dict:
     out = Path(args.out or tempfile.mkdtemp(prefix="duet-profile-"))
     out.mkdir(parents=True, exist_ok=True)
     raw = out / f"{args.engine}-{args.load}.txt"
-    with ServingStack(model, [args.engine], {"policy": "round_robin"}, duet_limits(duet_threads()),
+    with ServingStack(model, [args.engine], {}, duet_limits(duet_threads()),
                       log_dir=out / "logs") as stack:
         run_benchmark(stack.url, model.name, build_requests(args.load, src, 2, "warmup"),
                       concurrency=args.concurrency, progress=False)
