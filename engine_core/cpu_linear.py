@@ -1,13 +1,22 @@
-"""CPU matmuls with their weights prepared once at load: the LM head oneDNN-packed, or int8 weights.
+"""CPU matmuls with their weights prepared once at load: oneDNN-packed copies, or int8 weights.
 
 Plain `F.linear` on the CPU hands MKL a plain weight matrix, and MKL re-packs it into its GEMM's blocked layout
 inside every call. `PackedLinear` reorders a weight once into oneDNN's blocked layout
 (`torch.ops.mkldnn._reorder_linear_weight`) and runs oneDNN's inner product on it (`_linear_pointwise`), which
 takes any number of rows at run time, so decode (a few rows) and prefill share one packed copy. It serves the
 LM head (the tied head keeps its embedding for the lookup and gets a packed copy beside it): 1.6x F.linear at
-decode sizes, the same at prefill sizes (loadtests/profiles/matmul_bench.py). The decoder layers keep F.linear
-on column-major weights (model_runner.py): packed, they measured at most 1.2x faster at decode and slower at
-prefill, and the logits' difference from transformers grew past the real-model tier's 1e-4 (1.4e-4).
+decode sizes, the same at prefill sizes (loadtests/profiles/matmul_bench.py).
+
+The decoder layers are `DecodePackedLinear`: the column-major weight F.linear runs fastest on (model_runner.py)
+plus a packed copy that the matmuls of a decode step of 2 to 32 rows take (`decode_step()`, set by the model
+runner when every sequence brings one token). There the packed copy measured 1.1-1.7x F.linear (MKL's GEMM
+re-packs a plain weight inside every call); at one row MKL's GEMV, and at prefill sizes its GEMM, are as fast or
+faster, so those keep the plain weight. Prefill keeps it at every size too: oneDNN sums in another order, which
+moved SmolLM2's logits 1.4e-4 from transformers', past the real-model tier's 1e-4 for prefill (decode rows
+already differ from a full forward by more, and that tier allows them 5e-4). The copy doubles the layers' weight memory
+(425 MB on SmolLM2-135M in fp32) and took a served decode step from 76 to 64 ms (docs/benchmarks.md).
+The choice runs inside one custom op, `duet::cpu_linear`, so a compiled layer (engine_core/cpu_compile.py) keeps
+one graph for every batch size: inductor calls the op and never sees the oneDNN tensor it cannot trace.
 
 `Int8Linear` (`--quantization int8`) keeps each weight as int8 with one scale per output channel (symmetric,
 absmax / 127), weight-only: up to 64 rows (decode) `torch._weight_int8pack_mm` multiplies, with bf16
@@ -19,13 +28,17 @@ to be a multiple of 16, so narrower layers (the tiny test models') are zero-padd
 
 `prepare_cpu_linears(model, quantization)` runs at load on the CPU only (a CUDA model keeps cuBLAS, which needs
 none of this). Only plain `nn.Linear` layers are swapped: tensor parallelism's row-parallel subclass keeps
-F.linear. DUET_CPU_PACKED_WEIGHTS=0 keeps F.linear for the fp32 head (the benchmarks' before/after).
+F.linear. DUET_CPU_PACKED_WEIGHTS=0 keeps F.linear everywhere in fp32 (the benchmarks' before/after, and half the
+weight memory).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+import weakref
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -47,6 +60,69 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+# the rows of a decode step: where the packed copy beats F.linear on the column-major weight (module docstring)
+PACKED_ROWS = range(2, 33)
+_step = threading.local()  # .decode: the running forward is a decode step (read inside duet::cpu_linear)
+
+
+@contextmanager
+def decode_step(active: bool):
+    """Within it, DecodePackedLinear's decode-sized calls take the packed copy (when `active`)."""
+    before = getattr(_step, "decode", False)
+    _step.decode = active
+    try:
+        yield
+    finally:
+        _step.decode = before
+# the packed copy of each DecodePackedLinear weight, by the weight's address: a compiled graph passes the weight
+# tensor to duet::cpu_linear, never the module, and an mkldnn tensor cannot be a graph input. Each entry holds a
+# weak reference to its weight and is dropped with it, so a freed address never finds a stale copy.
+_PACKED_COPIES: dict[int, tuple[weakref.ref, Tensor]] = {}
+
+
+def _packed_copy(weight: Tensor) -> Tensor | None:
+    entry = _PACKED_COPIES.get(weight.data_ptr())
+    if entry is None or entry[0]() is None:
+        return None
+    return entry[1]
+
+
+@torch.library.custom_op("duet::cpu_linear", mutates_args=())
+def cpu_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x W^T + b: through W's packed copy in a decode step of PACKED_ROWS rows, else F.linear on W itself."""
+    decode = getattr(_step, "decode", False) and x.numel() // x.shape[-1] in PACKED_ROWS
+    packed = _packed_copy(weight) if decode else None
+    if packed is None:
+        return torch.nn.functional.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@cpu_linear.register_fake
+def _cpu_linear_shape(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+class DecodePackedLinear(nn.Module):
+    """y = x W^T + b with W column-major, and a oneDNN-packed copy of W for decode-sized calls."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.weight = nn.Parameter(weight.detach().t().contiguous().t(), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().contiguous(), requires_grad=False)
+        address = self.weight.data_ptr()
+
+        def forget(ref: weakref.ref) -> None:
+            if _PACKED_COPIES.get(address, (None,))[0] is ref:
+                del _PACKED_COPIES[address]
+
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 32)
+        _PACKED_COPIES[address] = (weakref.ref(self.weight, forget), packed)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.duet.cpu_linear(x, self.weight, self.bias)
 
 
 def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -100,7 +176,8 @@ def packing_applies(device: torch.device, dtype: torch.dtype, environ=os.environ
 
 def prepare_cpu_linears(model: nn.Module, quantization: str = "none") -> int:
     """Prepare the matmuls of a loaded CPU model: with "int8" every plain Linear and the LM head become
-    Int8Linear; else the LM head is packed (`model.head`). Returns how many matmuls were prepared."""
+    Int8Linear; in fp32 every plain Linear becomes a DecodePackedLinear and the LM head is packed (`model.head`).
+    Returns how many matmuls were prepared."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"--quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
     weight = next(model.parameters())
@@ -110,25 +187,25 @@ def prepare_cpu_linears(model: nn.Module, quantization: str = "none") -> int:
     head = model.embed_tokens.weight if model.tie_word_embeddings else model.lm_head.weight
     with torch.no_grad():
         if quantization == "int8":
-            count = _swap_linears(model)
+            count = _swap_linears(model, Int8Linear.from_float)
             model.head = Int8Linear.from_float(head, None)
         elif packing_applies(weight.device, weight.dtype):
-            count = 0
+            count = _swap_linears(model, DecodePackedLinear)
             model.head = PackedLinear(head, None)
         else:
             return 0
     if not model.tie_word_embeddings:
         del model.lm_head  # the prepared copy replaces it; a tied head's embedding stays for the lookup
-    log.info("CPU matmuls prepared at load: %s", f"{count} layers + LM head int8, weight-only" if count
-             else "LM head oneDNN-packed")
+    log.info("CPU matmuls prepared at load: %d layers + LM head, %s", count,
+             "int8, weight-only" if quantization == "int8" else "oneDNN-packed (the layers for decode-sized calls)")
     return count + 1
 
 
-def _swap_linears(model: nn.Module) -> int:
+def _swap_linears(model: nn.Module, make) -> int:
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and name != "lm_head":
-                setattr(parent, name, Int8Linear.from_float(child.weight, child.bias))
+                setattr(parent, name, make(child.weight, child.bias))
                 count += 1
     return count

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from engine_core.cpu_compile import compile_decoder
-from engine_core.cpu_linear import prepare_cpu_linears
+from engine_core.cpu_linear import decode_step, prepare_cpu_linears
 from engine_core.forward_batch import SeqChunk, build_forward_batch
 from engine_core.kv_pool import KVPool, torch_dtype
 from engine_core.model import DecoderModel
@@ -80,5 +80,7 @@ class ModelRunner:
         for c in chunks:
             assert c.end_pos <= self.max_model_len, f"position {c.end_pos} beyond the model's {self.max_model_len}"
         batch = build_forward_batch(chunks, self.kv_pool.page_size, self.device)
-        hidden = self.model(batch.input_ids, batch.positions, batch, self.kv_pool.k_caches, self.kv_pool.v_caches)
+        with decode_step(all(len(c.token_ids) == 1 for c in chunks)):  # CPU matmuls: engine_core/cpu_linear.py
+            hidden = self.model(batch.input_ids, batch.positions, batch, self.kv_pool.k_caches,
+                                self.kv_pool.v_caches)
         return self.model.compute_logits(hidden[batch.logits_indices])

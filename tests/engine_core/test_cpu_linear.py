@@ -1,5 +1,5 @@
 """engine_core/cpu_linear.py: the CPU matmuls prepared at load. The packed LM head gives F.linear's product for
-any row count; int8 layers give the dequantized weights' product; a loaded model gets them on the CPU only,
+any row count, and so do the layers' two layouts (a packed copy for decode-sized calls); int8 layers give the dequantized weights' product; a loaded model gets them on the CPU only,
 and `--quantization int8` generates with every arch (the real model's quality: tests/realmodel/test_real_int8.py)."""
 
 from __future__ import annotations
@@ -12,7 +12,14 @@ import torch.nn.functional as F
 
 from duet.engine_config import ENGINE_DEFAULTS, QUANTIZATIONS
 from engine_core import LLM, SamplingParams, cpu_linear
-from engine_core.cpu_linear import Int8Linear, PackedLinear, prepare_cpu_linears, quantize_per_channel
+from engine_core.cpu_linear import (
+    PACKED_ROWS,
+    DecodePackedLinear,
+    Int8Linear,
+    PackedLinear,
+    prepare_cpu_linears,
+    quantize_per_channel,
+)
 
 
 @pytest.mark.parametrize("rows", [1, 7, 300])
@@ -22,6 +29,29 @@ def test_packed_weight_gives_f_linear_at_any_row_count(rows):
     layer = PackedLinear(w, b)
     x = torch.randn(rows, 64, generator=gen)
     torch.testing.assert_close(layer(x), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 16, 32, 33, 300])
+def test_decode_packed_layer_gives_f_linear_at_any_row_count(rows):
+    gen = torch.Generator().manual_seed(rows)
+    w, b = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)
+    layer = DecodePackedLinear(w, b)
+    assert layer.weight.t().is_contiguous()  # the plain layout is column-major, as F.linear runs it fastest
+    x = torch.randn(rows, 64, generator=gen)
+    for decode in (False, True):  # a decode step takes the packed copy at 2-32 rows
+        with cpu_linear.decode_step(decode):
+            torch.testing.assert_close(layer(x), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(layer(x[None]), F.linear(x, w, b)[None], atol=1e-5, rtol=1e-5)
+
+
+def test_a_packed_copy_lives_as_long_as_its_layer():
+    """Compiled graphs find the packed copy by the weight's address; a freed layer must not leave its copy
+    behind, where a later weight at the same address would pick it up."""
+    layer = DecodePackedLinear(torch.randn(40, 16), None)
+    assert cpu_linear._packed_copy(layer.weight) is not None and 16 in PACKED_ROWS and 1 not in PACKED_ROWS
+    address = layer.weight.data_ptr()
+    del layer
+    assert address not in cpu_linear._PACKED_COPIES
 
 
 @pytest.mark.parametrize("width", [64, 37])  # 37: not a multiple of the kernel's 16, padded
@@ -48,7 +78,8 @@ def test_a_cpu_model_gets_a_packed_head_and_int8_swaps_every_plain_linear(hf_che
     md = read_model_dir(hf_checkpoints["llama"][0])
     fp32 = load_model(md.config, md.weight_files, torch.device("cpu"), torch.float32)
     assert isinstance(fp32.head, PackedLinear) and not hasattr(fp32, "lm_head")
-    assert type(fp32.layers[0].mlp.down_proj) is torch.nn.Linear  # layers keep F.linear (see cpu_linear)
+    kinds = {type(m) for m in fp32.modules()}
+    assert DecodePackedLinear in kinds and torch.nn.Linear not in kinds
     int8 = load_model(md.config, md.weight_files, torch.device("cpu"), torch.float32, quantization="int8")
     kinds = {type(m) for m in int8.modules()}
     assert Int8Linear in kinds and torch.nn.Linear not in kinds and isinstance(int8.head, Int8Linear)
@@ -61,7 +92,8 @@ def test_packing_off_keeps_f_linear_and_bf16_or_unknown_refuse(hf_checkpoints, m
     monkeypatch.setenv("DUET_CPU_PACKED_WEIGHTS", "0")
     md = read_model_dir(hf_checkpoints["qwen2"][0])  # tied embeddings
     model = load_model(md.config, md.weight_files, torch.device("cpu"), torch.float32)
-    assert model.head is None and model.layers[0].mlp.down_proj.weight.t().is_contiguous()  # column-major
+    assert model.head is None and type(model.layers[0].mlp.down_proj) is torch.nn.Linear
+    assert model.layers[0].mlp.down_proj.weight.t().is_contiguous()  # column-major
     with pytest.raises(ValueError, match="runs on the CPU from fp32 weights only"):
         prepare_cpu_linears(model.to(torch.bfloat16), "int8")
     with pytest.raises(ValueError, match="choose one of none, int8"):
