@@ -178,8 +178,7 @@ class DecoderModel(nn.Module):
             self.build_rope_cache(input_ids.device)
         plan = None
         if kernels.kernel_backend(input_ids) == "torch":  # the same indices in every layer: derive them once
-            native = kernels.native_decode_applies(input_ids.device, self.embed_tokens.weight.dtype,
-                                                   k_caches[0].dtype)
+            native = kernels.native_applies(input_ids.device, self.embed_tokens.weight.dtype, k_caches[0].dtype)
             plan = kernels.plan_paged_attention(
                 batch.num_decode_tokens, batch.decode_block_tables, batch.decode_context_lens,
                 batch.extend_block_tables, batch.cu_seqlens_q, batch.prefix_lens, k_caches[0].shape[1], native)

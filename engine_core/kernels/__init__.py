@@ -13,8 +13,9 @@ each op's module docstring.
 
 Attention on the torch backend has a faster path than the two references: `plan_paged_attention` once per step
 and `paged_attention_planned` in every layer (cpu_attention.py); the model takes it wherever
-`kernel_backend` says "torch". Its fp32 decode rows run a small C kernel that reads K/V in place through the
-page table (cpu_paged_decode.py, built once per machine) when a C compiler is there.
+`kernel_backend` says "torch". In fp32 its decode rows and prefill chunks run small C kernels that read K/V in
+place through the page table (cpu_paged_decode.py, cpu_paged_extend.py; built once per machine by cpu_native.py)
+when a C compiler is there.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from engine_core.kernels import rope as _rope
 from engine_core.kernels import store_kv as _store
 from engine_core.kernels._jit import interpreting
 from engine_core.kernels.cpu_attention import AttentionPlan, paged_attention_planned, plan_paged_attention
-from engine_core.kernels.cpu_paged_decode import native_decode_applies
+from engine_core.kernels.cpu_native import native_applies
 from engine_core.kernels.rope import build_rope_cache
 
 __all__ = [
@@ -41,7 +42,7 @@ __all__ = [
     "extend_attention",
     "fused_add_rms_norm",
     "kernel_backend",
-    "native_decode_applies",
+    "native_applies",
     "paged_attention_planned",
     "paged_decode_attention",
     "plan_paged_attention",

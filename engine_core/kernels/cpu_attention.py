@@ -18,6 +18,10 @@ online softmax, GQA without repeating K/V) over the gathered pages seen as [n, H
 Decode rows are grouped by context length (sorted, cut where padding to the group's longest context would
 cost more than a quarter of extra work), so a ragged batch does not pay its longest context in every row.
 An extend chunk with nothing cached before it attends to its own new K/V directly: causal SDPA, no gather.
+
+With `native=True` (the caller checked cpu_native.native_applies: CPU, fp32, a C compiler) the decode rows and the
+extend chunks go to the native kernels instead (cpu_paged_decode.py, cpu_paged_extend.py), which read the pages
+in place; the plan then holds only their int32 inputs.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from engine_core.kernels.cpu_paged_decode import paged_decode_native
+from engine_core.kernels.cpu_paged_extend import paged_extend_native
 
 # a decode group's padded work (rows x longest context) may exceed its real work by this factor
 _PAD_SLACK = 1.25
@@ -54,10 +59,21 @@ class _NativeDecode:
 
 
 @dataclass(frozen=True)
+class _NativeExtend:
+    """The extend chunks' inputs to the native kernel (cpu_paged_extend.py), all int32 and contiguous."""
+
+    block_tables: Tensor  # [chunks, P]
+    q_start: Tensor  # [chunks] each chunk's first row in q
+    new_lens: Tensor  # [chunks]
+    prefix_lens: Tensor  # [chunks]
+
+
+@dataclass(frozen=True)
 class AttentionPlan:
     decode: list[_Group]
     extend: list[_Group]
     native: _NativeDecode | None = None  # set: decode rows go to the native kernel, `decode` is empty
+    native_extend: _NativeExtend | None = None  # set: extend chunks go to the native kernel, `extend` is empty
 
 
 def _pages(block_tables: Tensor, num_pages: int) -> Tensor:
@@ -82,16 +98,16 @@ def _decode_groups(lens: list[int]) -> list[list[int]]:
 
 def plan_paged_attention(num_decode: int, decode_block_tables: Tensor, decode_context_lens: Tensor,
                          extend_block_tables: Tensor, cu_seqlens_q: Tensor, prefix_lens: Tensor,
-                         page_size: int, native_decode: bool = False) -> AttentionPlan:
-    """native_decode: the decode rows run the native kernel (the caller checked native_decode_applies)."""
+                         page_size: int, native: bool = False) -> AttentionPlan:
+    """native: decode rows and extend chunks run the native kernels (the caller checked native_applies)."""
     device = decode_block_tables.device
     decode = []
     lens = decode_context_lens.tolist()
-    native = None
-    if native_decode and num_decode:
-        native = _NativeDecode(decode_block_tables[:num_decode].to(torch.int32).contiguous(),
+    native_decode = None
+    if native and num_decode:
+        native_decode = _NativeDecode(decode_block_tables[:num_decode].to(torch.int32).contiguous(),
                                decode_context_lens[:num_decode].to(torch.int32).contiguous(), max(lens))
-    for members in (_decode_groups(lens) if num_decode and native is None else []):
+    for members in (_decode_groups(lens) if num_decode and native_decode is None else []):
         num_pages = -(-lens[members[0]] // page_size)
         rows = torch.tensor(members, device=device)
         length = num_pages * page_size
@@ -101,6 +117,11 @@ def plan_paged_attention(num_decode: int, decode_block_tables: Tensor, decode_co
         decode.append(_Group(rows, _pages(decode_block_tables[rows], num_pages), mask, length))
     extend = []
     cu = cu_seqlens_q.tolist()
+    if native and len(cu) > 1:
+        i32 = torch.int32
+        return AttentionPlan(decode, [], native_decode, _NativeExtend(
+            extend_block_tables.to(i32).contiguous(), (cu_seqlens_q[:-1] + num_decode).to(i32).contiguous(),
+            (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(i32).contiguous(), prefix_lens.to(i32).contiguous()))
     for i, prefix in enumerate(prefix_lens.tolist()):
         n = cu[i + 1] - cu[i]
         rows = slice(num_decode + cu[i], num_decode + cu[i + 1])
@@ -112,7 +133,7 @@ def plan_paged_attention(num_decode: int, decode_block_tables: Tensor, decode_co
         query_pos = prefix + torch.arange(n, device=device)
         mask = torch.arange(length, device=device)[None, :] <= query_pos[:, None]  # [n, L]: causal, offset
         extend.append(_Group(rows, _pages(extend_block_tables[i: i + 1], num_pages), mask, length))
-    return AttentionPlan(decode, extend, native)
+    return AttentionPlan(decode, extend, native_decode)
 
 
 def _gather(cache: Tensor, group: _Group, dtype: torch.dtype) -> Tensor:
@@ -137,6 +158,10 @@ def paged_attention_planned(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_
         o = F.scaled_dot_product_attention(qq, _gather(k_cache, g, q.dtype), _gather(v_cache, g, q.dtype),
                                            attn_mask=g.mask, scale=scale, enable_gqa=gqa)
         out.index_copy_(0, g.rows, o.squeeze(2))
+    if plan.native_extend is not None:
+        e = plan.native_extend
+        paged_extend_native(q.contiguous(), k_cache, v_cache, e.block_tables, e.q_start, e.new_lens, e.prefix_lens,
+                            out, scale)
     for g in plan.extend:
         qq = q[g.rows].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
         if g.pages is None:

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from engine_core.forward_batch import SeqChunk, build_forward_batch
-from engine_core.kernels.cpu_paged_decode import native_decode_available
+from engine_core.kernels.cpu_native import native_available
 from engine_core.kv_pool import KVPool, torch_dtype
 from engine_core.model_runner import load_model
 from engine_core.parallel.layers import Collectives, shard_layers
@@ -31,7 +31,7 @@ class ShardRunner:
         self.model = load_model(local, model_dir.weight_files, device, self.dtype,
                                 prepare=lambda m: shard_layers(m, self.plan, self.comm), shard=self.plan.shard)
         if device.type == "cpu":
-            native_decode_available()  # a first-time compile happens now, not inside a timed collective
+            native_available()  # a first-time compile happens now, not inside a timed collective
         self.kv_pool = KVPool(local.num_hidden_layers, num_pages, page_size, local.num_key_value_heads,
                               local.head_dim, self.dtype, device)
 

@@ -18,7 +18,8 @@ import time
 
 import torch
 
-from engine_core.kernels.cpu_paged_decode import native_decode_available, paged_decode_native
+from engine_core.kernels.cpu_native import native_available
+from engine_core.kernels.cpu_paged_decode import paged_decode_native
 
 HQ, HK, D, LAYERS = 9, 3, 64, 30
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page-sizes", default="8,16,32,64")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    if not native_decode_available():
+    if not native_available():
         parser.error("the native decode attention is not available here (no C compiler?)")
     torch.set_num_threads(args.threads)
     moved = args.rows * args.context * LAYERS * 2 * HK * D * 4  # K and V rows read once

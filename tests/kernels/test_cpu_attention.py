@@ -9,7 +9,7 @@ from importlib import import_module
 import pytest
 import torch
 
-from engine_core.kernels import cpu_paged_decode
+from engine_core.kernels import cpu_native
 from engine_core.kernels.cpu_attention import _decode_groups, paged_attention_planned, plan_paged_attention
 
 decode = import_module("engine_core.kernels.decode_attention")
@@ -27,6 +27,11 @@ CASES = [
     (1, 2, 1, 64, F32, [7, 3], [(2, 3)]),  # page size 1, no GQA
     (16, 1, 4, 64, BF16, [20, 2], [(7, 10)]),
     (16, 2, 2, 64, F16, [33], [(0, 16)]),
+    # the native extend kernel's tiles: keys past one block of 64, a prefix ending mid-block, heads of 128 (2 rows
+    # a block) and of 80 (the portable loops), a group of 7 query heads (rows of a block from two tokens)
+    (16, 2, 7, 64, F32, [], [(0, 150), (70, 61)]),
+    (8, 2, 2, 128, F32, [90], [(129, 3), (0, 66)]),
+    (16, 1, 2, 80, F32, [41], [(17, 45)]),
 ]
 
 
@@ -38,7 +43,7 @@ def _new_kv(kv, rows):
     return torch.stack(ks), torch.stack(vs)
 
 
-def _run_step(paged_kv, tol, page_size, hk, ratio, d, dtype, dec_lens, ext, native_decode=False):
+def _run_step(paged_kv, tol, page_size, hk, ratio, d, dtype, dec_lens, ext, native=False):
     """One mixed step (decode rows, then extend chunks) through the planned path, checked against the
     references; returns the plan."""
     lens = dec_lens + [p + n for p, n in ext]
@@ -54,7 +59,7 @@ def _run_step(paged_kv, tol, page_size, hk, ratio, d, dtype, dec_lens, ext, nati
                       dtype=torch.int32)
     prefix = torch.tensor([p for p, _ in ext], dtype=torch.int32)
     scale = d**-0.5
-    plan = plan_paged_attention(nd, dec_bt, kv.lens[:nd], ext_bt, cu, prefix, page_size, native_decode)
+    plan = plan_paged_attention(nd, dec_bt, kv.lens[:nd], ext_bt, cu, prefix, page_size, native)
     out = paged_attention_planned(q, k, v, kv.k_cache, kv.v_cache, plan, scale)
     want = []
     if nd:
@@ -84,46 +89,48 @@ def test_decode_groups_bound_the_padding():
     assert sorted(i for g in groups for i in g) == list(range(5))
 
 
-NATIVE_CASES = [c for c in CASES if c[4] == F32 and c[5]]  # fp32 steps with decode rows
+NATIVE_CASES = [c for c in CASES if c[4] == F32]  # the native kernels are fp32
 
 
 @pytest.fixture
 def native(monkeypatch, tmp_path):
-    """The native decode kernel, built into a private cache dir (so the build itself is tested). CPU only."""
+    """The native kernels, built into a private cache dir (so the build itself is tested). CPU only."""
     if torch.get_default_device().type != "cpu":
         pytest.skip("the native kernel is for CPU tensors")
     monkeypatch.setenv("DUET_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("DUET_NATIVE_CPU_ATTENTION", raising=False)
-    cpu_paged_decode._library.cache_clear()
+    cpu_native.library.cache_clear()
     yield
-    cpu_paged_decode._library.cache_clear()
+    cpu_native.library.cache_clear()
 
 
-def test_native_decode_builds_where_a_compiler_is(native, tmp_path):
+def test_native_kernels_build_where_a_compiler_is(native, tmp_path):
     if shutil.which(os.environ.get("CC", "cc")) is None:
-        pytest.skip("no C compiler on this machine: the torch path serves decode")
-    assert cpu_paged_decode.native_decode_available()
-    assert list((tmp_path / "kernels").glob("paged_decode-*.so"))
-    assert cpu_paged_decode.native_decode_applies(torch.device("cpu"), F32, F32)
-    assert not cpu_paged_decode.native_decode_applies(torch.device("cpu"), BF16, BF16)
+        pytest.skip("no C compiler on this machine: the torch path serves attention")
+    assert cpu_native.native_available()
+    assert list((tmp_path / "kernels").glob("cpu_attention-*.so"))
+    assert cpu_native.native_applies(torch.device("cpu"), F32, F32)
+    assert not cpu_native.native_applies(torch.device("cpu"), BF16, BF16)
 
 
-def test_native_decode_can_be_turned_off(native, monkeypatch):
+def test_native_kernels_can_be_turned_off(native, monkeypatch):
     monkeypatch.setenv("DUET_NATIVE_CPU_ATTENTION", "0")
-    assert not cpu_paged_decode.native_decode_available()
+    assert not cpu_native.native_available()
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("page_size,hk,ratio,d,dtype,dec_lens,ext", NATIVE_CASES,
                          ids=[str(i) for i in range(len(NATIVE_CASES))])
-def test_native_decode_matches_the_reference(native, paged_kv, tol, threads, page_size, hk, ratio, d, dtype,
+def test_native_kernels_match_the_references(native, paged_kv, tol, threads, page_size, hk, ratio, d, dtype,
                                              dec_lens, ext):
-    if not cpu_paged_decode.native_decode_available():
+    if not cpu_native.native_available():
         pytest.skip("no C compiler on this machine")
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        plan = _run_step(paged_kv, tol, page_size, hk, ratio, d, dtype, dec_lens, ext, native_decode=True)
+        plan = _run_step(paged_kv, tol, page_size, hk, ratio, d, dtype, dec_lens, ext, native=True)
     finally:
         torch.set_num_threads(before)
-    assert plan.native is not None and plan.decode == []  # the decode rows really took the kernel
+    # the rows really took the kernels
+    assert (plan.native is not None) == bool(dec_lens) and plan.decode == []
+    assert (plan.native_extend is not None) == bool(ext) and plan.extend == []

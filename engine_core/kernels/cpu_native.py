@@ -1,0 +1,102 @@
+"""The native CPU attention kernels (csrc/*.c): built once per machine with the system C compiler, loaded with ctypes.
+
+    native_available() -> bool
+    native_applies(device, dtype, cache_dtype) -> bool   # CPU, fp32 queries and caches, the library built
+    library() -> ctypes.CDLL | None                      # paged_decode_f32, paged_extend_f32
+
+Why: torch has no CPU attention that reads K/V through a page table, so its path copies every layer's pages into
+contiguous K/V first, and its fused SDPA runs prefill at about 130 GFLOP/s here. The kernels read pages where they
+lie (cpu_paged_decode.py, cpu_paged_extend.py say what each wins). They are plain C, so they build in a few
+seconds with the system C compiler (no torch headers, no ninja), into Duet's cache dir, keyed by the sources, the
+flags and the CPU's features. Built with OpenMP, the library needs libgomp.so.1, which torch has loaded already:
+the dynamic linker reuses it, so the kernels run on torch's own thread team (as many threads as
+torch.get_num_threads(), passed in). ctypes releases the GIL during a call.
+
+fp32 only (the CPU default); other dtypes, a machine without a C compiler, or DUET_NATIVE_CPU_ATTENTION=0 keep the
+torch path, which computes the same thing (tests/kernels/test_cpu_attention.py holds both to the references).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("duet.kernels")
+
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_decode.c", "paged_extend.c")]
+# -ffast-math lets the compiler vectorize sums and expf (glibc's libmvec); the summation order then differs from
+# torch's by float rounding, as any two fp32 attention kernels do. The kernels handle no inf/NaN themselves
+# (scores of finite K/V are finite), which is what fast-math assumes. -march=native prefers 256-bit vectors on
+# recent Xeons; the loops the compiler vectorizes (softmax, exp) measured faster at 512 bits (where there are any).
+_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+_I64, _F32, _P = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+_SIGNATURES = {
+    "paged_decode_f32": [_P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _P, _I64, _I64],
+    "paged_extend_f32": [_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _F32, _P, _P, _P,
+                         _I64, _I64],
+}
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (-march=native builds for them, so a shared cache dir must not mix CPUs)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _build(compiler: str, final: Path) -> None:
+    tmp = final.with_suffix(f".{os.getpid()}.tmp")
+    subprocess.run([compiler, *_FLAGS, *map(str, _SOURCES), "-o", str(tmp), "-lm"], check=True,
+                   capture_output=True, timeout=120)
+    os.replace(tmp, final)  # atomic: a concurrent worker building the same library sees all of it or none
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    if os.environ.get("DUET_NATIVE_CPU_ATTENTION", "1") == "0":
+        return None
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        log.info("no C compiler: CPU attention uses the torch path (pages gathered per layer)")
+        return None
+    from duet.cache_dir import cache_root
+
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in _SOURCES) + " ".join(_FLAGS).encode()
+                         + _cpu_flags().encode()).hexdigest()[:16]
+    final = cache_root() / "kernels" / f"cpu_attention-{key}.so"
+    try:
+        if not final.exists():
+            final.parent.mkdir(parents=True, exist_ok=True)
+            _build(compiler, final)
+        lib = ctypes.CDLL(str(final))
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", b"") or b""
+        log.warning("could not build the native CPU attention (%s %s); using the torch path", e,
+                    detail.decode(errors="replace")[:500])
+        return None
+    for name, argtypes in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = None, argtypes
+    return lib
+
+
+def native_available() -> bool:
+    return library() is not None
+
+
+def native_applies(device: torch.device, dtype: torch.dtype, cache_dtype: torch.dtype) -> bool:
+    """Whether the native kernels take queries of `dtype` over caches of `cache_dtype` on `device` here."""
+    return device.type == "cpu" and dtype == cache_dtype == torch.float32 and native_available()

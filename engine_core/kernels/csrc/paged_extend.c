@@ -1,0 +1,216 @@
+/* Paged prefill (extend) attention for CPU, fp32: each chunk's new query tokens attend, causally, over every key
+ * of their sequence, the cached prefix and the chunk's own (already stored in the pages), read through the page
+ * table where they lie. Flash attention's order: keys in blocks of KB, a running max and sum per query row, so
+ * no [queries, keys] score matrix is ever held.
+ *
+ * Layouts (all contiguous): q and out [T, Hq, D] (the step's rows; a chunk's rows are q_start .. q_start + n);
+ * k_cache and v_cache [num_pages, page_size, Hk, D]; block_tables [chunks, bt_stride] int32 page ids; per chunk
+ * int32 q_start, n (new tokens) and prefix (tokens cached before them). Query token t of a chunk sits at
+ * position prefix + t and sees keys 0 .. prefix + t.
+ * Scratch from the caller: key_at (int64, one per key of every chunk), kt (floats, every chunk's keys
+ * transposed, each chunk's length rounded up to KB, times Hk * D) and per thread RB * (KB + 2 D) floats.
+ *
+ * Work: a row is one (query token, query head); the Hq / Hk heads that share a KV head read the same keys, so
+ * the rows of one (chunk, KV head) are taken together, RB at a time. Two OpenMP phases on torch's thread team
+ * (see paged_decode.c): (1) per chunk, where each key's row lies, and its keys transposed into blocks of
+ * [D][KB]; (2) the row blocks. Both matmuls of a block (scores = q K^T, out += p V) are register-tiled
+ * broadcast-FMAs with AVX-512; the softmax between them is a plain loop the compiler vectorizes (expf with
+ * -ffast-math and libmvec). The head dim is a compile-time constant for the common sizes (64, 128).
+ */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define KB 64 /* keys per block */
+#define RB 4  /* rows per block: 4 x 64 outputs (or 2 x 128) are 16 vector registers */
+
+/* s[r][0..KB) = q_r . k_j over one block (kt: [d][KB]), for RB rows of q ([RB][d], zero rows past the last) */
+static inline __attribute__((always_inline)) void scores_c(const float *restrict q, const float *restrict kt,
+                                                           const int rb, const int64_t d, float *restrict s) {
+    memset(s, 0, sizeof(float) * rb * KB);
+    for (int64_t i = 0; i < d; i++)
+        for (int r = 0; r < rb; r++)
+            for (int64_t j = 0; j < KB; j++) s[r * KB + j] += q[r * d + i] * kt[i * KB + j];
+}
+
+/* o[r] += sum_j p[r][j] v_j over the block's n keys (v_j at v + at[j]) */
+static inline __attribute__((always_inline)) void weighted_values_c(const float *restrict p, const float *restrict v,
+                                                                    const int64_t *restrict at, const int64_t n,
+                                                                    const int rb, const int64_t d,
+                                                                    float *restrict o) {
+    for (int64_t j = 0; j < n; j++)
+        for (int r = 0; r < rb; r++)
+            for (int64_t i = 0; i < d; i++) o[r * d + i] += p[r * KB + j] * v[at[j] + i];
+}
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* scores_c with the rb x 4 accumulators (16 keys a vector) in registers: each step of d is 4 loads of the block
+ * and rb x 4 broadcast-FMAs */
+static inline __attribute__((always_inline)) void scores_v(const float *restrict q, const float *restrict kt,
+                                                           const int rb, const int64_t d, float *restrict s) {
+    __m512 acc[RB][4];
+    for (int r = 0; r < rb; r++)
+        for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < d; i++) {
+        const float *krow = kt + i * KB;
+        const __m512 k0 = _mm512_loadu_ps(krow), k1 = _mm512_loadu_ps(krow + 16), k2 = _mm512_loadu_ps(krow + 32),
+                     k3 = _mm512_loadu_ps(krow + 48);
+        for (int r = 0; r < rb; r++) {
+            const __m512 b = _mm512_set1_ps(q[r * d + i]);
+            acc[r][0] = _mm512_fmadd_ps(b, k0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(b, k1, acc[r][1]);
+            acc[r][2] = _mm512_fmadd_ps(b, k2, acc[r][2]);
+            acc[r][3] = _mm512_fmadd_ps(b, k3, acc[r][3]);
+        }
+    }
+    for (int r = 0; r < rb; r++)
+        for (int c = 0; c < 4; c++) _mm512_storeu_ps(s + r * KB + 16 * c, acc[r][c]);
+}
+
+/* weighted_values_c with the rb x d/16 accumulators in registers (d a multiple of 16, at most 128) */
+static inline __attribute__((always_inline)) void weighted_values_v(const float *restrict p, const float *restrict v,
+                                                                    const int64_t *restrict at, const int64_t n,
+                                                                    const int rb, const int64_t d,
+                                                                    float *restrict o) {
+    __m512 acc[RB][8];
+    for (int r = 0; r < rb; r++)
+        for (int64_t c = 0; c < d / 16; c++) acc[r][c] = _mm512_loadu_ps(o + r * d + 16 * c);
+    for (int64_t j = 0; j < n; j++) {
+        const float *vj = v + at[j];
+        __m512 x[8];
+        for (int64_t c = 0; c < d / 16; c++) x[c] = _mm512_loadu_ps(vj + 16 * c);
+        for (int r = 0; r < rb; r++) {
+            const __m512 b = _mm512_set1_ps(p[r * KB + j]);
+            for (int64_t c = 0; c < d / 16; c++) acc[r][c] = _mm512_fmadd_ps(b, x[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < rb; r++)
+        for (int64_t c = 0; c < d / 16; c++) _mm512_storeu_ps(o + r * d + 16 * c, acc[r][c]);
+}
+#define VECTOR 1
+#else
+#define scores_v scores_c
+#define weighted_values_v weighted_values_c
+#define VECTOR 0
+#endif
+
+/* One block of rows: q [rb][d] (rows past `rows` are zeros), row r seeing keys 0 .. last[r]; kt the KV head's
+ * transposed keys, v + at[j] its value rows. Writes o [rb][d] = the rows' attention outputs. s: [rb][KB]. */
+static inline __attribute__((always_inline)) void attend_rows(
+    const float *restrict q, const int64_t *restrict last, const int rows, const int rb, const int vector,
+    const float *restrict kt, const float *restrict v, const int64_t *restrict at, const int64_t len,
+    const int64_t d, const float scale, float *restrict s, float *restrict o) {
+    float mx[RB], sum[RB];
+    int64_t reach = 0; /* the last key any row sees */
+    for (int r = 0; r < rows; r++) {
+        mx[r] = -FLT_MAX;
+        sum[r] = 0.0f;
+        reach = last[r] > reach ? last[r] : reach;
+    }
+    memset(o, 0, sizeof(float) * rb * d);
+    for (int64_t k0 = 0; k0 <= reach; k0 += KB) {
+        const int64_t n = len - k0 < KB ? len - k0 : KB;
+        if (vector)
+            scores_v(q, kt + (k0 / KB) * d * KB, rb, d, s);
+        else
+            scores_c(q, kt + (k0 / KB) * d * KB, rb, d, s);
+        /* online softmax: keys past the row's position (or the sequence) get weight 0 */
+        for (int r = 0; r < rb; r++) {
+            float *sr = s + r * KB;
+            const int64_t seen = r >= rows ? 0 : (last[r] - k0 + 1 < n ? last[r] - k0 + 1 : n);
+            if (seen <= 0) {
+                memset(sr, 0, sizeof(float) * KB);
+                continue;
+            }
+            float m = mx[r];
+            for (int64_t j = 0; j < seen; j++) m = sr[j] * scale > m ? sr[j] * scale : m;
+            const float correction = expf(mx[r] - m);
+            float add = 0.0f;
+            for (int64_t j = 0; j < KB; j++) {
+                sr[j] = j < seen ? expf(sr[j] * scale - m) : 0.0f;
+                add += sr[j];
+            }
+            sum[r] = sum[r] * correction + add;
+            mx[r] = m;
+            for (int64_t i = 0; i < d; i++) o[r * d + i] *= correction;
+        }
+        if (vector)
+            weighted_values_v(s, v, at + k0, n, rb, d, o);
+        else
+            weighted_values_c(s, v, at + k0, n, rb, d, o);
+    }
+    for (int r = 0; r < rows; r++)
+        for (int64_t i = 0; i < d; i++) o[r * d + i] /= sum[r];
+}
+
+void paged_extend_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
+                      int64_t bt_stride, const int32_t *q_start, const int32_t *new_lens,
+                      const int32_t *prefix_lens, int64_t num_chunks, float *out, int64_t num_q_heads,
+                      int64_t num_kv_heads, int64_t head_dim, int64_t page_size, float scale, int64_t *key_at,
+                      float *kt_scratch, float *row_scratch, int64_t row_scratch_stride, int64_t num_threads) {
+    const int64_t group = num_q_heads / num_kv_heads, token_stride = num_kv_heads * head_dim, d = head_dim;
+    const int rb = VECTOR && d == 128 ? 2 : RB; /* rows an item takes */
+    /* per chunk: where its key offsets and transposed keys start, and its first row block in the item list */
+    int64_t at0[num_chunks + 1], kt0[num_chunks + 1], item0[num_chunks + 1];
+    at0[0] = kt0[0] = item0[0] = 0;
+    for (int64_t c = 0; c < num_chunks; c++) {
+        const int64_t len = prefix_lens[c] + new_lens[c], blocks = (len + KB - 1) / KB;
+        at0[c + 1] = at0[c] + len;
+        kt0[c + 1] = kt0[c] + blocks * num_kv_heads * d * KB;
+        item0[c + 1] = item0[c] + num_kv_heads * ((new_lens[c] * group + rb - 1) / rb);
+    }
+#pragma omp parallel num_threads(num_threads)
+    {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t c = 0; c < num_chunks; c++) {
+            const int64_t len = prefix_lens[c] + new_lens[c], blocks = (len + KB - 1) / KB;
+            const int32_t *pages = block_tables + c * bt_stride;
+            int64_t *at = key_at + at0[c];
+            for (int64_t j = 0; j < len; j++) at[j] = ((int64_t)pages[j / page_size] * page_size + j % page_size) * token_stride;
+            for (int64_t g = 0; g < num_kv_heads; g++) {
+                float *kt = kt_scratch + kt0[c] + g * blocks * d * KB;
+                for (int64_t j = 0; j < blocks * KB; j++)
+                    for (int64_t i = 0; i < d; i++)
+                        kt[(j / KB) * d * KB + i * KB + j % KB] = j < len ? k_cache[at[j] + g * d + i] : 0.0f;
+            }
+        }
+#ifdef _OPENMP
+        float *scratch = row_scratch + omp_get_thread_num() * row_scratch_stride;
+#else
+        float *scratch = row_scratch;
+#endif
+        float *qb = scratch, *s = qb + RB * d, *o = s + RB * KB; /* [rb][d], [rb][KB], [rb][d] */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < item0[num_chunks]; item++) {
+            int64_t c = 0;
+            while (item0[c + 1] <= item) c++;
+            const int64_t per_head = (item0[c + 1] - item0[c]) / num_kv_heads;
+            const int64_t g = (item - item0[c]) / per_head, first = ((item - item0[c]) % per_head) * rb;
+            const int64_t len = prefix_lens[c] + new_lens[c], blocks = (len + KB - 1) / KB;
+            int64_t last[RB], row_of[RB];
+            int rows = 0;
+            memset(qb, 0, sizeof(float) * RB * d);
+            for (int64_t m = first; m < first + rb && m < new_lens[c] * group; m++, rows++) {
+                const int64_t t = m / group, row = (q_start[c] + t) * num_q_heads + g * group + m % group;
+                memcpy(qb + rows * d, q + row * d, sizeof(float) * d);
+                row_of[rows] = row;
+                last[rows] = prefix_lens[c] + t;
+            }
+            const float *kt = kt_scratch + kt0[c] + g * blocks * d * KB, *vg = v_cache + g * d;
+            const int64_t *at = key_at + at0[c];
+            if (VECTOR && d == 64) /* constant sizes: the tiles unroll and stay in registers */
+                attend_rows(qb, last, rows, 4, 1, kt, vg, at, len, 64, scale, s, o);
+            else if (VECTOR && d == 128)
+                attend_rows(qb, last, rows, 2, 1, kt, vg, at, len, 128, scale, s, o);
+            else
+                attend_rows(qb, last, rows, RB, 0, kt, vg, at, len, d, scale, s, o);
+            for (int r = 0; r < rows; r++) memcpy(out + row_of[r] * d, o + r * d, sizeof(float) * d);
+        }
+    }
+}
