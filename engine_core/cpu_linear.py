@@ -180,10 +180,11 @@ def packing_applies(device: torch.device, dtype: torch.dtype, environ=os.environ
             and environ.get("DUET_CPU_PACKED_WEIGHTS", "1") != "0")
 
 
-def prepare_cpu_linears(model: nn.Module, quantization: str = "none") -> int:
+def prepare_cpu_linears(model: nn.Module, quantization: str = "none", decode_copies: bool = True) -> int:
     """Prepare the matmuls of a loaded CPU model: with "int8" every plain Linear and the LM head become
-    Int8Linear; in fp32 every plain Linear becomes a DecodePackedLinear and the LM head is packed (`model.head`).
-    Returns how many matmuls were prepared."""
+    Int8Linear; in fp32 every plain Linear becomes a DecodePackedLinear (unless not `decode_copies`: a
+    tensor-parallel rank, whose runner marks no decode steps) and the LM head is packed (`model.head`). Returns how
+    many matmuls were prepared."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"--quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
     weight = next(model.parameters())
@@ -196,13 +197,13 @@ def prepare_cpu_linears(model: nn.Module, quantization: str = "none") -> int:
             count = _swap_linears(model, Int8Linear.from_float)
             model.head = Int8Linear.from_float(head, None)
         elif packing_applies(weight.device, weight.dtype):
-            count = _swap_linears(model, DecodePackedLinear)
+            count = _swap_linears(model, DecodePackedLinear) if decode_copies else 0
             model.head = PackedLinear(head, None)
         else:
             return 0
     if not model.tie_word_embeddings:
         del model.lm_head  # the prepared copy replaces it; a tied head's embedding stays for the lookup
-    log.info("CPU matmuls prepared at load: %d layers + LM head, %s", count,
+    log.info("CPU matmuls prepared at load: %d layers + the LM head, %s", count,
              "int8, weight-only" if quantization == "int8" else "oneDNN-packed (the layers for decode-sized calls)")
     return count + 1
 

@@ -51,7 +51,9 @@ def load_model(config, weight_files, device: torch.device, dtype: torch.dtype,
             prepare(model)
     model = model.to_empty(device=device).to(dtype).eval()
     load_weights(model, weight_files, shard)
-    prepare_cpu_linears(model, quantization)  # CPU only; on CUDA it refuses --quantization and does nothing else
+    # CPU only; on CUDA it refuses --quantization and does nothing else. A tensor-parallel rank (`prepare`) marks no
+    # decode steps, so it keeps no packed decode copies
+    prepare_cpu_linears(model, quantization, decode_copies=prepare is None)
     if device.type == "cpu":
         _column_major_linear_weights(model)  # the Linear layers left to F.linear (none, unless packing is off)
     model.build_rope_cache(device)
