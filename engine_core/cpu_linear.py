@@ -12,8 +12,11 @@ plus a packed copy that the matmuls of a decode step of 2 to 32 rows take (`deco
 runner when every sequence brings one token). There the packed copy measured 1.1-1.7x F.linear (MKL's GEMM
 re-packs a plain weight inside every call); at one row MKL's GEMV, and at prefill sizes its GEMM, are as fast or
 faster, so those keep the plain weight. Prefill keeps it at every size too: oneDNN sums in another order, which
-moved SmolLM2's logits 1.4e-4 from transformers', past the real-model tier's 1e-4 for prefill (decode rows
-already differ from a full forward by more, and that tier allows them 5e-4). The copy doubles the layers' weight memory
+moved SmolLM2's logits 1.4e-4 from transformers' (1.1e-4 on an AMD EPYC), past the real-model tier's 1e-4 for
+prefill (decode rows already differ from a full forward by more, and that tier allows them 5e-4).
+DUET_CPU_PACKED_PREFILL=1 sends prefill calls (2 rows and more) to the packed copy as well: off by default for
+that parity, it is where MKL's GEMM is the slower one, as on AMD CPUs (a 512-token prefill step 1.2-1.3x
+faster on a Zen 4 EPYC, docs/benchmarks.md), at the cost of the tier's prefill bound. The copy doubles the layers' weight memory
 (425 MB on SmolLM2-135M in fp32) and took a served decode step from 76 to 64 ms (docs/benchmarks.md).
 The choice runs inside one custom op, `duet::cpu_linear`, so a compiled layer (engine_core/cpu_compile.py) keeps
 one graph for every batch size: inductor calls the op and never sees the oneDNN tensor it cannot trace.
@@ -89,10 +92,16 @@ def _packed_copy(weight: Tensor) -> Tensor | None:
     return entry[1]
 
 
+# DUET_CPU_PACKED_PREFILL=1 (read at import, as the workers start): every call of 2 rows or more takes the packed copy
+_PACKED_PREFILL = os.environ.get("DUET_CPU_PACKED_PREFILL", "0") == "1"
+
+
 def _cpu_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """x W^T + b: through W's packed copy in a decode step of PACKED_ROWS rows, else F.linear on W itself."""
-    decode = getattr(_step, "decode", False) and x.numel() // x.shape[-1] in PACKED_ROWS
-    packed = _packed_copy(weight) if decode else None
+    """x W^T + b: through W's packed copy in a decode step of PACKED_ROWS rows (with DUET_CPU_PACKED_PREFILL=1, in
+    any call of 2 rows or more), else F.linear on W itself."""
+    rows = x.numel() // x.shape[-1]
+    use = rows >= 2 if _PACKED_PREFILL else getattr(_step, "decode", False) and rows in PACKED_ROWS
+    packed = _packed_copy(weight) if use else None
     if packed is None:
         return torch.nn.functional.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")

@@ -44,6 +44,21 @@ def test_decode_packed_layer_gives_f_linear_at_any_row_count(rows):
             torch.testing.assert_close(layer(x[None]), F.linear(x, w, b)[None], atol=1e-5, rtol=1e-5)
 
 
+def test_prefill_calls_take_the_packed_copy_only_when_asked(monkeypatch):
+    """By default a prefill-sized call runs F.linear on the column-major weight, bit for bit (the real-model
+    tier's transformers parity); DUET_CPU_PACKED_PREFILL=1 sends it to the oneDNN copy, whose sums differ."""
+    gen = torch.Generator().manual_seed(5)
+    layer = DecodePackedLinear(torch.randn(96, 576, generator=gen), torch.randn(96, generator=gen))
+    x = torch.randn(300, 576, generator=gen)
+    plain = F.linear(x, layer.weight, layer.bias)
+    packed = torch.ops.mkldnn._linear_pointwise(x, cpu_linear._packed_copy(layer.weight), layer.bias, "none", [], "")
+    assert not torch.equal(plain, packed)  # else this test could not tell the two paths apart
+    assert torch.equal(layer(x), plain)
+    monkeypatch.setattr(cpu_linear, "_PACKED_PREFILL", True)
+    assert torch.equal(layer(x), packed)
+    assert torch.equal(layer(x[:1]), F.linear(x[:1], layer.weight, layer.bias))  # one row keeps MKL's GEMV
+
+
 def test_a_packed_copy_lives_as_long_as_its_layer():
     """Compiled graphs find the packed copy by the weight's address; a freed layer must not leave its copy
     behind, where a later weight at the same address would pick it up."""
