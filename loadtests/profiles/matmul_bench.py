@@ -11,7 +11,7 @@ sitting in cache. Rows: 16 (a decode step of 16 sequences) and 512 (one prefill 
   packed    engine_core.cpu_linear.PackedLinear (oneDNN blocked layout, packed once)
   int8      engine_core.cpu_linear.Int8Linear (--quantization int8)
   bf16      PackedLinear over bf16 weights, bf16 rows (oneDNN uses AMX where the CPU has it): not an engine mode,
-            measured to size what a bf16 CPU path would win
+            measured to size what a bf16 CPU path would win; left out on CPUs oneDNN has no bf16 path for
 
 Each figure is the fastest of `--repeats` interleaved rounds (ms per matmul): on a shared machine the
 minimum is the figure least disturbed by other processes.
@@ -34,14 +34,18 @@ def _ways(weights: list[torch.Tensor]) -> dict:
     col = [w.t().contiguous().t() for w in weights]
     packed = [PackedLinear(w, None) for w in weights]
     int8 = [Int8Linear.from_float(w, None) for w in weights]
-    bf16 = [PackedLinear(w.bfloat16(), None) for w in weights]
-    return {
+    ways = {
         "rowmajor": lambda x: [F.linear(x, w) for w in weights],
         "colmajor": lambda x: [F.linear(x, w) for w in col],
         "packed": lambda x: [m(x) for m in packed],
         "int8": lambda x: [m(x) for m in int8],
-        "bf16": lambda x: [m(x.bfloat16()) for m in bf16],
     }
+    # oneDNN packs bf16 weights only where the CPU has bf16 conversions (AVX-512 BW/VL/DQ or AVX-NE-CONVERT);
+    # an AVX2-only CPU has no bf16 way to measure.
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        bf16 = [PackedLinear(w.bfloat16(), None) for w in weights]
+        ways["bf16"] = lambda x: [m(x.bfloat16()) for m in bf16]
+    return ways
 
 
 def bench(shape: tuple[int, int], rows: int, layers: int, repeats: int) -> dict[str, float]:
