@@ -3,6 +3,7 @@
     native_available() -> bool
     native_applies(device, dtype, cache_dtype) -> bool   # CPU, fp32 queries and caches, the library built
     library() -> ctypes.CDLL | None                      # paged_decode_f32, paged_extend_f32
+    vector_floats() -> int                               # the extend tiles' width: 16 (AVX-512), 8 (AVX2), 1 (C)
 
 Why: torch has no CPU attention that reads K/V through a page table, so its path copies every layer's pages into
 contiguous K/V first, and its fused SDPA runs prefill at about 130 GFLOP/s here. The kernels read pages where they
@@ -11,6 +12,11 @@ seconds with the system C compiler (no torch headers, no ninja), into Duet's cac
 flags and the CPU's features. Built with OpenMP, the library needs libgomp.so.1, which torch has loaded already:
 the dynamic linker reuses it, so the kernels run on torch's own thread team (as many threads as
 torch.get_num_threads(), passed in). ctypes releases the GIL during a call.
+
+The decode kernel has an AVX-512 path and portable C (which reads memory in order, at memory speed, on AVX2
+CPUs); the extend kernel has AVX-512 and AVX2 tiles and portable C; -march=native picks the widest the CPU has.
+DUET_NATIVE_CPU_CFLAGS adds compiler flags after Duet's (e.g. `-mno-avx512f` to build for AVX2 on a fleet that
+mixes CPUs; the tests use it to run every path on one machine).
 
 fp32 only (the CPU default); other dtypes, a machine without a C compiler, or DUET_NATIVE_CPU_ATTENTION=0 keep the
 torch path, which computes the same thing (tests/kernels/test_cpu_attention.py holds both to the references).
@@ -57,9 +63,9 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _build(compiler: str, final: Path) -> None:
+def _build(compiler: str, flags: list[str], final: Path) -> None:
     tmp = final.with_suffix(f".{os.getpid()}.tmp")
-    subprocess.run([compiler, *_FLAGS, *map(str, _SOURCES), "-o", str(tmp), "-lm"], check=True,
+    subprocess.run([compiler, *flags, *map(str, _SOURCES), "-o", str(tmp), "-lm"], check=True,
                    capture_output=True, timeout=120)
     os.replace(tmp, final)  # atomic: a concurrent worker building the same library sees all of it or none
 
@@ -74,13 +80,14 @@ def library() -> ctypes.CDLL | None:
         return None
     from duet.cache_dir import cache_root
 
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in _SOURCES) + " ".join(_FLAGS).encode()
+    flags = _FLAGS + os.environ.get("DUET_NATIVE_CPU_CFLAGS", "").split()
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in _SOURCES) + " ".join(flags).encode()
                          + _cpu_flags().encode()).hexdigest()[:16]
     final = cache_root() / "kernels" / f"cpu_attention-{key}.so"
     try:
         if not final.exists():
             final.parent.mkdir(parents=True, exist_ok=True)
-            _build(compiler, final)
+            _build(compiler, flags, final)
         lib = ctypes.CDLL(str(final))
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", b"") or b""
@@ -90,7 +97,14 @@ def library() -> ctypes.CDLL | None:
     for name, argtypes in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = None, argtypes
+    lib.paged_vector_floats.restype, lib.paged_vector_floats.argtypes = ctypes.c_int, []
     return lib
+
+
+def vector_floats() -> int:
+    """The floats per vector of the built extend kernel's tiles (0 when the kernels are not built)."""
+    lib = library()
+    return lib.paged_vector_floats() if lib is not None else 0
 
 
 def native_available() -> bool:

@@ -118,13 +118,33 @@ def test_native_kernels_can_be_turned_off(native, monkeypatch):
     assert not cpu_native.native_available()
 
 
+def _cpu_has(flag: str) -> bool:
+    try:
+        return any(line.startswith("flags") and flag in line.split() for line in open("/proc/cpuinfo"))
+    except OSError:
+        return False
+
+
+# The kernels' paths (AVX-512, AVX2, portable C), built on one machine by turning the wider ones off: (extra flags,
+# the extend tiles' floats per vector, the CPU feature the path needs). The native build takes the widest the CPU
+# has; the narrower ones run anywhere.
+ISAS = {"avx512": ("", 16, "avx512f"), "avx2": ("-mno-avx512f", 8, "avx2"),
+        "portable": ("-mno-avx512f -mno-avx2 -mno-fma", 1, "")}
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("page_size,hk,ratio,d,dtype,dec_lens,ext", NATIVE_CASES,
                          ids=[str(i) for i in range(len(NATIVE_CASES))])
-def test_native_kernels_match_the_references(native, paged_kv, tol, threads, page_size, hk, ratio, d, dtype,
-                                             dec_lens, ext):
+def test_native_kernels_match_the_references(native, monkeypatch, paged_kv, tol, isa, threads, page_size, hk,
+                                             ratio, d, dtype, dec_lens, ext):
+    flags, width, feature = ISAS[isa]
+    if feature and not _cpu_has(feature):
+        pytest.skip(f"this CPU has no {feature}")
+    monkeypatch.setenv("DUET_NATIVE_CPU_CFLAGS", flags)
     if not cpu_native.native_available():
         pytest.skip("no C compiler on this machine")
+    assert cpu_native.vector_floats() == width  # the path under test is the one that was built
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
