@@ -1,0 +1,70 @@
+"""The native CPU extend (prefill) attention (engine_core/kernels/csrc/paged_extend.c) against torch's SDPA path.
+
+    python -m loadtests.profiles.extend_attention_bench [--threads 1] [--chunks 0:512,0:512,0:512,0:512]
+                                                        [--repeats 7]
+
+SmolLM2-135M's attention shape (9 query heads over 3 KV heads of 64, page 16), one layer of one prefill step:
+`--chunks` lists each chunk as prefix:new (tokens cached before it, tokens it adds), 4 fresh prompts of 512 by
+default. Prints the median and fastest ms per layer of each way: `native` (the kernel as built here; its tile
+width says which path: 16 AVX-512, 8 AVX2, 1 portable C; DUET_NATIVE_CPU_CFLAGS narrows it) and `torch` (pages
+gathered, then torch's scaled_dot_product_attention), rounds interleaved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from engine_core.kernels import cpu_native
+from engine_core.kernels.cpu_attention import paged_attention_planned, plan_paged_attention
+
+HQ, HK, D, PAGE = 9, 3, 64, 16
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.profiles.extend_attention_bench",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--chunks", default="0:512,0:512,0:512,0:512", help="prefix:new per chunk")
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    chunks = [tuple(int(x) for x in c.split(":")) for c in args.chunks.split(",")]
+    pages = [-(-(p + n) // PAGE) for p, n in chunks]
+    gen = torch.Generator().manual_seed(0)
+    k_cache, v_cache = (torch.randn(sum(pages), PAGE, HK, D, generator=gen) for _ in range(2))
+    tables = torch.zeros(len(chunks), max(pages), dtype=torch.int32)
+    first = 0
+    for i, n in enumerate(pages):
+        tables[i, :n] = torch.arange(first, first + n)
+        first += n
+    tokens = sum(n for _, n in chunks)
+    q = torch.randn(tokens, HQ, D, generator=gen)
+    k, v = (torch.randn(tokens, HK, D, generator=gen) for _ in range(2))
+    cu = torch.tensor([0, *torch.tensor([n for _, n in chunks]).cumsum(0).tolist()], dtype=torch.int32)
+    prefix = torch.tensor([p for p, _ in chunks], dtype=torch.int32)
+    no_decode = torch.zeros(0, dtype=torch.int32)
+    plans = {"torch": plan_paged_attention(0, tables[:0], no_decode, tables, cu, prefix, PAGE, False)}
+    if cpu_native.native_available():
+        plans["native"] = plan_paged_attention(0, tables[:0], no_decode, tables, cu, prefix, PAGE, True)
+    times: dict[str, list[float]] = {name: [] for name in plans}
+    with torch.inference_mode():
+        for plan in plans.values():
+            paged_attention_planned(q, k, v, k_cache, v_cache, plan, D**-0.5)  # warm-up (the native build)
+        for _ in range(args.repeats):
+            for name, plan in plans.items():
+                start = time.perf_counter()
+                paged_attention_planned(q, k, v, k_cache, v_cache, plan, D**-0.5)
+                times[name].append((time.perf_counter() - start) * 1000)
+    print(f"chunks {args.chunks}, {args.threads} thread(s), native tile width {cpu_native.vector_floats()}; "
+          f"ms per layer, median / fastest of {args.repeats}")
+    for name, ts in times.items():
+        print(f"{name:6s} {statistics.median(ts):8.2f} / {min(ts):8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
