@@ -102,7 +102,7 @@ static inline __attribute__((always_inline)) void weighted_values_v(const float 
  * On a Zen 3 EPYC, 4 x 512 fresh tokens at 2 threads: 17-21 ms a layer, against 36-43 for the portable loops
  * and 29 for torch's SDPA. (Decode has no AVX2 path: there the portable loops read each K and V row once, in
  * order, at memory speed; an AVX2 port of the AVX-512 tiles, which reads each V row in several passes, measured
- * 1.2-1.3x slower.) */
+ * 1.0-1.6x slower, docs/benchmarks.md.) */
 static inline __attribute__((always_inline)) void scores_v(const float *restrict q, const float *restrict kt,
                                                            const int rb, const int64_t d, float *restrict s) {
     for (int r0 = 0; r0 < rb; r0 += 2)
