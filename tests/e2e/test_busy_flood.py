@@ -36,7 +36,10 @@ from duet.rpc import engine_pb2_grpc as pb_grpc
 MODEL = model_dir().name
 PROMPT_TOKENS = 1500
 SHORT_PROMPT = 16
-TIMEOUTS = {"first_token_s": 1.0, "stall_s": 2.0, "breaker_failures": 2}
+# Tight limits, so that a gateway that mistook a busy worker (queued streams, steps advancing) for a broken one
+# would show it. stall_s needs a worker with no step for that long: a loaded 2-core CI machine once left both
+# workers without a step for 2 s (one long prefill step each, the machine shared), so it has a margin over that.
+TIMEOUTS = {"first_token_s": 1.0, "stall_s": 6.0, "breaker_failures": 2}
 
 
 class Engine:
