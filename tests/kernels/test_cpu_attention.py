@@ -118,13 +118,6 @@ def test_native_kernels_can_be_turned_off(native, monkeypatch):
     assert not cpu_native.native_available()
 
 
-def _cpu_has(flag: str) -> bool:
-    try:
-        return any(line.startswith("flags") and flag in line.split() for line in open("/proc/cpuinfo"))
-    except OSError:
-        return False
-
-
 # The kernels' paths (AVX-512, AVX2, portable C), built on one machine by turning the wider ones off: (extra flags,
 # the extend tiles' floats per vector, the CPU feature the path needs). The native build takes the widest the CPU
 # has; the narrower ones run anywhere.
@@ -139,7 +132,7 @@ ISAS = {"avx512": ("", 16, "avx512f"), "avx2": ("-mno-avx512f", 8, "avx2"),
 def test_native_kernels_match_the_references(native, monkeypatch, paged_kv, tol, isa, threads, page_size, hk,
                                              ratio, d, dtype, dec_lens, ext):
     flags, width, feature = ISAS[isa]
-    if feature and not _cpu_has(feature):
+    if feature and feature not in cpu_native._cpu_flags().split():
         pytest.skip(f"this CPU has no {feature}")
     monkeypatch.setenv("DUET_NATIVE_CPU_CFLAGS", flags)
     if not cpu_native.native_available():

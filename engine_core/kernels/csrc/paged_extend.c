@@ -99,8 +99,8 @@ static inline __attribute__((always_inline)) void weighted_values_v(const float 
 
 /* AVX2 (AMD Zen 1-3, Intel before AVX-512) has 16 registers of 8 floats, too few for the AVX-512 tiles: here both
  * matmuls take 2 rows x 32 columns (8 accumulators) at a time, so rb must be even (it is 4, or 2 for d = 128).
- * On a Zen 3 EPYC, 4 x 512 fresh tokens at 2 threads: 17-21 ms a layer, against 36-43 for the portable loops
- * and 29 for torch's SDPA. (Decode has no AVX2 path: there the portable loops read each K and V row once, in
+ * On a Zen 3 EPYC, 4 x 512 fresh tokens at 2 threads: 16-22 ms a layer, against 38-49 for the portable loops
+ * and 23-29 for torch's SDPA path (loadtests/profiles/extend_attention_bench.py). (Decode has no AVX2 path: there the portable loops read each K and V row once, in
  * order, at memory speed; an AVX2 port of the AVX-512 tiles, which reads each V row in several passes, measured
  * 1.0-1.6x slower, docs/benchmarks.md.) */
 static inline __attribute__((always_inline)) void scores_v(const float *restrict q, const float *restrict kt,
