@@ -14,7 +14,11 @@ validation's). It reads the workers' step traces and writes cpu_cost.json's `in_
   other worker was idle (all the kind's steps where none did);
 - `neighbour_slowdown`: over the steps that ran while the other worker was mid-step, the median of
   forward / fit / its kind's factor, minus one. It is wall-clock time, so unlike `--neighbour`'s CPU-time figure
-  it includes the gateway and the client taking time from a busy core.
+  it includes the gateway and the client taking time from a busy core;
+- `by_engine`: the same three factors per engine kind (engine_paged's worker against engine_prefix's), each where
+  that worker ran at least MIN_STEPS steps of the step kind. On the Zen 4 VM the all-workers decode factor was
+  the prefix worker's chat decode steps, and the paged worker's document decode ran about 25% slower than that
+  (docs/benchmarks.md), so one factor per step kind misplaced a quarter of the paged worker's time.
 
 `--validate` simulates with the fit times these factors (cost_models.InSituCostModel) and this slowdown.
 """
@@ -27,21 +31,36 @@ import tempfile
 import time
 from pathlib import Path
 
-KINDS = ("prefill", "decode", "mixed")
+from loadtests.fleet.cost_models import STEP_KINDS
+
 START_S = 330.0  # the held-out window's start in trace seconds (module docstring)
+MIN_STEPS = 10  # an engine kind's own factor for a step kind needs this many of its steps of that kind
 
 
-def in_situ_factors(steps_by_worker: dict) -> dict:
-    """The section's figures from step_check.classified_steps' rows: (kind, neighbour busy, forward s, fit s, step s)."""
+def _factor(rows, kind: str) -> float | None:
+    """The median forward / fit of `kind`'s steps that ran with the neighbour idle (all of them where none did)."""
+    ratios = [r[2] / r[3] for r in rows if r[0] == kind and not r[1]] or [r[2] / r[3] for r in rows if r[0] == kind]
+    return round(statistics.median(ratios), 4) if ratios else None
+
+
+def in_situ_factors(steps_by_worker: dict, engine_of: dict | None = None) -> dict:
+    """The section's figures from step_check.classified_steps' rows: (kind, neighbour busy, forward s, fit s, step s);
+    `engine_of` (worker key -> engine kind) adds `by_engine`."""
     rows = [r for steps in steps_by_worker.values() for r in steps if r[3] > 0]
-    factors = {}
-    for kind in KINDS:
-        ratios = [r[2] / r[3] for r in rows if r[0] == kind and not r[1]] or [r[2] / r[3] for r in rows if r[0] == kind]
-        factors[kind] = round(statistics.median(ratios), 4) if ratios else 1.0
+    factors = {kind: _factor(rows, kind) or 1.0 for kind in STEP_KINDS}
     busy = [r[2] / r[3] / factors[r[0]] for r in rows if r[1]]
-    steps = {kind: sum(1 for r in rows if r[0] == kind) for kind in KINDS}
-    return {**factors, "neighbour_slowdown": round(max(0.0, statistics.median(busy) - 1.0), 4) if busy else 0.0,
-            "steps": steps, "steps_with_neighbour_busy": len(busy)}
+    steps = {kind: sum(1 for r in rows if r[0] == kind) for kind in STEP_KINDS}
+    section = {**factors, "neighbour_slowdown": round(max(0.0, statistics.median(busy) - 1.0), 4) if busy else 0.0,
+               "steps": steps, "steps_with_neighbour_busy": len(busy)}
+    if engine_of:
+        by_engine = {}
+        for engine in sorted(set(engine_of.values())):
+            own = [r for key, steps in steps_by_worker.items() if engine_of.get(key) == engine for r in steps
+                   if r[3] > 0]
+            by_engine[engine] = {kind: _factor(own, kind) for kind in STEP_KINDS
+                                 if sum(1 for r in own if r[0] == kind) >= MIN_STEPS}
+        section["by_engine"] = by_engine
+    return section
 
 
 def measure_in_situ(out: Path, progress=None) -> dict:
@@ -54,8 +73,9 @@ def measure_in_situ(out: Path, progress=None) -> dict:
     requests = build(MIXES["mixed"], s.window_s, s.rate, EngineProfile.for_cost_model("cpu").max_model_len,
                      max_output_tokens=s.max_output_tokens, max_prompt_tokens=s.max_prompt_tokens, start_s=START_S)
     with tempfile.TemporaryDirectory(prefix="duet-in-situ-trace-") as tmp:
-        figures, _, _ = local(requests, s, progress, Path(tmp))
-        section = in_situ_factors(classified_steps(Path(tmp)))
+        figures, pids, _ = local(requests, s, progress, Path(tmp))
+        engine_of = {pid: worker_id.split("-")[0] for pid, worker_id in pids.items()}  # "paged-0" -> "paged"
+        section = in_situ_factors(classified_steps(Path(tmp)), engine_of)
     section["how"] = (f"duet bench fleet-calibrate --in-situ (loadtests/fleet/calibrate_in_situ.py): the pinned stack "
                       f"on trace seconds [{START_S:g}, {START_S + s.window_s:g}) of the mixed workload at x{s.rate:g}, "
                       f"{figures['completed']} of {figures['requests']} requests completed")

@@ -25,9 +25,10 @@ Two models:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 CPU_FIT = Path(__file__).with_name("cpu_cost.json")
@@ -91,6 +92,9 @@ class LinearCostModel:
                    fit["per_attended_pair_s"], fit.get("per_row_s", 0.0), fit.get("per_decode_context_token_s", 0.0))
 
 
+STEP_KINDS = ("prefill", "decode", "mixed")
+
+
 def step_kind(s: StepShape) -> str:
     """prefill (new prompt tokens only), decode (one token per sequence only) or mixed."""
     if s.prefill_tokens and s.decode_tokens:
@@ -108,9 +112,17 @@ class InSituCostModel:
     decode: float
     mixed: float
     name: str = "cpu"
+    # engine kind -> its own factors by step kind, where the section measured them (`by_engine`): the paged and the
+    # prefix worker's steps of one kind need not slow alike (their step loops and cache work differ)
+    by_engine: dict = field(default_factory=dict)
 
     def step_seconds(self, s: StepShape) -> float:
         return self.base.step_seconds(s) * getattr(self, step_kind(s))
+
+    def for_engine(self, kind: str) -> InSituCostModel:
+        """This model with `kind`'s own factors where they were measured, the all-workers ones elsewhere."""
+        own = self.by_engine.get(kind, {})
+        return dataclasses.replace(self, by_engine={}, **{k: own[k] for k in STEP_KINDS if k in own})
 
     @classmethod
     def from_json(cls, path: Path = CPU_FIT) -> InSituCostModel | None:
@@ -118,7 +130,13 @@ class InSituCostModel:
         section = json.loads(path.read_text()).get("in_situ") if path.is_file() else None
         if not section:
             return None
-        return cls(LinearCostModel.from_json(path), section["prefill"], section["decode"], section["mixed"])
+        return cls(LinearCostModel.from_json(path), section["prefill"], section["decode"], section["mixed"],
+                   by_engine=section.get("by_engine", {}))
+
+
+def for_engine(cost_model, kind: str):
+    """The cost model a worker of `kind` steps by: an in-situ model's per-engine factors, any other model as is."""
+    return cost_model.for_engine(kind) if isinstance(cost_model, InSituCostModel) else cost_model
 
 
 @dataclass(frozen=True)

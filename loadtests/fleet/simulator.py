@@ -38,6 +38,7 @@ from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.route_types import RouteRequest, RoutingConfig, WorkerView
 from gateway.routing import route
 from loadtests.experiments.routing_baselines import SGLangRoute
+from loadtests.fleet.cost_models import for_engine
 from loadtests.fleet.engine import MODEL_ID, EngineProfile, SimEngine, make_request
 from loadtests.fleet.gateway_path import GatewayPath, GatewayQueue
 from loadtests.fleet.workload import FleetRequest
@@ -126,7 +127,7 @@ class FleetSim:
 
     def _add_worker(self, kind: str, slot: int) -> SimEngine:
         wid = f"{kind}-{slot}-{next(self.generation)}"
-        w = SimEngine.build(wid, kind, self.profile, self.cost_model, self.s.keep_step_log)
+        w = SimEngine.build(wid, kind, self.profile, for_engine(self.cost_model, kind), self.s.keep_step_log)
         self.workers[wid] = w
         return w
 

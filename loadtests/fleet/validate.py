@@ -10,8 +10,9 @@ prompts as token ids. Simulated: the same requests, worker kinds, KV budget and 
 arrival time as the open-loop client sends it (`chain_sessions=False`), through the measured gateway path
 (loadtests/fleet/gateway_path.py: the gateway's FIFO, its token time, routing on the load its 0.5 s poll saw,
 at five phases of that poll, each figure their median: the real poll's phase is unknown), each step the fit's
-seconds times the factor of its kind measured in the running stack on another window of the trace
-(`fleet-calibrate --in-situ`, cpu_cost.json's `in_situ`; the fit alone where that was not measured).
+seconds times the factor of its kind measured in the running stack on another window of the trace, the worker's
+engine kind's own factor where that was measured (`fleet-calibrate --in-situ`, cpu_cost.json's `in_situ`; the
+fit alone where none was).
 Both are judged by the cpu SLOs of loadtests/class_slo.py (FLEET_SLOS) over the same arrival span. Error =
 |simulated - local| / local. The local workers trace their steps (engine_core/step_trace.py), and
 `local_steps_vs_cpu_model` compares each traced step with the cpu model of its shape: the check that says whether

@@ -99,3 +99,35 @@ def test_the_shipped_fit_has_measured_in_situ_factors():
     model = InSituCostModel.from_json()
     assert model is not None  # --validate simulates with them
     assert all(0.5 < f < 3.0 for f in (model.prefill, model.decode, model.mixed))
+
+
+def test_each_engine_kind_gets_its_own_factors_where_it_ran_enough_steps():
+    from loadtests.fleet.calibrate_in_situ import MIN_STEPS
+
+    # the paged worker's decode steps run 1.5x the fit, the prefix worker's 1.0x; only the prefix worker prefills
+    rows = {11: [("decode", False, 1.5, 1.0, 1.5)] * MIN_STEPS,
+            22: [("decode", False, 1.0, 1.0, 1.0)] * (MIN_STEPS + 1) + [("prefill", False, 2.0, 1.0, 2.0)] * MIN_STEPS
+            + [("mixed", False, 1.2, 1.0, 1.2)] * (MIN_STEPS - 1)}
+    got = in_situ_factors(rows, {11: "paged", 22: "prefix"})
+    assert got["decode"] == 1.0  # all workers' median: the prefix worker has the majority
+    assert got["by_engine"]["paged"] == {"decode": 1.5}
+    assert got["by_engine"]["prefix"] == {"decode": 1.0, "prefill": 2.0}  # 9 mixed steps: too few for its own
+    assert "by_engine" not in in_situ_factors(rows)  # without the workers' kinds, one factor per step kind
+
+
+def test_a_simulated_worker_steps_by_its_engines_factors():
+    from loadtests.fleet.cost_models import for_engine
+    from loadtests.fleet.engine import EngineProfile
+    from loadtests.fleet.simulator import FleetSim, StackSpec
+
+    model = InSituCostModel(FIT, prefill=1.5, decode=1.2, mixed=1.1, by_engine={"paged": {"decode": 2.0}})
+    decode = StepShape(0, 16, 16 * 600, 0, 16, 16 * 600)
+    prefill = StepShape(512, 0, 512, 0, 1, 0)
+    assert for_engine(model, "paged").step_seconds(decode) == pytest.approx(FIT.step_seconds(decode) * 2.0)
+    assert for_engine(model, "paged").step_seconds(prefill) == pytest.approx(FIT.step_seconds(prefill) * 1.5)
+    assert for_engine(model, "prefix").step_seconds(decode) == pytest.approx(FIT.step_seconds(decode) * 1.2)
+    assert for_engine(FIT, "paged") is FIT  # a model without per-engine factors is used as is
+    sim = FleetSim(StackSpec("t", ("paged", "prefix"), "duet"), [], model, EngineProfile.for_cost_model("cpu"))
+    by_kind = {w.kind: w.runner.cost_model for w in sim.workers.values()}
+    assert by_kind["paged"].step_seconds(decode) == pytest.approx(FIT.step_seconds(decode) * 2.0)
+    assert by_kind["prefix"].step_seconds(decode) == pytest.approx(FIT.step_seconds(decode) * 1.2)
