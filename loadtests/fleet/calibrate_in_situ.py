@@ -46,7 +46,8 @@ def _factor(rows, kind: str) -> float | None:
 def in_situ_factors(steps_by_worker: dict, engine_of: dict | None = None) -> dict:
     """The section's figures from step_check.classified_steps' rows: (kind, neighbour busy, forward s, fit s, step s);
     `engine_of` (worker key -> engine kind) adds `by_engine`."""
-    rows = [r for steps in steps_by_worker.values() for r in steps if r[3] > 0]
+    kept = {key: [r for r in steps if r[3] > 0] for key, steps in steps_by_worker.items()}
+    rows = [r for steps in kept.values() for r in steps]
     factors = {kind: _factor(rows, kind) or 1.0 for kind in STEP_KINDS}
     busy = [r[2] / r[3] / factors[r[0]] for r in rows if r[1]]
     steps = {kind: sum(1 for r in rows if r[0] == kind) for kind in STEP_KINDS}
@@ -55,8 +56,7 @@ def in_situ_factors(steps_by_worker: dict, engine_of: dict | None = None) -> dic
     if engine_of:
         by_engine = {}
         for engine in sorted(set(engine_of.values())):
-            own = [r for key, steps in steps_by_worker.items() if engine_of.get(key) == engine for r in steps
-                   if r[3] > 0]
+            own = [r for key, steps in kept.items() if engine_of.get(key) == engine for r in steps]
             by_engine[engine] = {kind: _factor(own, kind) for kind in STEP_KINDS
                                  if sum(1 for r in own if r[0] == kind) >= MIN_STEPS}
         section["by_engine"] = by_engine
@@ -74,7 +74,8 @@ def measure_in_situ(out: Path, progress=None) -> dict:
                      max_output_tokens=s.max_output_tokens, max_prompt_tokens=s.max_prompt_tokens, start_s=START_S)
     with tempfile.TemporaryDirectory(prefix="duet-in-situ-trace-") as tmp:
         figures, pids, _ = local(requests, s, progress, Path(tmp))
-        engine_of = {pid: worker_id.split("-")[0] for pid, worker_id in pids.items()}  # "paged-0" -> "paged"
+        # ServingStack names each worker "<kind>-<slot>" (loadtests/experiments/stack.py): "paged-0" -> "paged"
+        engine_of = {pid: worker_id.split("-")[0] for pid, worker_id in pids.items()}
         section = in_situ_factors(classified_steps(Path(tmp)), engine_of)
     section["how"] = (f"duet bench fleet-calibrate --in-situ (loadtests/fleet/calibrate_in_situ.py): the pinned stack "
                       f"on trace seconds [{START_S:g}, {START_S + s.window_s:g}) of the mixed workload at x{s.rate:g}, "

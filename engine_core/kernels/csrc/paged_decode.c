@@ -47,8 +47,11 @@ static inline __attribute__((always_inline)) int64_t next_token(token_cursor *c)
 /* Rows are fetched this many tokens before a pass reads them: the pages of a sequence lie anywhere in the cache,
  * so the hardware prefetcher, which follows one address stream, stalls at every page boundary. On a Zen 3 EPYC
  * (AVX2) this took the portable kernel's 30 layers at 16 rows x 600 keys from 66 to 51 ms over scattered pages
- * and from 48 to 41 ms over contiguous ones (decode_attention_bench, one thread, medians of four rounds). */
+ * and from 48 to 41 ms over contiguous ones (decode_attention_bench, one thread, medians of four rounds; the
+ * before side built with DUET_NATIVE_CPU_CFLAGS=-DAHEAD=100000, which leaves the portable loops no row to fetch). */
+#ifndef AHEAD
 #define AHEAD 8
+#endif
 
 /* every 64-byte line of the n floats at row */
 static inline __attribute__((always_inline)) void prefetch_row(const float *row, const int64_t n) {
@@ -154,9 +157,7 @@ static inline __attribute__((always_inline)) void weighted_v(
     for (int64_t t = 0; t < AHEAD && t < ctx; t++) next_token(&ahead);
     for (int64_t t = 0; t < ctx; t++) {
         const float *v = v_cache + next_token(&at);
-        if (t + AHEAD < ctx) {  /* pages lie anywhere: the hardware prefetcher stalls at every page boundary */
-            prefetch_row(v_cache + next_token(&ahead), d);
-        }
+        if (t + AHEAD < ctx) prefetch_row(v_cache + next_token(&ahead), d);
         for (int64_t c = 0; c < d / 16; c++) {
             const __m512 vc = _mm512_loadu_ps(v + 16 * c);
             for (int h = 0; h < heads; h++) o[h][c] = _mm512_fmadd_ps(_mm512_set1_ps(s[h * s_stride + t]), vc, o[h][c]);

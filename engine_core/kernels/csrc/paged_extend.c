@@ -100,9 +100,9 @@ static inline __attribute__((always_inline)) void weighted_values_v(const float 
 /* AVX2 (AMD Zen 1-3, Intel before AVX-512) has 16 registers of 8 floats, too few for the AVX-512 tiles: here both
  * matmuls take 2 rows x 32 columns (8 accumulators) at a time, so rb must be even (it is 4, or 2 for d = 128).
  * On a Zen 3 EPYC, 4 x 512 fresh tokens at 2 threads: 16-22 ms a layer, against 38-49 for the portable loops
- * and 23-29 for torch's SDPA path (loadtests/profiles/extend_attention_bench.py). (Decode has no AVX2 path: there the portable loops read each K and V row once, in
- * order, at memory speed; an AVX2 port of the AVX-512 tiles, which reads each V row in several passes, measured
- * 1.0-1.6x slower, docs/benchmarks.md.) */
+ * and 23-29 for torch's SDPA path (loadtests/profiles/extend_attention_bench.py). (Decode has no AVX2 path:
+ * there the portable loops read each K and V row once, in order, at memory speed; an AVX2 port of the AVX-512
+ * tiles, which reads each V row in several passes, measured 1.0-1.6x slower, docs/benchmarks.md.) */
 static inline __attribute__((always_inline)) void scores_v(const float *restrict q, const float *restrict kt,
                                                            const int rb, const int64_t d, float *restrict s) {
     for (int r0 = 0; r0 < rb; r0 += 2)
