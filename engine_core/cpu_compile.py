@@ -1,19 +1,15 @@
-"""torch.compile (inductor, CPU) of the decoder layers, once per worker at load.
+"""torch.compile (inductor, CPU) of the decoder layers' elementwise work, once per worker at load.
 
-Each DecoderLayer's forward is compiled: `pre_attention` (residual add + input RMSNorm, qkv matmul, split, rope),
-the layer's attention op (`duet::layer_attention`, opaque to the compiler: engine_core/layer_attention.py) and
-`post_attention` (o_proj + residual add + RMSNorm, gate/up matmul, SiLU-mul, down matmul). The layer takes only
-tensors, so one compiled graph serves every layer (the weights are graph inputs, not constants), and inductor
-fuses each run of elementwise ops into one C++ loop: add+norm, split+rope, SiLU-mul; the matmuls stay
-`duet::cpu_linear` calls. One compiled call a layer: dynamo's guard checks and graph frame are paid 30 times a
-step on SmolLM2, where two regions a layer with attention eager between them paid them 60 times
-(docs/benchmarks.md has the figures). A graph of the whole stack would pay them once, but dynamo traces it
-anew at every start, inductor's cache or not: 73 s against 7 s on the Zen 3 VM.
+Each DecoderLayer runs as two regions around attention (engine_core/model.py): `pre_attention` (residual add +
+input RMSNorm, qkv matmul, split, rope) and `post_attention` (o_proj + residual add + RMSNorm, gate/up matmul,
+SiLU-mul, down matmul). Both take only tensors, so one compiled graph serves every layer (the weights are graph
+inputs, not constants) and inductor fuses each run of elementwise ops into one C++ loop: add+norm, split+rope,
+SiLU-mul; the matmuls stay MKL calls. Attention (page indexing, the native decode kernel) stays eager between them.
 
-The token dimension is dynamic (`dynamic=True`): torch specialises a size of 1, so the warm-up at load runs a
-forward of 1 token and one of 2 (the generic graph every larger batch takes), over a scratch KV pool of two
-pages: 2 graphs, compiled before the worker serves. Inductor's FX graph cache lives under Duet's cache dir
-(`<cache>/inductor`, unless TORCHINDUCTOR_CACHE_DIR is set), so a restart re-traces but does not re-compile.
+The token dimension is dynamic (`dynamic=True`): torch specialises a size of 1, so the warm-up at load runs both
+regions at 1 token and at 2 (the generic graph every larger batch takes), with and without the first layer's
+`residual=None`: 6 graphs, compiled before the worker serves. Inductor's FX graph cache lives under Duet's cache
+dir (`<cache>/inductor`, unless TORCHINDUCTOR_CACHE_DIR is set), so a restart re-traces but does not re-compile.
 
 It applies on the CPU, unquantized, single-rank models only (a CUDA model keeps its Triton kernels; int8's
 Int8Linear branches on the row count, which would compile again mid-serving; tensor parallelism's all-reduce sits
@@ -31,11 +27,9 @@ import time
 import torch
 from torch import nn
 
-from engine_core.forward_batch import SeqChunk, build_forward_batch
-from engine_core.kv_pool import KVPool
-
 log = logging.getLogger(__name__)
 
+_REGIONS = ("pre_attention", "post_attention")
 
 
 def compile_requested(requested: bool | None, environ=os.environ) -> bool:
@@ -71,7 +65,7 @@ def inductor_cache_dir() -> str:
 
 
 def compile_decoder(model: nn.Module, requested: bool | None = None, quantization: str = "none") -> bool:
-    """Compile every layer's forward and warm them up; True when the model now runs compiled."""
+    """Compile every layer's two regions and warm them up; True when the model now runs compiled."""
     weight = model.embed_tokens.weight
     if not compile_requested(requested) or weight.device.type != "cpu":
         return False  # off, or not the CPU: nothing to say
@@ -84,7 +78,8 @@ def compile_decoder(model: nn.Module, requested: bool | None = None, quantizatio
     cache = inductor_cache_dir()
     start, hits, misses = time.perf_counter(), _cache_count("hit"), _cache_count("miss")
     for layer in model.layers:
-        layer.forward = torch.compile(layer.forward, dynamic=True)
+        for name in _REGIONS:
+            setattr(layer, name, torch.compile(getattr(layer, name), dynamic=True))
     try:
         warm_up(model)
     except Exception as exc:  # noqa: BLE001 - dynamo, inductor or the C++ build: serve eager rather than not at all
@@ -105,23 +100,27 @@ def _cache_count(kind: str) -> int:
 
 
 def is_compiled(model: nn.Module) -> bool:
-    return any("forward" in vars(layer) for layer in model.layers)
+    return any(name in vars(layer) for layer in model.layers for name in _REGIONS)
 
 
 def uncompile(model: nn.Module) -> None:
-    """Back to the eager forward (the compiled one is an instance attribute over the class's)."""
+    """Back to the eager methods (the compiled ones are instance attributes over the class's)."""
     for layer in model.layers:
-        vars(layer).pop("forward", None)
+        for name in _REGIONS:
+            vars(layer).pop(name, None)
 
 
 @torch.inference_mode()
 def warm_up(model: nn.Module) -> None:
-    """A forward of 1 token and one of 2 over a scratch pool of two pages: every graph serving will need,
-    compiled now."""
+    """Run both regions of the first two layers at 1 token and at 2, the first with residual=None: every graph
+    serving will need, compiled now (all layers share them)."""
+    weight = model.embed_tokens.weight
     c = model.config
-    page = 2
-    pool = KVPool(c.num_hidden_layers, 2, page, c.num_key_value_heads, c.head_dim, model.embed_tokens.weight.dtype,
-                  "cpu")
+    q_size = c.num_attention_heads * c.head_dim
     for tokens in (1, 2):
-        batch = build_forward_batch([SeqChunk([0] * tokens, 0, [0, 1])], page, "cpu")
-        model(batch.input_ids, batch.positions, batch, pool.k_caches, pool.v_caches)
+        hidden = torch.zeros(tokens, c.hidden_size, dtype=weight.dtype)
+        positions = torch.arange(tokens)
+        residual = None
+        for layer in model.layers[:2]:
+            *_, residual = layer.pre_attention(hidden, residual, positions, model.rope_cache)
+            hidden, residual = layer.post_attention(torch.zeros(tokens, q_size, dtype=weight.dtype), residual)

@@ -109,7 +109,7 @@ def _cpu_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 # registered with torch.library's low-level API rather than @custom_op, whose wrapper (argument checks on every
 # call) cost 8 us of a 25 us decode-sized call, 120 calls a step
-_LIBRARY = torch.library.Library("duet", "FRAGMENT")
+_LIBRARY = torch.library.Library("duet", "DEF")
 _LIBRARY.define("cpu_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
 _LIBRARY.impl("cpu_linear", _cpu_linear, "CPU")
 

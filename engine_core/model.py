@@ -11,12 +11,13 @@ gate/up in `gate_up_proj` [2 I, H], so each layer runs two input matmuls instead
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor, nn
 
 from engine_core import kernels
 from engine_core.forward_batch import ForwardBatch
-from engine_core.layer_attention import StepInputs, layer_attention, step_context
 
 
 class RMSNorm(nn.Module):
@@ -29,6 +30,39 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class StepInputs(NamedTuple):
+    """What every layer of one forward needs besides its hidden states and its caches."""
+
+    positions: Tensor  # [T] int64
+    batch: ForwardBatch
+    rope_cache: Tensor
+    attn_plan: kernels.AttentionPlan | None  # the torch backend's attention indices, planned once per step
+
+
+def paged_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInputs,
+                    scale: float) -> Tensor:
+    """Attention of every token in the batch over its sequence's pages (its own K/V already stored).
+
+    The batch puts single-token (decode) chunks first: on the Triton backend those rows use the paged decode
+    kernel, the rest (prefill chunks) the extend kernel; on the torch backend one planned path does both.
+    q: [T, Hq, D], k/v: [T, Hk, D] (the new tokens') -> out [T, Hq, D].
+    """
+    if step.attn_plan is not None:
+        return kernels.paged_attention_planned(q, k, v, k_cache, v_cache, step.attn_plan, scale)
+    batch = step.batch
+    nd = batch.num_decode_tokens
+    if nd == q.shape[0]:
+        return kernels.paged_decode_attention(q, k_cache, v_cache, batch.decode_block_tables,
+                                              batch.decode_context_lens, scale)
+    extend = kernels.extend_attention(q[nd:], k_cache, v_cache, batch.extend_block_tables, batch.cu_seqlens_q,
+                                      batch.prefix_lens, scale, max_seqlen_q=batch.max_seqlen_q)
+    if nd == 0:
+        return extend
+    decode = kernels.paged_decode_attention(q[:nd], k_cache, v_cache, batch.decode_block_tables,
+                                            batch.decode_context_lens, scale)
+    return torch.cat((decode, extend), dim=0)
 
 
 class Attention(nn.Module):
@@ -63,6 +97,15 @@ class Attention(nn.Module):
         q, k = kernels.apply_rope(q, k, positions, rope_cache)
         return q, k, v
 
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, step: StepInputs, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        """Stores k/v in their page slots, then attends: out [T, Hq * D] (before o_proj)."""
+        kernels.store_kv(k, v, k_cache, v_cache, step.batch.slot_mapping)
+        return paged_attention(q, k, v, k_cache, v_cache, step, self.scale).reshape(q.shape[0], self.q_size)
+
+    def forward(self, hidden: Tensor, step: StepInputs, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        q, k, v = self.project(hidden, step.positions, step.rope_cache)
+        return self.o_proj(self.attend(q, k, v, step, k_cache, v_cache))
+
 
 class MLP(nn.Module):
     def __init__(self, config):
@@ -82,12 +125,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    # pre_attention and post_attention hold every elementwise op (norms, residual adds, rope, SiLU-mul) with the
-    # matmuls between them; attention is one opaque op between the two (engine_core.layer_attention). The layer
-    # takes and returns only tensors, which is what lets engine_core/cpu_compile.py compile it once for every layer
-    def forward(self, hidden: Tensor, residual: Tensor, positions: Tensor, rope_cache: Tensor):
-        q, k, v, residual = self.pre_attention(hidden, residual, positions, rope_cache)
-        return self.post_attention(layer_attention(q, k, v, self.self_attn.scale), residual)
+    # The layer runs as two regions around attention: pre_attention and post_attention hold every elementwise op
+    # (norms, residual adds, rope, SiLU-mul) with the matmuls between them, and take only tensors, so
+    # engine_core.cpu_compile can compile each once for every layer; attention (custom kernels, page indexing) stays
+    # eager between them.
+    def forward(self, hidden, residual, step: StepInputs, k_cache, v_cache):
+        q, k, v, residual = self.pre_attention(hidden, residual, step.positions, step.rope_cache)
+        out = self.self_attn.attend(q, k, v, step, k_cache, v_cache)
+        return self.post_attention(out, residual)
 
     def pre_attention(self, hidden: Tensor, residual: Tensor | None, positions: Tensor, rope_cache: Tensor):
         """(q, k, v, residual): the input norm (with the residual add) and the rotated q/k/v of the new tokens."""
@@ -139,11 +184,9 @@ class DecoderModel(nn.Module):
                 batch.extend_block_tables, batch.cu_seqlens_q, batch.prefix_lens, k_caches[0].shape[1], native)
         step = StepInputs(positions, batch, self.rope_cache, plan)
         hidden = self.embed_tokens(input_ids)
-        residual = torch.zeros_like(hidden)  # adding zeros is exact, and every layer then runs one graph
-        with step_context(step, k_caches, v_caches) as context:
-            for layer in self.layers:
-                hidden, residual = layer(hidden, residual, positions, self.rope_cache)
-        assert context.layers_done == len(self.layers), "each layer's attention must run exactly once a step"
+        residual = None
+        for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches):
+            hidden, residual = layer(hidden, residual, step, k_cache, v_cache)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
