@@ -16,7 +16,8 @@ moved SmolLM2's logits 1.4e-4 from transformers' (1.1e-4 on an AMD EPYC), past t
 prefill (decode rows already differ from a full forward by more, and that tier allows them 5e-4).
 DUET_CPU_PACKED_PREFILL=1 sends prefill calls (2 rows and more) to the packed copy as well: off by default for
 that parity, it is where MKL's GEMM is the slower one, as on AMD CPUs (a 512-token prefill step 1.2-1.3x
-faster on a Zen 4 EPYC, docs/benchmarks.md), at the cost of the tier's prefill bound. The copy doubles the layers' weight memory
+faster on a Zen 4 EPYC, docs/benchmarks.md, measured before engine_core/mkl_on_amd.py gave MKL its fast kernels
+there), at the cost of the tier's prefill bound. The copy doubles the layers' weight memory
 (425 MB on SmolLM2-135M in fp32) and took a served decode step from 76 to 64 ms (docs/benchmarks.md).
 The choice runs inside one custom op, `duet::cpu_linear`, so a compiled layer (engine_core/cpu_compile.py) keeps
 one graph for every batch size: inductor calls the op and never sees the oneDNN tensor it cannot trace.
@@ -45,6 +46,8 @@ from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
+
+from engine_core import mkl_on_amd
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +215,7 @@ def prepare_cpu_linears(model: nn.Module, quantization: str = "none", decode_cop
             return 0
     if not model.tie_word_embeddings:
         del model.lm_head  # the prepared copy replaces it; a tied head's embedding stays for the lookup
+    log.info("%s", mkl_on_amd.STATUS)  # the plain-weight calls' MKL path (prefill, one row): engine_core/mkl_on_amd.py
     log.info("CPU matmuls prepared at load: %d layers + the LM head, %s", count,
              "int8, weight-only" if quantization == "int8" else "oneDNN-packed (the layers for decode-sized calls)")
     return count + 1

@@ -24,6 +24,10 @@ from pathlib import Path
 
 import pytest
 
+# engine_core first of anything that imports torch: it unlocks MKL's fast kernels on an AMD CPU, which works only
+# before torch loads (engine_core/mkl_on_amd.py), so the parity references transformers computes in this
+# process run the same MKL path as the workers they check
+import engine_core  # noqa: F401
 from duet.launcher import free_port
 
 

@@ -12,6 +12,10 @@ JSON records the model, threads, torch version, every measured point and the fit
 
 from __future__ import annotations
 
+from engine_core.mkl_on_amd import unlock_mkl_on_amd
+
+unlock_mkl_on_amd()  # before torch loads: the fit times the MKL path a worker runs (engine_core/mkl_on_amd.py)
+
 import json
 import platform
 import statistics

@@ -26,6 +26,10 @@ SHAPES = ([(256, 0)], [(1, 1024)] * 16)  # a prefill chunk, a decode batch
 
 
 def _runner():
+    from engine_core.mkl_on_amd import unlock_mkl_on_amd
+
+    unlock_mkl_on_amd()  # before torch loads: the MKL path a worker runs (engine_core/mkl_on_amd.py)
+
     import torch
 
     from duet.model_dir import read_model_dir

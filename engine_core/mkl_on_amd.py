@@ -1,0 +1,88 @@
+"""MKL's fast kernels on AMD CPUs: MKL picks its code path by CPU vendor, and this makes it pick by CPU features.
+
+    unlock_mkl_on_amd() -> str   # what was done, one line (STATUS keeps it for the worker's start-up log)
+
+Why: torch's CPU wheel links Intel's MKL, whose SGEMM serves every F.linear the engine runs on its plain weights
+(prefill, single-row decode, inductor's extern matmuls). MKL runs its AVX2 / AVX-512 kernels only where an
+internal check, `mkl_serv_intel_cpu_true()`, says the CPU is Intel's; on an AMD EPYC it takes a generic path
+whatever the CPU supports. On a Zen 5 EPYC (AVX-512) that made thirty 512-row gate_up matmuls take 315 ms
+instead of 139, and a 2,048-token prefill step 2.70 s instead of 1.27 s (docs/benchmarks.md).
+
+How: libtorch_cpu exports that function and calls it through its symbol table, so a definition found earlier in
+the process's global symbol scope wins. A one-line C library that returns 1 is built once into Duet's cache dir
+with the system C compiler and loaded with RTLD_GLOBAL *before torch is imported* (engine_core's package
+import does it first thing; after torch is loaded it is too late, and this says so). MKL then dispatches on the
+CPU's feature bits, as it does on Intel: an AVX2 CPU gets AVX2 kernels, an AVX-512 one AVX-512, never
+instructions the CPU lacks. vLLM's CPU backend needs none of this for its linears (oneDNN, which dispatches by
+features); Duet keeps MKL for prefill because the real-model parity tier's 1e-4 bound holds there (cpu_linear.py).
+
+Applies on x86-64 Linux with an AMD CPU only; an Intel CPU's check already says yes. DUET_MKL_ON_AMD=0 keeps
+MKL's vendor check; no C compiler keeps it too, with the reason in STATUS. The reference side of the parity tests
+(transformers, in the test process) gets the same MKL path (tests/conftest.py), as it would on an Intel CPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+_SOURCE = "int mkl_serv_intel_cpu_true(void) { return 1; }\n"
+STATUS = "not tried"
+
+
+def cpu_vendor() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _library() -> Path | None:
+    """The shim library, built once per source and compiler into Duet's cache dir (None: no C compiler)."""
+    from duet.cache_dir import cache_root
+
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        return None
+    key = hashlib.sha256(f"{_SOURCE}{compiler}".encode()).hexdigest()[:16]
+    final = cache_root() / "mkl-on-amd" / f"libmkl_on_amd-{key}.so"
+    if not final.exists():
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_suffix(f".{os.getpid()}.tmp")
+        subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-x", "c", "-", "-o", str(tmp)], input=_SOURCE,
+                       text=True, check=True, capture_output=True, timeout=60)
+        os.replace(tmp, final)  # atomic: a worker starting beside this one sees the whole file or none
+    return final
+
+
+def unlock_mkl_on_amd() -> str:
+    """Load the shim if it applies (once per process); returns and keeps in STATUS what was done."""
+    global STATUS
+    if STATUS != "not tried":
+        return STATUS
+    if os.environ.get("DUET_MKL_ON_AMD", "1") == "0":
+        STATUS = "MKL keeps its vendor check (DUET_MKL_ON_AMD=0)"
+    elif sys.platform != "linux" or platform.machine() != "x86_64" or cpu_vendor() != "AuthenticAMD":
+        STATUS = "MKL dispatches by CPU features already (not an AMD x86-64 CPU)"
+    elif "torch" in sys.modules:
+        STATUS = "MKL keeps its vendor check: torch was imported before engine_core"
+    else:
+        try:
+            library = _library()
+        except (OSError, subprocess.SubprocessError) as exc:
+            library, STATUS = None, f"MKL keeps its vendor check: building its shim failed ({exc})"
+        if library is not None:
+            ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+            STATUS = "MKL dispatches by CPU features on this AMD CPU (DUET_MKL_ON_AMD=0 keeps its vendor check)"
+        elif STATUS == "not tried":
+            STATUS = "MKL keeps its vendor check: no C compiler to build its shim"
+    return STATUS
