@@ -5,8 +5,9 @@
 Why: torch's CPU wheel links Intel's MKL, whose SGEMM serves every F.linear the engine runs on its plain weights
 (prefill, single-row decode, inductor's extern matmuls). MKL runs its AVX2 / AVX-512 kernels only where an
 internal check, `mkl_serv_intel_cpu_true()`, says the CPU is Intel's; on an AMD EPYC it takes a generic path
-whatever the CPU supports. On a Zen 5 EPYC (AVX-512) that made thirty 512-row gate_up matmuls take 315 ms
-instead of 139, and a 2,048-token prefill step 2.70 s instead of 1.27 s (docs/benchmarks.md).
+whatever the CPU supports. On a Zen 5 EPYC (AVX-512) that made a 512-row gate_up matmul take 11.0 ms instead of
+4.8 (loadtests/profiles/matmul_bench.py) and a 2,048-token prefill step 2.52 s instead of 1.26 s
+(loadtests/profiles/profile_step.py; docs/benchmarks.md).
 
 How: libtorch_cpu exports that function and calls it through its symbol table, so a definition found earlier in
 the process's global symbol scope wins. A one-line C library that returns 1 is built once into Duet's cache dir
