@@ -77,13 +77,13 @@ def unlock_mkl_on_amd() -> str:
     elif "torch" in sys.modules:
         STATUS = "MKL keeps its vendor check: torch was imported before engine_core"
     else:
-        try:
+        try:  # a failure here costs MKL's speed, never the worker: it starts with MKL as shipped
             library = _library()
-        except (OSError, subprocess.SubprocessError) as exc:
-            library, STATUS = None, f"MKL keeps its vendor check: building its shim failed ({exc})"
-        if library is not None:
-            ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
-            STATUS = "MKL dispatches by CPU features on this AMD CPU (DUET_MKL_ON_AMD=0 keeps its vendor check)"
-        elif STATUS == "not tried":
-            STATUS = "MKL keeps its vendor check: no C compiler to build its shim"
+            if library is None:
+                STATUS = "MKL keeps its vendor check: no C compiler to build its shim"
+            else:
+                ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+                STATUS = "MKL dispatches by CPU features on this AMD CPU (DUET_MKL_ON_AMD=0 keeps its vendor check)"
+        except (OSError, subprocess.SubprocessError) as exc:  # no cache dir, a failed build, a noexec mount
+            STATUS = f"MKL keeps its vendor check: its shim could not be built or loaded ({exc})"
     return STATUS

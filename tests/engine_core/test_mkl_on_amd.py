@@ -68,3 +68,7 @@ def test_too_late_or_no_compiler_says_why_and_changes_nothing(tmp_path):
     assert "torch was imported before engine_core" in late["status"] and late["cpu_type"] == 0
     bare = _probe(CC=str(tmp_path / "no-such-cc"), DUET_CACHE_DIR=str(tmp_path))
     assert "no C compiler" in bare["status"] and bare["cpu_type"] == 0
+    # a cache dir it cannot write (a file stands where the dir should be): the worker still starts, as shipped
+    (tmp_path / "blocked").write_text("")
+    blocked = _probe(DUET_CACHE_DIR=str(tmp_path / "blocked"))
+    assert "could not be built or loaded" in blocked["status"] and blocked["cpu_type"] == 0
