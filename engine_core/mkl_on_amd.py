@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 _SOURCE = "int mkl_serv_intel_cpu_true(void) { return 1; }\n"
+_NAME = "libmkl_on_amd.so"
 STATUS = "not tried"
 
 
@@ -49,20 +50,18 @@ def cpu_vendor() -> str:
 
 def _library() -> Path | None:
     """The shim library, built once per source and compiler into Duet's cache dir (None: no C compiler)."""
-    from duet.cache_dir import cache_root
+    from duet.cache_dir import build_once, cache_root
 
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         return None
+
+    def build(tmp: Path) -> None:
+        subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-x", "c", "-", "-o", str(tmp / _NAME)],
+                       input=_SOURCE, text=True, check=True, capture_output=True, timeout=60)
+
     key = hashlib.sha256(f"{_SOURCE}{compiler}".encode()).hexdigest()[:16]
-    final = cache_root() / "mkl-on-amd" / f"libmkl_on_amd-{key}.so"
-    if not final.exists():
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_suffix(f".{os.getpid()}.tmp")
-        subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-x", "c", "-", "-o", str(tmp)], input=_SOURCE,
-                       text=True, check=True, capture_output=True, timeout=60)
-        os.replace(tmp, final)  # atomic: a worker starting beside this one sees the whole file or none
-    return final
+    return build_once(cache_root() / "mkl-on-amd" / key, build, marker=_NAME) / _NAME
 
 
 def unlock_mkl_on_amd() -> str:

@@ -44,11 +44,12 @@ def test_a_worker_process_gets_the_feature_path_and_the_switch_keeps_the_vendor_
     if ON_AMD:
         assert on["status"].startswith("MKL dispatches by CPU features on this AMD CPU"), on["status"]
         assert on["cpu_type"] > 0 and off["cpu_type"] == 0
-        assert list((tmp_path / "mkl-on-amd").glob("*.so")), "the shim is built into the cache dir"
+        assert list((tmp_path / "mkl-on-amd").rglob("*.so")), "the shim is built into the cache dir"
     else:
         assert "not an AMD" in on["status"] and on["cpu_type"] == off["cpu_type"]
-    # either path computes the same product: a 576-long fp32 dot product within float rounding of float64's
-    assert on["gemm_error"] < 1e-4 and off["gemm_error"] < 1e-4
+    # either path computes the same product: 576-long fp32 dot products (values up to ~100) within float rounding
+    # of float64's (8e-5 and 5e-5 measured on a Zen 5); a wrong kernel would be off by whole units
+    assert on["gemm_error"] < 1e-3 and off["gemm_error"] < 1e-3
 
 
 @amd_only
