@@ -23,11 +23,14 @@ The choice runs inside one custom op, `duet::cpu_linear`, so a compiled layer (e
 one graph for every batch size: inductor calls the op and never sees the oneDNN tensor it cannot trace.
 
 `Int8Linear` (`--quantization int8`) keeps each weight as int8 with one scale per output channel (symmetric,
-absmax / 127), weight-only: up to 64 rows (decode) `torch._weight_int8pack_mm` multiplies, with bf16
-activations (its fp32 path is a slow reference loop), widened back to fp32; a bigger call (prefill) dequantizes
-the weight to fp32 for that call, where the kernel measured 0.4x fp32 GEMM. Perplexity on the pydoc topics text: +0.6% over fp32.
+absmax / 127), weight-only. Where the CPU has AVX512_BF16 every call, decode or prefill, runs Duet's kernel
+(kernels/cpu_int8_linear.py: the weights widened to bf16 in registers, bf16 activations, fp32 sums), 2.0x the
+packed fp32 layers at 16 rows and 1.45x at 512 on a Zen 4 EPYC (docs/benchmarks.md). Elsewhere torch's
+`torch._weight_int8pack_mm` multiplies up to 64 rows (decode), with bf16 activations (its fp32 path is a slow
+reference loop), widened back to fp32; a bigger call (prefill) dequantizes the weight to fp32 for that call,
+where torch's kernel measured 0.4x fp32 GEMM. Perplexity on the pydoc topics text: +0.6% over fp32 either way.
 Quantizing the activations too measured faster but failed the 2% bound: fbgemm's dynamic int8 GEMM (one scale
-per batch) +47%, int8 x int8 `torch._int_mm` with one scale per token +4.2%. The kernel needs the input width
+per batch) +47%, int8 x int8 `torch._int_mm` with one scale per token +4.2%. Torch's kernel needs the input width
 to be a multiple of 16, so narrower layers (the tiny test models') are zero-padded.
 
 `prepare_cpu_linears(model, quantization)` runs at load on the CPU only (a CUDA model keeps cuBLAS, which needs
@@ -48,6 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from engine_core import mkl_on_amd
+from engine_core.kernels import cpu_int8_linear
 
 log = logging.getLogger(__name__)
 
@@ -160,20 +164,27 @@ _KERNEL_MAX_ROWS = 64
 class Int8Linear(nn.Module):
     """y ~= x (q * scale)^T + b: int8 weights, per-output-channel scales, weight-only."""
 
-    def __init__(self, q: Tensor, scale: Tensor, bias: Tensor | None):
+    def __init__(self, q: Tensor, scale: Tensor, bias: Tensor | None, native: bool | None = None):
         super().__init__()
         self.out_features, self.in_features = q.shape
+        self.scale = scale.float().contiguous()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        # native (None: where the CPU has the kernel's bf16 loop): kernels/cpu_int8_linear.py; else torch's kernel
+        self.native = cpu_int8_linear.vector_path() if native is None else native
+        if self.native:  # the bf16-dot kernel (kernels/cpu_int8_linear.py), at every row count
+            self.packed = cpu_int8_linear.pack_int8(q)
+            return
         self.pad = -self.in_features % _INT8_WIDTH
         self.q = torch.nn.functional.pad(q, (0, self.pad)).contiguous()
-        self.scale = scale.float()
         self.kernel_scale = scale.to(torch.bfloat16)
-        self.bias = None if bias is None else bias.detach().float()
 
     @classmethod
-    def from_float(cls, weight: Tensor, bias: Tensor | None) -> Int8Linear:
-        return cls(*quantize_per_channel(weight), bias)
+    def from_float(cls, weight: Tensor, bias: Tensor | None, native: bool | None = None) -> Int8Linear:
+        return cls(*quantize_per_channel(weight), bias, native)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.native:
+            return cpu_int8_linear.int8_linear_native(x, self.packed, self.scale, self.bias, self.out_features)
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] > _KERNEL_MAX_ROWS:
             weight = self.q[:, :self.in_features].float() * self.scale[:, None]

@@ -4,6 +4,7 @@
     native_applies(device, dtype, cache_dtype) -> bool   # CPU, fp32 queries and caches, the library built
     library() -> ctypes.CDLL | None                      # paged_decode_f32, paged_extend_f32
     vector_floats() -> int                               # the extend tiles' width: 16 (AVX-512), 8 (AVX2), 1 (C)
+    build_and_load(stem, sources, what) -> ctypes.CDLL | None  # any csrc library (cpu_int8_linear.py's too)
 
 Why: torch has no CPU attention that reads K/V through a page table, so its path copies every layer's pages into
 contiguous K/V first, and its fused SDPA runs prefill at about 130 GFLOP/s here. The kernels read pages where they
@@ -38,7 +39,8 @@ import torch
 
 log = logging.getLogger("duet.kernels")
 
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_decode.c", "paged_extend.c")]
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = [_CSRC / name for name in ("paged_decode.c", "paged_extend.c")]
 # -ffast-math lets the compiler vectorize sums and expf (glibc's libmvec); the summation order then differs from
 # torch's by float rounding, as any two fp32 attention kernels do. The kernels handle no inf/NaN themselves
 # (scores of finite K/V are finite), which is what fast-math assumes. -march=native prefers 256-bit vectors on
@@ -63,36 +65,43 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _build(compiler: str, flags: list[str], final: Path) -> None:
+def _build(compiler: str, flags: list[str], sources: list[Path], final: Path) -> None:
     tmp = final.with_suffix(f".{os.getpid()}.tmp")
-    subprocess.run([compiler, *flags, *map(str, _SOURCES), "-o", str(tmp), "-lm"], check=True,
+    subprocess.run([compiler, *flags, *map(str, sources), "-o", str(tmp), "-lm"], check=True,
                    capture_output=True, timeout=120)
     os.replace(tmp, final)  # atomic: a concurrent worker building the same library sees all of it or none
+
+
+def build_and_load(stem: str, sources: list[Path], what: str) -> ctypes.CDLL | None:
+    """The library built from `sources` for this CPU (once, into the cache dir), loaded; None (logged, naming
+    `what` falls back) where there is no compiler or the build fails."""
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        log.info("no C compiler: %s", what)
+        return None
+    from duet.cache_dir import cache_root
+
+    flags = _FLAGS + os.environ.get("DUET_NATIVE_CPU_CFLAGS", "").split()
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in sources) + " ".join(flags).encode()
+                         + _cpu_flags().encode()).hexdigest()[:16]
+    final = cache_root() / "kernels" / f"{stem}-{key}.so"
+    try:
+        if not final.exists():
+            final.parent.mkdir(parents=True, exist_ok=True)
+            _build(compiler, flags, sources, final)
+        return ctypes.CDLL(str(final))
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", b"") or b""
+        log.warning("could not build %s (%s %s): %s", stem, e, detail.decode(errors="replace")[:500], what)
+        return None
 
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
     if os.environ.get("DUET_NATIVE_CPU_ATTENTION", "1") == "0":
         return None
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        log.info("no C compiler: CPU attention uses the torch path (pages gathered per layer)")
-        return None
-    from duet.cache_dir import cache_root
-
-    flags = _FLAGS + os.environ.get("DUET_NATIVE_CPU_CFLAGS", "").split()
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in _SOURCES) + " ".join(flags).encode()
-                         + _cpu_flags().encode()).hexdigest()[:16]
-    final = cache_root() / "kernels" / f"cpu_attention-{key}.so"
-    try:
-        if not final.exists():
-            final.parent.mkdir(parents=True, exist_ok=True)
-            _build(compiler, flags, final)
-        lib = ctypes.CDLL(str(final))
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = getattr(e, "stderr", b"") or b""
-        log.warning("could not build the native CPU attention (%s %s); using the torch path", e,
-                    detail.decode(errors="replace")[:500])
+    lib = build_and_load("cpu_attention", _SOURCES, "CPU attention uses the torch path (pages gathered per layer)")
+    if lib is None:
         return None
     for name, argtypes in _SIGNATURES.items():
         fn = getattr(lib, name)

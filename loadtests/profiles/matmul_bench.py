@@ -9,7 +9,9 @@ sitting in cache. Rows: 16 (a decode step of 16 sequences) and 512 (one prefill 
   rowmajor  F.linear on the checkpoint's [out, in] weight (MKL re-packs it in every call)
   colmajor  F.linear on the same values stored transposed (the engine's layout before packing)
   packed    engine_core.cpu_linear.PackedLinear (oneDNN blocked layout, packed once)
-  int8      engine_core.cpu_linear.Int8Linear (--quantization int8)
+  int8      engine_core.cpu_linear.Int8Linear (--quantization int8): the bf16-dot kernel where the CPU has
+            AVX512_BF16 (engine_core/kernels/cpu_int8_linear.py), else torch's kernel
+  int8_torch  the same weights through torch's `_weight_int8pack_mm` (shown where the native kernel serves)
   bf16      PackedLinear over bf16 weights, bf16 rows (oneDNN uses AMX where the CPU has it): not an engine mode,
             measured to size what a bf16 CPU path would win; left out on CPUs oneDNN has no bf16 path for
 
@@ -40,6 +42,9 @@ def _ways(weights: list[torch.Tensor]) -> dict:
         "packed": lambda x: [m(x) for m in packed],
         "int8": lambda x: [m(x) for m in int8],
     }
+    if int8[0].native:
+        int8_torch = [Int8Linear.from_float(w, None, native=False) for w in weights]
+        ways["int8_torch"] = lambda x: [m(x) for m in int8_torch]
     # oneDNN packs bf16 weights only where the CPU has bf16 conversions (AVX-512 BW/VL/DQ or AVX-NE-CONVERT);
     # an AVX2-only CPU has no bf16 way to measure.
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():

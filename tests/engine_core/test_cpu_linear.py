@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from duet.engine_config import ENGINE_DEFAULTS, QUANTIZATIONS
 from engine_core import LLM, SamplingParams, cpu_linear
+from engine_core.kernels import cpu_int8_linear
 from engine_core.cpu_linear import (
     PACKED_ROWS,
     DecodePackedLinear,
@@ -76,7 +77,7 @@ def test_int8_layer_is_the_product_with_its_dequantized_weights(width):
     q, scale = quantize_per_channel(w)
     assert q.dtype == torch.int8 and q.abs().max() == 127 and scale.shape == (48,)
     assert (q.float() * scale[:, None] - w).abs().max() <= scale.max() / 2 + 1e-7
-    layer = Int8Linear(q, scale, b)
+    layer = Int8Linear(q, scale, b, native=False)  # torch's kernel
     x = torch.randn(2, 5, width, generator=gen)
     got = layer(x)
     assert got.shape == (2, 5, 48) and got.dtype == torch.float32
@@ -84,6 +85,12 @@ def test_int8_layer_is_the_product_with_its_dequantized_weights(width):
     assert (got - want).abs().max() <= 0.02 * want.abs().max()  # the kernel's bf16 activations: ~3 digits
     many = torch.randn(100, width, generator=gen)  # above the kernel's rows: the weight dequantized for the call
     torch.testing.assert_close(layer(many), F.linear(many, q.float() * scale[:, None], b), atol=1e-5, rtol=1e-5)
+    if cpu_int8_linear.vector_path():  # the bf16-dot kernel, which the layer takes by default on this CPU
+        native = Int8Linear(q, scale, b)
+        assert native.native
+        for rows in (x, many):  # bf16 activations at every row count (tests/kernels/test_cpu_int8_linear.py)
+            want = F.linear(rows, q.float() * scale[:, None], b)
+            assert (native(rows) - want).abs().max() <= 0.02 * want.abs().max()
 
 
 def test_a_cpu_model_gets_a_packed_head_and_int8_swaps_every_plain_linear(hf_checkpoints):
