@@ -11,9 +11,10 @@ regions at 1 token and at 2 (the generic graph every larger batch takes), with a
 `residual=None`: 6 graphs, compiled before the worker serves. Inductor's FX graph cache lives under Duet's cache
 dir (`<cache>/inductor`, unless TORCHINDUCTOR_CACHE_DIR is set), so a restart re-traces but does not re-compile.
 
-It applies on the CPU, unquantized, single-rank models only (a CUDA model keeps its Triton kernels; int8's
-Int8Linear branches on the row count, which would compile again mid-serving; tensor parallelism's all-reduce sits
-inside post_attention). `--compile/--no-compile` (None: on unless DUET_COMPILE=0, which the tests set); with no
+It applies on the CPU to single-rank models, unquantized or int8 on Duet's own kernel (`duet::int8_linear`, one
+opaque op for any row count); a CUDA model keeps its Triton kernels; torch's int8 kernel, used on CPUs without
+AVX512_BF16, branches on the row count, which would compile again mid-serving; tensor parallelism's all-reduce sits
+inside post_attention. `--compile/--no-compile` (None: on unless DUET_COMPILE=0, which the tests set); with no
 C++ compiler, or when compiling raises, the model stays eager and one line is logged.
 """
 
@@ -69,8 +70,9 @@ def compile_decoder(model: nn.Module, requested: bool | None = None, quantizatio
     weight = model.embed_tokens.weight
     if not compile_requested(requested) or weight.device.type != "cpu":
         return False  # off, or not the CPU: nothing to say
-    if quantization != "none":
-        log.info("--compile: skipped with --quantization %s (the decoder runs eager)", quantization)
+    if quantization != "none" and not native_int8_everywhere(model):
+        log.info("--compile: skipped with --quantization %s on torch's int8 kernel (the decoder runs eager)",
+                 quantization)
         return False
     if cxx_compiler() is None:
         log.warning("--compile: no C++ compiler found (g++, c++, clang++ or CXX); the decoder runs eager")
@@ -90,6 +92,15 @@ def compile_decoder(model: nn.Module, requested: bool | None = None, quantizatio
     log.info("--compile: decoder compiled in %.1f s (inductor cache %s: %d graphs hit, %d compiled)",
              time.perf_counter() - start, cache, _cache_count("hit") - hits, _cache_count("miss") - misses)
     return True
+
+
+def native_int8_everywhere(model: nn.Module) -> bool:
+    """Every int8 layer runs Duet's kernel (one op for any row count, kernels/cpu_int8_linear.py): torch's
+    kernel branches on the row count, which would compile again mid-serving."""
+    from engine_core.cpu_linear import Int8Linear
+
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    return bool(layers) and all(m.native for m in layers)
 
 
 def _cache_count(kind: str) -> int:

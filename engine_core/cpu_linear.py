@@ -167,12 +167,13 @@ class Int8Linear(nn.Module):
     def __init__(self, q: Tensor, scale: Tensor, bias: Tensor | None, native: bool | None = None):
         super().__init__()
         self.out_features, self.in_features = q.shape
-        self.scale = scale.float().contiguous()
-        self.bias = None if bias is None else bias.detach().float().contiguous()
+        # buffers, not plain attributes: a compiled decoder takes them as graph inputs, so every layer shares a graph
+        self.register_buffer("scale", scale.float().contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         # native (None: where the CPU has the kernel's bf16 loop): kernels/cpu_int8_linear.py; else torch's kernel
         self.native = cpu_int8_linear.vector_path() if native is None else native
-        if self.native:  # the bf16-dot kernel (kernels/cpu_int8_linear.py), at every row count
-            self.packed = cpu_int8_linear.pack_int8(q)
+        if self.native:  # the bf16-dot kernel, at every row count
+            self.register_buffer("packed", cpu_int8_linear.pack_int8(q))
             return
         self.pad = -self.in_features % _INT8_WIDTH
         self.q = torch.nn.functional.pad(q, (0, self.pad)).contiguous()
@@ -184,7 +185,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.native:
-            return cpu_int8_linear.int8_linear_native(x, self.packed, self.scale, self.bias, self.out_features)
+            return torch.ops.duet.int8_linear(x, self.packed, self.scale, self.bias, self.out_features)
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] > _KERNEL_MAX_ROWS:
             weight = self.q[:, :self.in_features].float() * self.scale[:, None]

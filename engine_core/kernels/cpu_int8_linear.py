@@ -54,7 +54,8 @@ def pack_int8(q: Tensor) -> Tensor:
 
 def int8_linear_native(x: Tensor, packed: Tensor, scale: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
     """x [..., K] fp32 -> [..., out_features] fp32; `packed` from pack_int8, scale [N] and bias [N] fp32
-    contiguous. Same result as (bf16(x) as fp32) @ q^T * scale + bias, summed in fp32."""
+    contiguous. Same result as (bf16(x) as fp32) @ q^T * scale + bias, summed in fp32. Also the op
+    `torch.ops.duet.int8_linear`, which a compiled graph calls without tracing into ctypes."""
     lib = library()
     assert lib is not None and x.dtype == torch.float32 and packed.dtype == torch.int8
     k = x.shape[-1]
@@ -69,3 +70,15 @@ def int8_linear_native(x: Tensor, packed: Tensor, scale: Tensor, bias: Tensor | 
         if rc != 0:
             raise MemoryError(f"int8 matmul: no memory for {rows.shape[0]} x {k} bf16 activations")
     return y.reshape(*x.shape[:-1], out_features)
+
+
+# registered with torch.library's low-level API (as cpu_linear's duet::cpu_linear, for the same per-call cost), so
+# a compiled decoder (engine_core/cpu_compile.py) keeps one graph for every row count around an opaque call
+_LIBRARY = torch.library.Library("duet", "FRAGMENT")
+_LIBRARY.define("int8_linear(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int out_features) -> Tensor")
+_LIBRARY.impl("int8_linear", int8_linear_native, "CPU")
+
+
+@torch.library.register_fake("duet::int8_linear")
+def _int8_linear_shape(x: Tensor, packed: Tensor, scale: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
+    return x.new_empty((*x.shape[:-1], out_features))

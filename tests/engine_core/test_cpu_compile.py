@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 
 from duet.model_dir import read_model_dir
-from engine_core import LLM
+from engine_core import LLM, SamplingParams
 from engine_core.cpu_compile import compile_decoder, compile_requested, is_compiled
 from engine_core.forward_batch import SeqChunk
+from engine_core.kernels import cpu_int8_linear
 from engine_core.kv_pool import KVPool, PageAllocator
 from engine_core.model_runner import ModelRunner
 
@@ -89,10 +90,25 @@ def test_compile_is_on_unless_the_flag_or_duet_compile_says_off():
     assert compile_requested(False, {}) is False
 
 
-def test_int8_and_the_flag_off_leave_the_decoder_eager(hf_checkpoints):
+def test_int8_compiles_on_duets_kernel_only_and_the_flag_off_leaves_the_decoder_eager(hf_checkpoints, monkeypatch):
     path, _ = hf_checkpoints["llama"]
     assert not is_compiled(LLM(path, compile=False).runner.model)
-    assert not is_compiled(LLM(path, quantization="int8", compile=True).runner.model)
+    prompts = [[5, 9, 2, 7, 1, 3], [4, 4, 8]]
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    if cpu_int8_linear.vector_path():  # Duet's int8 kernel is one opaque op for any row count: it compiles
+        compiled = LLM(path, quantization="int8", compile=True)
+        assert is_compiled(compiled.runner.model)
+        eager = LLM(path, quantization="int8", compile=False)
+        assert ([o.outputs[0].token_ids for o in compiled.generate(prompts, greedy)]
+                == [o.outputs[0].token_ids for o in eager.generate(prompts, greedy)])
+    # torch's int8 kernel branches on the row count: eager
+    monkeypatch.setenv("DUET_NATIVE_CPU_INT8", "0")
+    cpu_int8_linear.library.cache_clear()
+    try:
+        assert not is_compiled(LLM(path, quantization="int8", compile=True).runner.model)
+    finally:
+        monkeypatch.undo()
+        cpu_int8_linear.library.cache_clear()
     # compile_decoder on a model that is not on the CPU does nothing (the GPU path keeps its Triton kernels)
     with torch.device("meta"):
         from engine_core.model import DecoderModel

@@ -155,18 +155,23 @@ int int8_linear_f32(const float *x, const int64_t m, const int64_t k, const int6
         free(wide);
         return -1;
     }
-    for (int64_t r = 0; r < m; r++) {
-        for (int64_t i = 0; i < k; i++) xb[r * kp + i] = to_bf16(x[r * x_stride + i]);
-        if (kp != k) xb[r * kp + k] = 0;
-    }
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t p = 0; p < panels; p++) {
+#pragma omp parallel num_threads(num_threads)
+    {
+        /* the rows rounded to bf16 once (split between the threads: at prefill sizes this is not free) */
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < m; r++) {
+            for (int64_t i = 0; i < k; i++) xb[r * kp + i] = to_bf16(x[r * x_stride + i]);
+            if (kp != k) xb[r * kp + k] = 0;
+        }
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < panels; p++) {
 #ifdef _OPENMP
-        const int thread = omp_get_thread_num();
+            const int thread = omp_get_thread_num();
 #else
-        const int thread = 0;
+            const int thread = 0;
 #endif
-        run_panel(xb, m, kp, packed + p * kp * PANEL, wide + thread * (kp / 2), scale, bias, y, n, p * PANEL);
+            run_panel(xb, m, kp, packed + p * kp * PANEL, wide + thread * (kp / 2), scale, bias, y, n, p * PANEL);
+        }
     }
     free(xb);
     free(wide);
