@@ -24,8 +24,8 @@ one graph for every batch size: inductor calls the op and never sees the oneDNN 
 
 `Int8Linear` (`--quantization int8`) keeps each weight as int8 with one scale per output channel (symmetric,
 absmax / 127), weight-only. Where the CPU has AVX512_BF16 every call, decode or prefill, runs Duet's kernel
-(kernels/cpu_int8_linear.py: the weights widened to bf16 in registers, bf16 activations, fp32 sums), 2.0x the
-packed fp32 layers at 16 rows and 1.45x at 512 on a Zen 4 EPYC (docs/benchmarks.md). Elsewhere torch's
+(kernels/cpu_int8_linear.py: the weights widened to bf16 in registers, bf16 activations, fp32 sums), 1.8x the
+packed fp32 layers at 16 rows and 1.67x F.linear at 512 on a Zen 4 EPYC (docs/benchmarks.md). Elsewhere torch's
 `torch._weight_int8pack_mm` multiplies up to 64 rows (decode), with bf16 activations (its fp32 path is a slow
 reference loop), widened back to fp32; a bigger call (prefill) dequantizes the weight to fp32 for that call,
 where torch's kernel measured 0.4x fp32 GEMM. Perplexity on the pydoc topics text: +0.6% over fp32 either way.
