@@ -33,6 +33,7 @@ import os
 import platform
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import torch
@@ -65,10 +66,22 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+# Compiled with -ffast-math but linked without it: GCC links crtfastmath.o into a library linked with it, whose
+# constructor sets flush-to-zero and denormals-are-zero in the loading thread's MXCSR, which silently changes float
+# results for everything else that thread computes (hypothesis, for one, refuses to run). Part of the cache key.
+_RECIPE = "compile with the flags, link without -ffast-math"
+
+
 def _build(compiler: str, flags: list[str], sources: list[Path], final: Path) -> None:
     tmp = final.with_suffix(f".{os.getpid()}.tmp")
-    subprocess.run([compiler, *flags, *map(str, sources), "-o", str(tmp), "-lm"], check=True,
-                   capture_output=True, timeout=120)
+    with tempfile.TemporaryDirectory(dir=final.parent) as objects:
+        paths = [str(Path(objects) / f"{i}-{source.stem}.o") for i, source in enumerate(sources)]
+        for source, path in zip(sources, paths):
+            subprocess.run([compiler, *flags, "-c", str(source), "-o", path], check=True, capture_output=True,
+                           timeout=120)
+        link = [flag for flag in flags if flag != "-ffast-math"]
+        subprocess.run([compiler, *link, *paths, "-o", str(tmp), "-lm"], check=True, capture_output=True,
+                       timeout=120)
     os.replace(tmp, final)  # atomic: a concurrent worker building the same library sees all of it or none
 
 
@@ -83,7 +96,7 @@ def build_and_load(stem: str, sources: list[Path], what: str) -> ctypes.CDLL | N
 
     flags = _FLAGS + os.environ.get("DUET_NATIVE_CPU_CFLAGS", "").split()
     key = hashlib.sha256(b"".join(s.read_bytes() for s in sources) + " ".join(flags).encode()
-                         + _cpu_flags().encode()).hexdigest()[:16]
+                         + _cpu_flags().encode() + _RECIPE.encode()).hexdigest()[:16]
     final = cache_root() / "kernels" / f"{stem}-{key}.so"
     try:
         if not final.exists():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from importlib import import_module
 
 import pytest
@@ -111,6 +113,29 @@ def test_native_kernels_build_where_a_compiler_is(native, tmp_path):
     assert list((tmp_path / "kernels").glob("cpu_attention-*.so"))
     assert cpu_native.native_applies(torch.device("cpu"), F32, F32)
     assert not cpu_native.native_applies(torch.device("cpu"), BF16, BF16)
+
+
+_FLOAT_ENVIRONMENT = """
+from engine_core.kernels import cpu_int8_linear, cpu_native
+tiny = 5e-324  # the smallest subnormal double: denormals-are-zero reads it as 0
+assert tiny > 0.0 and tiny * 2.0 > tiny, "subnormals were flushed before loading"
+assert cpu_native.library() is not None and cpu_int8_linear.library() is not None
+print(tiny > 0.0 and tiny * 2.0 > tiny)
+"""
+
+
+def test_loading_the_native_kernels_leaves_subnormal_floats_alone(tmp_path):
+    """Built with -ffast-math, a library linked with it would carry GCC's crtfastmath constructor, which sets
+    flush-to-zero in the loading thread: every float that thread computes afterwards changes (fresh process)."""
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler on this machine")
+    env = {**os.environ, "DUET_CACHE_DIR": str(tmp_path)}
+    env.pop("DUET_NATIVE_CPU_ATTENTION", None)
+    env.pop("DUET_NATIVE_CPU_INT8", None)
+    done = subprocess.run([sys.executable, "-c", _FLOAT_ENVIRONMENT], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "True"
 
 
 def test_native_kernels_can_be_turned_off(native, monkeypatch):

@@ -10,7 +10,7 @@
  * Layouts: x [M, K] fp32, row-major (row stride x_stride floats); the weight packed at load (cpu_linear.py) as
  * [Np / 16][Kp / 2][16][2] int8: panel p, K pair j, output column c, element e holds q[16p + c][2j + e], with N
  * padded to Np (a multiple of 16) and K to Kp (even) by zero weights; scale [N]; bias [N] or NULL; y [M, N].
- * scratch holds M * Kp bf16 values (the activations, rounded once).
+ * Each call allocates its own scratch: the rows rounded to bf16 (M x Kp) and one widened panel per thread.
  *
  * Work: threads split the 16-column panels; a panel runs every tile of up to 16 rows, each tile keeping its
  * 16 x 16 sums in registers over the whole K. Per K pair a panel's 32 weights are widened (int8 -> int32 -> fp32
