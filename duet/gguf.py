@@ -3,7 +3,9 @@
 `convert_gguf(gguf_path, out_dir, dtype)` reads the file with the `gguf` package, dequantizes every
 tensor with its numpy dequantizers (no llama.cpp), and writes what `read_model_dir` and transformers
 load: config.json, generation_config.json, model.safetensors (fp32 values; `dtype` only sets the
-dtype the engines cast to at load), tokenizer.json, tokenizer_config.json with the chat template.
+dtype the engines cast to at load), tokenizer.json, tokenizer_config.json with the chat template. The matrices
+stored as Q8_0 are also written as they are, int8 blocks and their scales, into q8_0.safetensors, which
+`--quantization int8` serves without dequantizing or re-quantizing them (engine_core/weights.py).
 
 Two llama.cpp conventions are undone on the way: tensors are stored with their dimensions reversed,
 and the q/k projection rows are interleaved per head for llama.cpp's rope (the HF→GGUF converter's
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from duet.model_dir import Q8_0_FILE
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
@@ -146,6 +150,28 @@ def read_weights(reader, config: dict) -> dict[str, np.ndarray]:
     return weights
 
 
+def read_q8_0_blocks(reader, config: dict) -> dict[str, np.ndarray]:
+    """Every Q8_0 matrix as its blocks, not dequantized: under its Hugging Face weight name the int8 weights
+    [rows, cols], and under `<name>_scale` one fp32 scale per 32 weights of a row [rows, cols / 32] (each block's
+    fp16 scale, exactly). The q/k rows are put back in Hugging Face's order, as read_weights does."""
+    from gguf import GGMLQuantizationType
+
+    blocks = {}
+    for t in reader.tensors:
+        if t.tensor_type != GGMLQuantizationType.Q8_0 or len(t.shape) != 2:
+            continue
+        rows, cols = int(t.shape[1]), int(t.shape[0])  # GGUF lists dimensions innermost first
+        raw = np.asarray(t.data, dtype=np.uint8).reshape(rows, cols // 32, 34)  # a block: fp16 scale, 32 x int8
+        scale = np.ascontiguousarray(raw[..., :2]).view(np.float16)[..., 0].astype(np.float32)
+        q = np.ascontiguousarray(raw[..., 2:]).view(np.int8).reshape(rows, cols)
+        for suffix, heads in ((".attn_q.", "num_attention_heads"), (".attn_k.", "num_key_value_heads")):
+            if suffix in t.name:
+                q, scale = _unpermute(q, config[heads]), _unpermute(scale, config[heads])
+        name = _hf_name(t.name)
+        blocks[name], blocks[f"{name}_scale"] = np.ascontiguousarray(q), np.ascontiguousarray(scale)
+    return blocks
+
+
 def tokenizer_json(reader) -> dict:
     """A `tokenizers` byte-level BPE (GPT-2 style, digits split one by one) from the GGUF vocab."""
     model = _require(reader, "tokenizer.ggml.model")
@@ -212,6 +238,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    blocks = read_q8_0_blocks(reader, config)
+    if blocks:  # what `--quantization int8` serves as it is (duet/model_dir.py, engine_core/weights.py)
+        save_file(blocks, str(out / Q8_0_FILE), metadata={"format": "pt"})
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
                   "pad_token_id": config["pad_token_id"]}
     for name, obj in (("config.json", config), ("generation_config.json", generation),

@@ -16,6 +16,7 @@ from typing import Any
 
 _ARCH_BY_CLASS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 _DTYPES = ("float32", "float16", "bfloat16")
+Q8_0_FILE = "q8_0.safetensors"  # written by duet/gguf.py beside model.safetensors for a GGUF's Q8_0 matrices
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -53,6 +54,8 @@ class ModelDir:
     model_id: str
     config: ModelConfig
     weight_files: tuple[Path, ...]
+    # a converted GGUF's Q8_0 blocks (Q8_0_FILE, written by duet/gguf.py), which `--quantization int8` serves as they are
+    q8_0_file: Path | None = None
 
 
 def read_model_dir(path: str | Path, model_id: str | None = None) -> ModelDir:
@@ -67,6 +70,7 @@ def read_model_dir(path: str | Path, model_id: str | None = None) -> ModelDir:
         model_id=model_id or root.resolve().name,
         config=config,
         weight_files=_weight_files(root),
+        q8_0_file=root / Q8_0_FILE if (root / Q8_0_FILE).is_file() else None,
     )
 
 

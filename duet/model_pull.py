@@ -100,7 +100,9 @@ def gguf_dir(path: Path, dtype: str = "float32") -> Path:
     """The converted directory of a local .gguf file, cached by the file's identity and `dtype`.
     The directory is named after the file (its stem is the served model id)."""
     stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{dtype}".encode()).hexdigest()[:16]
+    # the conversion's format is in the key: a directory converted before q8_0.safetensors existed is not reused
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{dtype}|q8_0 blocks".encode())
+    key = key.hexdigest()[:16]
     final = cache_root() / "models" / "gguf" / key / path.stem
     return build_once(final, lambda tmp: _convert(path, tmp, dtype))
 

@@ -97,9 +97,9 @@ def compile_decoder(model: nn.Module, requested: bool | None = None, quantizatio
 def native_int8_everywhere(model: nn.Module) -> bool:
     """Every int8 layer runs Duet's kernel (one op for any row count, kernels/cpu_int8_linear.py): torch's
     kernel branches on the row count, which would compile again mid-serving."""
-    from engine_core.cpu_linear import Int8Linear
+    from engine_core.cpu_linear import GroupedInt8Linear, Int8Linear
 
-    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    layers = [m for m in model.modules() if isinstance(m, (Int8Linear, GroupedInt8Linear))]
     return bool(layers) and all(m.native for m in layers)
 
 

@@ -51,7 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from engine_core import mkl_on_amd
-from engine_core.kernels import cpu_int8_linear
+from engine_core.kernels import cpu_int8_grouped, cpu_int8_linear
 
 log = logging.getLogger(__name__)
 
@@ -170,10 +170,18 @@ class Int8Linear(nn.Module):
         # buffers, not plain attributes: a compiled decoder takes them as graph inputs, so every layer shares a graph
         self.register_buffer("scale", scale.float().contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
-        # native (None: where the CPU has the kernel's bf16 loop): kernels/cpu_int8_linear.py; else torch's kernel
-        self.native = cpu_int8_linear.vector_path() if native is None else native
-        if self.native:  # the bf16-dot kernel, at every row count
+        # native (None: where the CPU has a vector loop of one of Duet's kernels), else torch's kernel
+        bf16 = cpu_int8_linear.vector_path()
+        self.native = (bf16 or cpu_int8_grouped.vector_path()) if native is None else native
+        if self.native and bf16:  # the bf16-dot kernel (kernels/cpu_int8_linear.py), at every row count
             self.register_buffer("packed", cpu_int8_linear.pack_int8(q))
+            self.group = None
+            return
+        if self.native:  # fp32 FMAs, the weights dequantized in registers (kernels/cpu_int8_grouped.py): one group
+            self.group = self.in_features
+            packed, packed_scales = cpu_int8_grouped.pack_grouped(q, self.scale[:, None])
+            self.register_buffer("packed", packed)
+            self.register_buffer("packed_scales", packed_scales)
             return
         self.pad = -self.in_features % _INT8_WIDTH
         self.q = torch.nn.functional.pad(q, (0, self.pad)).contiguous()
@@ -184,8 +192,11 @@ class Int8Linear(nn.Module):
         return cls(*quantize_per_channel(weight), bias, native)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.native:
+        if self.native and self.group is None:
             return torch.ops.duet.int8_linear(x, self.packed, self.scale, self.bias, self.out_features)
+        if self.native:
+            return torch.ops.duet.int8_grouped_linear(x, self.packed, self.packed_scales, self.group, self.bias,
+                                                      self.out_features)
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] > _KERNEL_MAX_ROWS:
             weight = self.q[:, :self.in_features].float() * self.scale[:, None]
@@ -199,16 +210,55 @@ class Int8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
+class GroupedInt8Linear(nn.Module):
+    """y = x (q * s)^T + b: int8 weights with one scale per `group` input columns, as a GGUF Q8_0 file stores them
+    (blocks of 32), served as they are: Duet's kernel dequantizes them in registers (kernels/cpu_int8_grouped.py).
+    Without the kernel (no C compiler, or DUET_NATIVE_CPU_INT8=0) each call dequantizes the weight for itself."""
+
+    def __init__(self, q: Tensor, scale: Tensor, bias: Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        self.group = self.in_features // scale.shape[1]
+        if scale.shape[0] != q.shape[0] or self.group * scale.shape[1] != self.in_features:
+            raise ValueError(f"int8 weight {tuple(q.shape)} does not split into groups of scales {tuple(scale.shape)}")
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+        self.native = cpu_int8_grouped.library() is not None
+        if self.native:
+            packed, packed_scales = cpu_int8_grouped.pack_grouped(q, scale)
+            self.register_buffer("packed", packed)
+            self.register_buffer("packed_scales", packed_scales)
+        else:
+            self.register_buffer("q", q.contiguous())
+            self.register_buffer("scale", scale.float().contiguous())
+
+    @classmethod
+    def from_float(cls, weight: Tensor, bias: Tensor | None, group: int = 32) -> GroupedInt8Linear:
+        """Quantized as llama.cpp's Q8_0 does: per `group` weights of a row, scale = absmax / 127 as fp16."""
+        w = weight.detach().float().reshape(weight.shape[0], -1, group)
+        scale = (w.abs().amax(dim=2) / 127.0).half().float()
+        q = torch.round(w / scale.clamp(min=1e-12)[..., None]).clamp(-127, 127).to(torch.int8)
+        return cls(q.reshape(weight.shape), scale, bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.native:
+            return torch.ops.duet.int8_grouped_linear(x, self.packed, self.packed_scales, self.group, self.bias,
+                                                      self.out_features)
+        weight = self.q.float() * self.scale.repeat_interleave(self.group, dim=1)
+        return torch.nn.functional.linear(x, weight, self.bias)
+
+
 def packing_applies(device: torch.device, dtype: torch.dtype, environ=os.environ) -> bool:
     return (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
             and environ.get("DUET_CPU_PACKED_WEIGHTS", "1") != "0")
 
 
-def prepare_cpu_linears(model: nn.Module, quantization: str = "none", decode_copies: bool = True) -> int:
+def prepare_cpu_linears(model: nn.Module, quantization: str = "none", decode_copies: bool = True,
+                        int8_blocks: dict[str, tuple[Tensor, Tensor]] | None = None) -> int:
     """Prepare the matmuls of a loaded CPU model: with "int8" every plain Linear and the LM head become
-    Int8Linear; in fp32 every plain Linear becomes a DecodePackedLinear (unless not `decode_copies`: a
-    tensor-parallel rank, whose runner marks no decode steps) and the LM head is packed (`model.head`). Returns how
-    many matmuls were prepared."""
+    Int8Linear, or GroupedInt8Linear where `int8_blocks` holds the weight's Q8_0 blocks (by parameter name:
+    engine_core/weights.py load_q8_0_blocks); in fp32 every plain Linear becomes a DecodePackedLinear (unless not
+    `decode_copies`: a tensor-parallel rank, whose runner marks no decode steps) and the LM head is packed
+    (`model.head`). Returns how many matmuls were prepared."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"--quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
     weight = next(model.parameters())
@@ -218,10 +268,20 @@ def prepare_cpu_linears(model: nn.Module, quantization: str = "none", decode_cop
     head = model.embed_tokens.weight if model.tie_word_embeddings else model.lm_head.weight
     with torch.no_grad():
         if quantization == "int8":
-            count = _swap_linears(model, Int8Linear.from_float)
-            model.head = Int8Linear.from_float(head, None)
+            blocks = int8_blocks or {}
+
+            def int8(name: str, weight: Tensor, bias: Tensor | None) -> nn.Module:
+                if name in blocks:  # the file's own int8 blocks, as they are
+                    return GroupedInt8Linear(*blocks[name], bias)
+                return Int8Linear.from_float(weight, bias)
+
+            count = _swap_linears(model, int8)
+            model.head = int8("embed_tokens.weight" if model.tie_word_embeddings else "lm_head.weight", head, None)
+            if blocks:
+                log.info("int8: %d matmuls serve the GGUF's Q8_0 blocks as they are, the others are quantized "
+                         "per output channel", sum(isinstance(m, GroupedInt8Linear) for m in model.modules()))
         elif packing_applies(weight.device, weight.dtype):
-            count = _swap_linears(model, DecodePackedLinear) if decode_copies else 0
+            count = _swap_linears(model, lambda _, w, b: DecodePackedLinear(w, b)) if decode_copies else 0
             model.head = PackedLinear(head, None)
         else:
             return 0
@@ -234,10 +294,11 @@ def prepare_cpu_linears(model: nn.Module, quantization: str = "none", decode_cop
 
 
 def _swap_linears(model: nn.Module, make) -> int:
+    """Every plain Linear but the LM head replaced by `make(its weight's parameter name, weight, bias)`."""
     count = 0
-    for parent in list(model.modules()):
+    for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and name != "lm_head":
-                setattr(parent, name, make(child.weight, child.bias))
+                setattr(parent, name, make(f"{parent_name}.{name}.weight".lstrip("."), child.weight, child.bias))
                 count += 1
     return count

@@ -8,6 +8,7 @@ exactly the positions the chunks asked for, so a long prefill chunk costs one lm
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -17,7 +18,7 @@ from engine_core.cpu_linear import decode_step, prepare_cpu_linears
 from engine_core.forward_batch import SeqChunk, build_forward_batch
 from engine_core.kv_pool import KVPool, torch_dtype
 from engine_core.model import DecoderModel
-from engine_core.weights import load_weights
+from engine_core.weights import load_q8_0_blocks, load_weights
 
 
 def _column_major_linear_weights(model: torch.nn.Module) -> None:
@@ -35,11 +36,12 @@ def _column_major_linear_weights(model: torch.nn.Module) -> None:
 def load_model(config, weight_files, device: torch.device, dtype: torch.dtype,
                prepare: Callable[[DecoderModel], None] | None = None,
                shard: Callable[[str, Tensor], Tensor] | None = None, quantization: str = "none",
-               compile: bool | None = False) -> DecoderModel:
+               compile: bool | None = False, q8_0_file: Path | None = None) -> DecoderModel:
     """The decoder for `config` with its weights from `weight_files`, ready to run on `device`.
 
     On the CPU its matmuls are prepared once here (engine_core.cpu_linear: the LM head oneDNN-packed, or all int8 with
-    `quantization="int8"`); Linear layers left to F.linear get the column-major layout below. `compile` (None: on
+    `quantization="int8"`, which serves a converted GGUF's `q8_0_file` blocks as they are); Linear layers left to
+    F.linear get the column-major layout below. `compile` (None: on
     unless DUET_COMPILE=0) compiles the layers' elementwise work there too (engine_core.cpu_compile).
 
     Tensor parallelism (engine_core.parallel) passes a per-rank `config`, `prepare` (swaps in the sharded layers
@@ -53,7 +55,8 @@ def load_model(config, weight_files, device: torch.device, dtype: torch.dtype,
     load_weights(model, weight_files, shard)
     # CPU only; on CUDA it refuses --quantization and does nothing else. A tensor-parallel rank (`prepare`) marks no
     # decode steps, so it keeps no packed decode copies
-    prepare_cpu_linears(model, quantization, decode_copies=prepare is None)
+    blocks = load_q8_0_blocks(model, q8_0_file) if quantization == "int8" and q8_0_file is not None else None
+    prepare_cpu_linears(model, quantization, decode_copies=prepare is None, int8_blocks=blocks)
     if device.type == "cpu":
         _column_major_linear_weights(model)  # the Linear layers left to F.linear (none, unless packing is off)
     model.build_rope_cache(device)
@@ -70,7 +73,8 @@ class ModelRunner:
         self.kv_pool = kv_pool
         self.max_model_len = self.config.max_position_embeddings
         self.model = load_model(self.config, model_dir.weight_files, self.device, self.dtype,
-                                quantization=quantization, compile=compile)
+                                quantization=quantization, compile=compile,
+                                q8_0_file=model_dir.q8_0_file)
 
     @property
     def vocab_size(self) -> int:

@@ -103,3 +103,28 @@ def load_weights(model: nn.Module, weight_files, shard: Callable[[str, Tensor], 
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise WeightsError(f"checkpoint is missing {len(missing)} tensor(s): {shown}")
+
+
+def load_q8_0_blocks(model: nn.Module, path: Path) -> dict[str, tuple[Tensor, Tensor]]:
+    """A converted GGUF's Q8_0 matrices (duet/gguf.py's q8_0.safetensors) by our parameter name: the int8
+    weights [out, in] and one scale per 32 of a row's weights [out, in / 32], q/k/v and gate/up stacked into the
+    fused parameters as load_weights stacks them. A fused parameter with a part that was not Q8_0 in the file is
+    left out (it is quantized per channel from its fp32 weights)."""
+    layout = checkpoint_layout(model)
+    params = dict(model.named_parameters())
+    parts: dict[str, list[tuple[Target, Tensor, Tensor]]] = {}
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+            if name.endswith("_scale"):
+                continue
+            target = layout.get(name)
+            q, scale = f.get_tensor(name), f.get_tensor(f"{name}_scale")
+            if target is None or q.shape != (target.rows, *params[target.param].shape[1:]):
+                raise WeightsError(f"{path.name}: int8 blocks {name!r} {tuple(q.shape)} do not match this model")
+            parts.setdefault(target.param, []).append((target, q, scale))
+    blocks = {}
+    for param, found in parts.items():
+        found.sort(key=lambda part: part[0].start)
+        if sum(t.rows for t, _, _ in found) == params[param].shape[0]:
+            blocks[param] = (torch.cat([q for _, q, _ in found]), torch.cat([s for _, _, s in found]))
+    return blocks

@@ -12,6 +12,8 @@ sitting in cache. Rows: 16 (a decode step of 16 sequences) and 512 (one prefill 
   int8      engine_core.cpu_linear.Int8Linear (--quantization int8): the bf16-dot kernel where the CPU has
             AVX512_BF16 (engine_core/kernels/cpu_int8_linear.py), else torch's kernel
   int8_torch  the same weights through torch's `_weight_int8pack_mm` (shown where the native kernel serves)
+  q8_0      engine_core.cpu_linear.GroupedInt8Linear: int8 in blocks of 32 with a scale each, as a GGUF Q8_0 file
+            is served with --quantization int8 (engine_core/kernels/cpu_int8_grouped.py, fp32 FMAs, AVX2)
   bf16      PackedLinear over bf16 weights, bf16 rows (oneDNN uses AMX where the CPU has it): not an engine mode,
             measured to size what a bf16 CPU path would win; left out on CPUs oneDNN has no bf16 path for
 
@@ -27,7 +29,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from engine_core.cpu_linear import Int8Linear, PackedLinear
+from engine_core.cpu_linear import GroupedInt8Linear, Int8Linear, PackedLinear
 
 SHAPES = {"gate_up [3072, 576]": (3072, 576), "lm_head [49152, 576]": (49152, 576)}
 
@@ -36,11 +38,13 @@ def _ways(weights: list[torch.Tensor]) -> dict:
     col = [w.t().contiguous().t() for w in weights]
     packed = [PackedLinear(w, None) for w in weights]
     int8 = [Int8Linear.from_float(w, None) for w in weights]
+    q8_0 = [GroupedInt8Linear.from_float(w, None) for w in weights]
     ways = {
         "rowmajor": lambda x: [F.linear(x, w) for w in weights],
         "colmajor": lambda x: [F.linear(x, w) for w in col],
         "packed": lambda x: [m(x) for m in packed],
         "int8": lambda x: [m(x) for m in int8],
+        "q8_0": lambda x: [m(x) for m in q8_0],
     }
     if int8[0].native:
         int8_torch = [Int8Linear.from_float(w, None, native=False) for w in weights]

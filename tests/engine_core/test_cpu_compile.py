@@ -18,7 +18,7 @@ from duet.model_dir import read_model_dir
 from engine_core import LLM, SamplingParams
 from engine_core.cpu_compile import compile_decoder, compile_requested, is_compiled
 from engine_core.forward_batch import SeqChunk
-from engine_core.kernels import cpu_int8_linear
+from engine_core.kernels import cpu_int8_grouped, cpu_int8_linear
 from engine_core.kv_pool import KVPool, PageAllocator
 from engine_core.model_runner import ModelRunner
 
@@ -95,7 +95,8 @@ def test_int8_compiles_on_duets_kernel_only_and_the_flag_off_leaves_the_decoder_
     assert not is_compiled(LLM(path, compile=False).runner.model)
     prompts = [[5, 9, 2, 7, 1, 3], [4, 4, 8]]
     greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    if cpu_int8_linear.vector_path():  # Duet's int8 kernel is one opaque op for any row count: it compiles
+    # Duet's int8 kernels (bf16 dots, or fp32 FMAs on AVX2) are one opaque op for any row count: they compile
+    if cpu_int8_linear.vector_path() or cpu_int8_grouped.vector_path():
         compiled = LLM(path, quantization="int8", compile=True)
         assert is_compiled(compiled.runner.model)
         eager = LLM(path, quantization="int8", compile=False)
@@ -104,11 +105,13 @@ def test_int8_compiles_on_duets_kernel_only_and_the_flag_off_leaves_the_decoder_
     # torch's int8 kernel branches on the row count: eager
     monkeypatch.setenv("DUET_NATIVE_CPU_INT8", "0")
     cpu_int8_linear.library.cache_clear()
+    cpu_int8_grouped.library.cache_clear()
     try:
         assert not is_compiled(LLM(path, quantization="int8", compile=True).runner.model)
     finally:
         monkeypatch.undo()
         cpu_int8_linear.library.cache_clear()
+        cpu_int8_grouped.library.cache_clear()
     # compile_decoder on a model that is not on the CPU does nothing (the GPU path keeps its Triton kernels)
     with torch.device("meta"):
         from engine_core.model import DecoderModel

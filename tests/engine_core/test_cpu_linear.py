@@ -12,7 +12,6 @@ import torch.nn.functional as F
 
 from duet.engine_config import ENGINE_DEFAULTS, QUANTIZATIONS
 from engine_core import LLM, SamplingParams, cpu_linear
-from engine_core.kernels import cpu_int8_linear
 from engine_core.cpu_linear import (
     PACKED_ROWS,
     DecodePackedLinear,
@@ -21,6 +20,7 @@ from engine_core.cpu_linear import (
     prepare_cpu_linears,
     quantize_per_channel,
 )
+from engine_core.kernels import cpu_int8_grouped, cpu_int8_linear
 
 
 @pytest.mark.parametrize("rows", [1, 7, 300])
@@ -85,12 +85,17 @@ def test_int8_layer_is_the_product_with_its_dequantized_weights(width):
     assert (got - want).abs().max() <= 0.02 * want.abs().max()  # the kernel's bf16 activations: ~3 digits
     many = torch.randn(100, width, generator=gen)  # above the kernel's rows: the weight dequantized for the call
     torch.testing.assert_close(layer(many), F.linear(many, q.float() * scale[:, None], b), atol=1e-5, rtol=1e-5)
+    native = Int8Linear(q, scale, b)
     if cpu_int8_linear.vector_path():  # the bf16-dot kernel, which the layer takes by default on this CPU
-        native = Int8Linear(q, scale, b)
-        assert native.native
+        assert native.native and native.group is None
         for rows in (x, many):  # bf16 activations at every row count (tests/kernels/test_cpu_int8_linear.py)
             want = F.linear(rows, q.float() * scale[:, None], b)
             assert (native(rows) - want).abs().max() <= 0.02 * want.abs().max()
+    elif cpu_int8_grouped.vector_path():  # else the fp32 kernel, one scale group per row: fp32 activations
+        assert native.native and native.group == width
+        for rows in (x, many):
+            torch.testing.assert_close(native(rows), F.linear(rows, q.float() * scale[:, None], b), atol=1e-5,
+                                       rtol=1e-5)
 
 
 def test_a_cpu_model_gets_a_packed_head_and_int8_swaps_every_plain_linear(hf_checkpoints):

@@ -132,7 +132,7 @@ def test_loading_the_native_kernels_leaves_subnormal_floats_alone(tmp_path):
     env = {**os.environ, "DUET_CACHE_DIR": str(tmp_path)}
     env.pop("DUET_NATIVE_CPU_ATTENTION", None)
     env.pop("DUET_NATIVE_CPU_INT8", None)
-    done = subprocess.run([sys.executable, "-c", _FLOAT_ENVIRONMENT], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", _FLOAT_ENVIRONMENT], check=False, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "True"
