@@ -4,7 +4,7 @@
 tensor with its numpy dequantizers (no llama.cpp), and writes what `read_model_dir` and transformers
 load: config.json, generation_config.json, model.safetensors (fp32 values; `dtype` only sets the
 dtype the engines cast to at load), tokenizer.json, tokenizer_config.json with the chat template. The matrices
-stored as Q8_0 are also written as they are, int8 blocks and their scales, into q8_0.safetensors, which
+stored as Q8_0 are also written as they are, int8 blocks and their scales, into q8_0/blocks.safetensors, which
 `--quantization int8` serves without dequantizing or re-quantizing them (engine_core/weights.py).
 
 Two llama.cpp conventions are undone on the way: tensors are stored with their dimensions reversed,
@@ -240,6 +240,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     blocks = read_q8_0_blocks(reader, config)
     if blocks:  # what `--quantization int8` serves as it is (duet/model_dir.py, engine_core/weights.py)
+        (out / Q8_0_FILE).parent.mkdir(exist_ok=True)
         save_file(blocks, str(out / Q8_0_FILE), metadata={"format": "pt"})
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
                   "pad_token_id": config["pad_token_id"]}

@@ -16,7 +16,9 @@ from typing import Any
 
 _ARCH_BY_CLASS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 _DTYPES = ("float32", "float16", "bfloat16")
-Q8_0_FILE = "q8_0.safetensors"  # written by duet/gguf.py beside model.safetensors for a GGUF's Q8_0 matrices
+# written by duet/gguf.py for a GGUF's Q8_0 matrices; in a folder of its own, because vLLM (and other loaders) read
+# every *.safetensors file at the top of a checkpoint directory as the model's weights
+Q8_0_FILE = "q8_0/blocks.safetensors"
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 

@@ -85,7 +85,8 @@ def pull(name: str, out: str | Path | None = None, dtype: str = "float32") -> Pa
         if target.exists() and any(target.iterdir()):
             raise PullError(f"--out {str(target)!r} exists and is not empty")
         return _convert(gguf, target, dtype)
-    final = cache_root() / "models" / f"pulled-{dtype}" / model.name
+    # "-q8_0": converted with its Q8_0 blocks kept (duet/gguf.py); a directory converted before is not reused
+    final = cache_root() / "models" / f"pulled-{dtype}-q8_0" / model.name
     return build_once(final, lambda tmp: _convert(gguf, tmp, dtype))
 
 
@@ -100,7 +101,7 @@ def gguf_dir(path: Path, dtype: str = "float32") -> Path:
     """The converted directory of a local .gguf file, cached by the file's identity and `dtype`.
     The directory is named after the file (its stem is the served model id)."""
     stat = path.stat()
-    # the conversion's format is in the key: a directory converted before q8_0.safetensors existed is not reused
+    # the conversion's format is in the key: a directory converted before Q8_0 blocks were kept is not reused
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{dtype}|q8_0 blocks".encode())
     key = key.hexdigest()[:16]
     final = cache_root() / "models" / "gguf" / key / path.stem

@@ -25,10 +25,13 @@ one graph for every batch size: inductor calls the op and never sees the oneDNN 
 `Int8Linear` (`--quantization int8`) keeps each weight as int8 with one scale per output channel (symmetric,
 absmax / 127), weight-only. Where the CPU has AVX512_BF16 every call, decode or prefill, runs Duet's kernel
 (kernels/cpu_int8_linear.py: the weights widened to bf16 in registers, bf16 activations, fp32 sums), 1.8x the
-packed fp32 layers at 16 rows and 1.67x F.linear at 512 on a Zen 4 EPYC (docs/benchmarks.md). Elsewhere torch's
-`torch._weight_int8pack_mm` multiplies up to 64 rows (decode), with bf16 activations (its fp32 path is a slow
-reference loop), widened back to fp32; a bigger call (prefill) dequantizes the weight to fp32 for that call,
-where torch's kernel measured 0.4x fp32 GEMM. Perplexity on the pydoc topics text: +0.6% over fp32 either way.
+packed fp32 layers at 16 rows and 1.67x F.linear at 512 on a Zen 4 EPYC (docs/benchmarks.md). On other CPUs with
+AVX2 and FMA every call runs Duet's fp32 kernel (kernels/cpu_int8_grouped.py, one scale group per row: the weights
+dequantized in registers, fp32 activations), 1.4x the packed fp32 layers at 16 rows on a Zen 3. Without either
+(no C compiler, DUET_NATIVE_CPU_INT8=0) torch's `torch._weight_int8pack_mm` multiplies up to 64 rows (decode),
+with bf16 activations (its fp32 path is a slow reference loop), widened back to fp32; a bigger call (prefill)
+dequantizes the weight to fp32 for that call, where torch's kernel measured 0.4x fp32 GEMM. `GroupedInt8Linear`
+serves a GGUF's Q8_0 blocks (one scale per 32 weights of a row) as they are, on the fp32 kernel. Perplexity on the pydoc topics text: +0.6% over fp32 either way.
 Quantizing the activations too measured faster but failed the 2% bound: fbgemm's dynamic int8 GEMM (one scale
 per batch) +47%, int8 x int8 `torch._int_mm` with one scale per token +4.2%. Torch's kernel needs the input width
 to be a multiple of 16, so narrower layers (the tiny test models') are zero-padded.

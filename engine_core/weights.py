@@ -106,7 +106,7 @@ def load_weights(model: nn.Module, weight_files, shard: Callable[[str, Tensor], 
 
 
 def load_q8_0_blocks(model: nn.Module, path: Path) -> dict[str, tuple[Tensor, Tensor]]:
-    """A converted GGUF's Q8_0 matrices (duet/gguf.py's q8_0.safetensors) by our parameter name: the int8
+    """A converted GGUF's Q8_0 matrices (duet/gguf.py's q8_0/blocks.safetensors) by our parameter name: the int8
     weights [out, in] and one scale per 32 of a row's weights [out, in / 32], q/k/v and gate/up stacked into the
     fused parameters as load_weights stacks them. A fused parameter with a part that was not Q8_0 in the file is
     left out (it is quantized per channel from its fp32 weights)."""

@@ -44,8 +44,10 @@ def test_q8_0_weights_dequantize_close_to_the_original(tmp_path):
 def test_q8_0_matrices_are_also_written_as_their_int8_blocks(tmp_path):
     weights = write_gguf(tmp_path / "q.gguf", quant=GGMLQuantizationType.Q8_0)[1]
     out = convert_gguf(tmp_path / "q.gguf", tmp_path / "hf")
-    dequantized, blocks = load_file(str(out / "model.safetensors")), load_file(str(out / "q8_0.safetensors"))
-    assert read_model_dir(out).q8_0_file == out / "q8_0.safetensors"
+    dequantized, blocks = load_file(str(out / "model.safetensors")), load_file(str(out / "q8_0" / "blocks.safetensors"))
+    assert read_model_dir(out).q8_0_file == out / "q8_0" / "blocks.safetensors"
+    # vLLM reads every *.safetensors file at the top of a checkpoint as weights: the blocks must not be one
+    assert [p.name for p in out.glob("*.safetensors")] == ["model.safetensors"]
     matrices = sorted(name for name, t in weights.items() if t.ndim == 2)
     assert sorted(name for name in blocks if not name.endswith("_scale")) == matrices
     for name in matrices:
