@@ -5,17 +5,21 @@
  * channel (which would round each weight a second time). The weights are dequantized in registers only: each
  * int8 vector is widened to fp32 and multiplied by its group's scales, then multiplied into the rows with fp32
  * FMAs. q * s is exact in fp32 (8 bits times a fp16 scale's 11), so the result is the fp32 product with the
- * dequantized matrix, up to the order of the sums. Only AVX2 and FMA are needed, so every x86-64 CPU of the
- * last decade takes the vector loop.
+ * dequantized matrix, up to the order of the sums. With one group per row (per-channel int8) the scale multiplies
+ * the sums once instead of every weight. Only AVX2 and FMA are needed, so every x86-64 CPU of the last decade
+ * takes the vector loop.
  *
  * Layouts: x [M, K] fp32, row-major (row stride x_stride floats); the weights packed at load (cpu_int8_grouped.py)
  * as [Np / 8][K][8] int8: panel p, input column j, output column c holds q[8p + c][j], N padded to Np (a multiple
  * of 8) by zero weights; the scales as [Np / 8][K / G][8] fp32 (group g of panel p, column c: s[8p + c][g]);
- * bias [N] or NULL; y [M, N]. K is a multiple of the group size G. Nothing is allocated.
+ * bias [N] or NULL; y [M, N]. K is a multiple of the group size G.
  *
- * Work: threads split the 8-column panels; rows go in blocks that stay in cache while a thread runs its panels
- * over them; a tile of up to 12 rows keeps its 12 x 8 sums in registers over the whole K (12 sums, the weights,
- * the scales and a broadcast row value: 15 of AVX2's 16 vector registers).
+ * Work: threads split the 8-column panels; a tile of up to 10 rows keeps its 10 x 8 sums in registers over the
+ * whole K (with the weights, the scales and a broadcast row value, 13 of AVX2's 16 vector registers: at 12 rows
+ * GCC spilled two of them inside the K loop); rows go in blocks that stay in cache while a thread runs its panels
+ * over them. Nothing is allocated. At decode sizes this is faster than fp32 GEMM (a quarter of the bytes); at
+ * 512 rows it measured 0.75-0.95x MKL's fp32 GEMM on a Zen 3, and dequantizing the matrix for MKL in each
+ * prefill call was no faster (docs/benchmarks.md).
  */
 #include <stdint.h>
 #if defined(__AVX2__) && defined(__FMA__)
@@ -26,27 +30,39 @@
 #endif
 
 #define PANEL 8
-#define ROW_TILE 12
-#define ROW_BLOCK 96 /* rows a thread reuses across its panels: 96 x K floats stay in L2 at K <= 1536 */
+#define ROW_TILE 10
+#define ROW_BLOCK 100 /* rows a thread reuses across its panels: 100 x K floats stay in L2 at K <= 1536 */
 
 int int8_grouped_vector_path(void) { return VECTOR_PATH; }
 
 #if VECTOR_PATH
-/* rows [0, rows) of x times one panel; `rows` is a compile-time constant at every call (the switch below) */
-static inline __attribute__((always_inline)) void tile(const int rows, const float *x, const int64_t x_stride,
-                                                       const int64_t k, const int64_t g, const int8_t *panel,
-                                                       const float *scales, const float *bias, float *y,
-                                                       const int64_t n, const int64_t n0) {
+/* `rows` and `one_group` are compile-time constants at every call (the switch below), so the sums stay in
+ * registers. set1 of a loaded float, not _mm256_broadcast_ss(pointer): through the pointer GCC kept the sums in
+ * memory, a store after every multiply-add. */
+static inline __attribute__((always_inline)) void tile(const int rows, const int one_group, const float *x,
+                                                       const int64_t x_stride, const int64_t k,
+                                                       const int64_t g, const int8_t *panel, const float *scales,
+                                                       const float *bias, float *y, const int64_t n,
+                                                       const int64_t n0) {
     __m256 acc[ROW_TILE];
     for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t k0 = 0; k0 < k; k0 += g) {
-        const __m256 s = _mm256_loadu_ps(scales + (k0 / g) * PANEL);
-        for (int64_t j = k0; j < k0 + g; j++) {
+    if (one_group) { /* one scale per output column: it multiplies the sums once, after K */
+        for (int64_t j = 0; j < k; j++) {
             const __m128i q8 = _mm_loadl_epi64((const __m128i *)(panel + j * PANEL));
-            const __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), s);
-            /* set1 of a loaded float, not _mm256_broadcast_ss(pointer): through the pointer GCC kept the sums in
-             * memory, a store after every multiply-add */
+            const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
             for (int r = 0; r < rows; r++) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(x[r * x_stride + j]), w, acc[r]);
+        }
+        const __m256 s = _mm256_loadu_ps(scales);
+        for (int r = 0; r < rows; r++) acc[r] = _mm256_mul_ps(acc[r], s);
+    } else { /* the weights scaled in registers, group by group */
+        for (int64_t k0 = 0; k0 < k; k0 += g) {
+            const __m256 s = _mm256_loadu_ps(scales + (k0 / g) * PANEL);
+            for (int64_t j = k0; j < k0 + g; j++) {
+                const __m128i q8 = _mm_loadl_epi64((const __m128i *)(panel + j * PANEL));
+                const __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), s);
+                for (int r = 0; r < rows; r++)
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(x[r * x_stride + j]), w, acc[r]);
+            }
         }
     }
     /* masked loads and stores for a last panel narrower than 8 */
@@ -56,21 +72,25 @@ static inline __attribute__((always_inline)) void tile(const int rows, const flo
     for (int r = 0; r < rows; r++) _mm256_maskstore_ps(y + r * n + n0, mask, _mm256_add_ps(acc[r], b));
 }
 
-#define TILE_CASE(R) case R: tile(R, x, x_stride, k, g, panel, scales, bias, y, n, n0); break;
+#define TILE_CASE(R)                                                                  \
+    case R:                                                                           \
+        if (g == k) tile(R, 1, x, x_stride, k, g, panel, scales, bias, y, n, n0);       \
+        else tile(R, 0, x, x_stride, k, g, panel, scales, bias, y, n, n0);              \
+        break;
 
-static void run_tile(const int rows, const float *x, const int64_t x_stride, const int64_t k, const int64_t g,
-                     const int8_t *panel, const float *scales, const float *bias, float *y, const int64_t n,
-                     const int64_t n0) {
+static void run_tile(const int rows, const float *x, const int64_t x_stride, const int64_t k,
+                     const int64_t g, const int8_t *panel, const float *scales, const float *bias, float *y,
+                     const int64_t n, const int64_t n0) {
     switch (rows) {
-        TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7) TILE_CASE(8)
-        TILE_CASE(9) TILE_CASE(10) TILE_CASE(11) TILE_CASE(12)
+        TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5)
+        TILE_CASE(6) TILE_CASE(7) TILE_CASE(8) TILE_CASE(9) TILE_CASE(10)
     }
 }
 #else
 /* portable: the same products, one output at a time */
-static void run_tile(const int rows, const float *x, const int64_t x_stride, const int64_t k, const int64_t g,
-                     const int8_t *panel, const float *scales, const float *bias, float *y, const int64_t n,
-                     const int64_t n0) {
+static void run_tile(const int rows, const float *x, const int64_t x_stride, const int64_t k,
+                     const int64_t g, const int8_t *panel, const float *scales, const float *bias, float *y,
+                     const int64_t n, const int64_t n0) {
     const int64_t width = n - n0 < PANEL ? n - n0 : PANEL;
     for (int r = 0; r < rows; r++)
         for (int64_t c = 0; c < width; c++) {
@@ -82,13 +102,13 @@ static void run_tile(const int rows, const float *x, const int64_t x_stride, con
 }
 #endif
 
-/* rows [m0, m0 + rows) of one panel, in tiles of even size (16 rows: two tiles of 8, not 12 + 4) */
+/* rows [m0, m0 + rows) of one panel, in tiles of even size (16 rows: two tiles of 8, not 10 + 6) */
 static void run_rows(const float *x, const int64_t m0, const int64_t rows, const int64_t x_stride, const int64_t k,
                      const int64_t g, const int8_t *panel, const float *scales, const float *bias, float *y,
                      const int64_t n, const int64_t n0) {
     const int64_t tiles = (rows + ROW_TILE - 1) / ROW_TILE;
     for (int64_t t = 0, r0 = 0; t < tiles; t++) {
-        const int64_t size = (rows - r0) / (tiles - t);  /* the rows left, shared evenly by the tiles left */
+        const int64_t size = (rows - r0) / (tiles - t); /* the rows left, shared evenly by the tiles left */
         const int64_t r = m0 + r0;
         run_tile((int)size, x + r * x_stride, x_stride, k, g, panel, scales, bias, y + r * n, n, n0);
         r0 += size;
