@@ -6,8 +6,10 @@
     int8_grouped_native(x, packed, packed_scales, group, bias, out_features) -> y   # y = x (q * s)^T + bias, fp32
 
 What it is for: serving a Q8_0 file's int8 blocks as they are (cpu_linear.GroupedInt8Linear), a quarter of fp32's
-weight bytes, with no second rounding of the weights. The weights are dequantized in registers only, so the result
-is the fp32 product with the dequantized matrix up to the order of the sums (q * s is exact in fp32). It needs
+weight bytes, with no second rounding of the weights. Up to 64 rows (decode) the weights are dequantized in
+registers only; a bigger call (prefill) dequantizes its one matrix for the call and runs MKL's GEMM on it, faster
+than the kernel's tiles there. Either way the result is the fp32 product with the dequantized matrix up to the
+order of the sums (q * s is exact in fp32). It needs
 only AVX2 and FMA; the library's portable loop computes the same sums elsewhere, slowly (the tests hold both to
 one reference). DUET_NATIVE_CPU_INT8=0 turns it off, as it does the per-channel kernel; GroupedInt8Linear then
 dequantizes each call's weight.
@@ -25,6 +27,9 @@ from torch import Tensor
 from engine_core.kernels.cpu_native import _CSRC, build_and_load
 
 PANEL = 8  # output columns per panel (one 256-bit vector of fp32 sums); must match csrc/int8_grouped.c
+# above this many rows a call dequantizes its matrix for MKL's GEMM: the kernel's tiles made a 4 x 512-token prefill
+# step 1.5x slower than fp32 on a Zen 3 (docs/benchmarks.md); the weights stay int8 between calls
+KERNEL_MAX_ROWS = 64
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -38,6 +43,8 @@ def library() -> ctypes.CDLL | None:
     lib.int8_grouped_f32.restype = None
     lib.int8_grouped_f32.argtypes = [_P, _I64, _I64, _I64, _P, _P, _I64, _P, _P, _I64, ctypes.c_int]
     lib.int8_grouped_vector_path.restype, lib.int8_grouped_vector_path.argtypes = ctypes.c_int, []
+    lib.int8_grouped_dequantize_f32.restype = None
+    lib.int8_grouped_dequantize_f32.argtypes = [_P, _P, _I64, _I64, _I64, _P, ctypes.c_int]
     return lib
 
 
@@ -68,6 +75,11 @@ def int8_grouped_native(x: Tensor, packed: Tensor, packed_scales: Tensor, group:
     rows = x.reshape(-1, k)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
+    if rows.shape[0] > KERNEL_MAX_ROWS:  # prefill: MKL's GEMM on the matrix dequantized for this call
+        weight = torch.empty(out_features, k, dtype=torch.float32)
+        lib.int8_grouped_dequantize_f32(packed.data_ptr(), packed_scales.data_ptr(), k, group, out_features,
+                                        weight.data_ptr(), torch.get_num_threads())
+        return torch.nn.functional.linear(x, weight, bias)
     y = torch.empty(rows.shape[0], out_features, dtype=torch.float32)
     if rows.shape[0]:
         lib.int8_grouped_f32(rows.data_ptr(), rows.shape[0], k, rows.stride(0), packed.data_ptr(),

@@ -54,10 +54,12 @@ def _reference(x, q, scale, group, bias):
 
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("threads", [1, 2])
-# rows: one, a partial tile, two even tiles (decode's 16), past a row block (prefill); groups of 32 (Q8_0) and
-# one group a row (per channel); N a panel, N the kernel pads, SmolLM2's shapes
+# rows: one, a partial tile, two even tiles (decode's 16), the most the tiles take, past it (prefill: the matrix
+# dequantized for MKL); groups of 32 (Q8_0) and one group a row (per channel); N a panel, N the kernel pads,
+# SmolLM2's shapes
 @pytest.mark.parametrize("rows,n,k,group", [(1, 8, 32, 32), (5, 33, 64, 32), (16, 96, 576, 32), (16, 40, 96, 96),
-                                            (130, 576, 1536, 32), (300, 1000, 576, 576)])
+                                            (64, 45, 576, 576), (65, 45, 96, 32), (130, 576, 1536, 32),
+                                            (300, 1000, 576, 576)])
 def test_kernel_gives_the_product_with_the_dequantized_weights(built, path, threads, rows, n, k, group):
     built(path)
     gen = torch.Generator().manual_seed(rows * 1000 + n + k + group)

@@ -18,8 +18,9 @@
  * whole K (with the weights, the scales and a broadcast row value, 13 of AVX2's 16 vector registers: at 12 rows
  * GCC spilled two of them inside the K loop); rows go in blocks that stay in cache while a thread runs its panels
  * over them. Nothing is allocated. At decode sizes this is faster than fp32 GEMM (a quarter of the bytes); at
- * 512 rows it measured 0.75-0.95x MKL's fp32 GEMM on a Zen 3, and dequantizing the matrix for MKL in each
- * prefill call was no faster (docs/benchmarks.md).
+ * prefill sizes the tiles fall behind MKL's fp32 GEMM (a 4 x 512-token prefill step 1.5x slower on a Zen 3), so
+ * cpu_int8_grouped.py gives a call of more than 64 rows to MKL on its matrix dequantized for that call
+ * (`int8_grouped_dequantize_f32`, at the end).
  */
 #include <stdint.h>
 #if defined(__AVX2__) && defined(__FMA__)
@@ -127,5 +128,21 @@ void int8_grouped_f32(const float *x, const int64_t m, const int64_t k, const in
         for (int64_t p = 0; p < panels; p++)
             run_rows(x, m0, rows, x_stride, k, g, packed + p * k * PANEL, scales + p * (k / g) * PANEL, bias, y, n,
                      p * PANEL);
+    }
+}
+
+/* w[N, K] = q * s, row-major: the matrix of one prefill-sized call, for MKL's GEMM (q * s is exact in fp32) */
+void int8_grouped_dequantize_f32(const int8_t *packed, const float *scales, const int64_t k, const int64_t g,
+                                 const int64_t n, float *w, const int num_threads) {
+    const int64_t panels = (n + PANEL - 1) / PANEL;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t p = 0; p < panels; p++) {
+        const int8_t *panel = packed + p * k * PANEL;
+        const float *s = scales + p * (k / g) * PANEL;
+        const int64_t width = n - p * PANEL < PANEL ? n - p * PANEL : PANEL;
+        for (int64_t c = 0; c < width; c++) {
+            float *row = w + (p * PANEL + c) * k;
+            for (int64_t j = 0; j < k; j++) row[j] = (float)panel[j * PANEL + c] * s[(j / g) * PANEL + c];
+        }
     }
 }
