@@ -27,7 +27,7 @@ absmax / 127), weight-only. Where the CPU has AVX512_BF16 every call, decode or 
 (kernels/cpu_int8_linear.py: the weights widened to bf16 in registers, bf16 activations, fp32 sums), 1.8x the
 packed fp32 layers at 16 rows and 1.67x F.linear at 512 on a Zen 4 EPYC (docs/benchmarks.md). On other CPUs with
 AVX2 and FMA every call runs Duet's fp32 kernel (kernels/cpu_int8_grouped.py, one scale group per row: the weights
-dequantized in registers, fp32 activations), 1.4x the packed fp32 layers at 16 rows on a Zen 3. Without either
+dequantized in registers, fp32 activations), 1.1-1.4x the packed fp32 layers at 16 rows on a Zen 3. Without either
 (no C compiler, DUET_NATIVE_CPU_INT8=0) torch's `torch._weight_int8pack_mm` multiplies up to 64 rows (decode),
 with bf16 activations (its fp32 path is a slow reference loop), widened back to fp32; a bigger call (prefill)
 dequantizes the weight to fp32 for that call, where torch's kernel measured 0.4x fp32 GEMM. `GroupedInt8Linear`
