@@ -4,11 +4,9 @@ paths (AVX2/FMA and portable C), at decode and prefill row counts, with N the ke
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import pytest
 import torch
+from native_build import native_builder
 
 from engine_core.kernels import cpu_int8_grouped, cpu_native
 
@@ -19,22 +17,8 @@ PATHS = {"avx2": ("", True, "avx2"), "portable": ("-mno-avx2 -mno-fma", False, "
 @pytest.fixture
 def built(monkeypatch, tmp_path):
     """Builds the kernel into a private cache dir with the path's flags (so the build itself is tested)."""
-    if shutil.which(os.environ.get("CC", "cc")) is None:
-        pytest.skip("no C compiler on this machine: Q8_0 weights are dequantized per call")
-    monkeypatch.setenv("DUET_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("DUET_NATIVE_CPU_INT8", raising=False)
-
-    def build(path: str) -> None:
-        flags, vector, feature = PATHS[path]
-        if feature and feature not in cpu_native._cpu_flags().split():
-            pytest.skip(f"this CPU has no {feature}")
-        monkeypatch.setenv("DUET_NATIVE_CPU_CFLAGS", flags)
-        cpu_int8_grouped.library.cache_clear()
-        assert cpu_int8_grouped.library() is not None
-        assert cpu_int8_grouped.vector_path() == vector  # the path under test is the one that was built
-        assert list((tmp_path / "kernels").glob("cpu_int8_grouped-*.so"))
-
-    yield build
+    yield native_builder(monkeypatch, tmp_path, cpu_int8_grouped, "cpu_int8_grouped", PATHS,
+                         "Q8_0 weights are dequantized per call")
     cpu_int8_grouped.library.cache_clear()
 
 

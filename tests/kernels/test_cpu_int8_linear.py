@@ -4,11 +4,9 @@ and portable C), at decode and prefill row counts, with shapes the kernel pads (
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import pytest
 import torch
+from native_build import native_builder
 
 from engine_core.kernels import cpu_int8_linear, cpu_native
 
@@ -19,22 +17,8 @@ PATHS = {"avx512_bf16": ("", True, "avx512_bf16"), "portable": ("-mno-avx512bf16
 @pytest.fixture
 def built(monkeypatch, tmp_path):
     """Builds the kernel into a private cache dir with the path's flags (so the build itself is tested)."""
-    if shutil.which(os.environ.get("CC", "cc")) is None:
-        pytest.skip("no C compiler on this machine: torch's int8 kernel serves")
-    monkeypatch.setenv("DUET_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("DUET_NATIVE_CPU_INT8", raising=False)
-
-    def build(path: str) -> None:
-        flags, vector, feature = PATHS[path]
-        if feature and feature not in cpu_native._cpu_flags().split():
-            pytest.skip(f"this CPU has no {feature}")
-        monkeypatch.setenv("DUET_NATIVE_CPU_CFLAGS", flags)
-        cpu_int8_linear.library.cache_clear()
-        assert cpu_int8_linear.library() is not None
-        assert cpu_int8_linear.vector_path() == vector  # the path under test is the one that was built
-        assert list((tmp_path / "kernels").glob("cpu_int8_linear-*.so"))
-
-    yield build
+    yield native_builder(monkeypatch, tmp_path, cpu_int8_linear, "cpu_int8_linear", PATHS,
+                         "torch's int8 kernel serves")
     cpu_int8_linear.library.cache_clear()
 
 
