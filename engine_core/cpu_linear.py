@@ -31,7 +31,8 @@ dequantized in registers, fp32 activations), 1.1-1.4x the packed fp32 layers at 
 (no C compiler, DUET_NATIVE_CPU_INT8=0) torch's `torch._weight_int8pack_mm` multiplies up to 64 rows (decode),
 with bf16 activations (its fp32 path is a slow reference loop), widened back to fp32; a bigger call (prefill)
 dequantizes the weight to fp32 for that call, where torch's kernel measured 0.4x fp32 GEMM. `GroupedInt8Linear`
-serves a GGUF's Q8_0 blocks (one scale per 32 weights of a row) as they are, on the fp32 kernel. Perplexity on the pydoc topics text: +0.6% over fp32 either way.
+serves a GGUF's Q8_0 blocks (one scale per 32 weights of a row) as they are, on the fp32 kernel. Perplexity on
+the pydoc topics text: +0.5-0.7% over fp32 on every path (docs/benchmarks.md).
 Quantizing the activations too measured faster but failed the 2% bound: fbgemm's dynamic int8 GEMM (one scale
 per batch) +47%, int8 x int8 `torch._int_mm` with one scale per token +4.2%. Torch's kernel needs the input width
 to be a multiple of 16, so narrower layers (the tiny test models') are zero-padded.

@@ -9,9 +9,8 @@ What it is for: serving a Q8_0 file's int8 blocks as they are (cpu_linear.Groupe
 weight bytes, with no second rounding of the weights. Up to 64 rows (decode) the weights are dequantized in
 registers only; a bigger call (prefill) dequantizes its one matrix for the call and runs MKL's GEMM on it, faster
 than the kernel's tiles there. Either way the result is the fp32 product with the dequantized matrix up to the
-order of the sums (q * s is exact in fp32). It needs
-only AVX2 and FMA; the library's portable loop computes the same sums elsewhere, slowly (the tests hold both to
-one reference). DUET_NATIVE_CPU_INT8=0 turns it off, as it does the per-channel kernel; GroupedInt8Linear then
+order of the sums (q * s is exact in fp32). It needs only AVX2 and FMA; the library's portable loop computes the
+same sums elsewhere, slowly (the tests hold both to one reference). DUET_NATIVE_CPU_INT8=0 turns it off, as it does the per-channel kernel; GroupedInt8Linear then
 dequantizes each call's weight.
 """
 
