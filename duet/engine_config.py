@@ -50,6 +50,8 @@ class EngineConfig:
                                          "cached in the cache dir (CPU, unquantized; default: on where a C++ "
                                          "compiler is found, unless DUET_COMPILE=0)",
                                    action=argparse.BooleanOptionalAction)
+    enforce_eager: bool = setting(False, "CUDA: run every step eagerly (default: a decode-only step of up to "
+                                         "256 sequences replays a CUDA graph captured on first use, as vLLM does)")
     page_size: int = setting(16, "tokens per KV page", type=int)
     kv_cache_tokens: int | None = setting(None, "KV cache capacity in tokens", type=int, group="kv budget")
     kv_cache_memory_gb: float | None = setting(None, "KV cache capacity in GiB", type=float, group="kv budget")

@@ -59,20 +59,22 @@ class Runtime:
 
 
 def new_pool(model_dir: ModelDir, num_pages: int, page_size: int, device: torch.device,
-             dtype: torch.dtype | str | None = None) -> KVPool:
+             dtype: torch.dtype | str | None = None, scratch_page: bool = False) -> KVPool:
     c = model_dir.config
     return KVPool(c.num_hidden_layers, num_pages, page_size, c.num_key_value_heads, c.head_dim, dtype or c.dtype,
-                  device)
+                  device, scratch_page)
 
 
 def build_runtime(model_dir: ModelDir, *, device: str | torch.device, page_size: int, num_pages: int,
                   dtype: torch.dtype | str | None = None, seed: int | None = None,
-                  quantization: str = "none", compile: bool | None = None) -> Runtime:
+                  quantization: str = "none", compile: bool | None = None, enforce_eager: bool = False) -> Runtime:
     """Pool, runner (weights loaded, prepared for the CPU: engine_core.cpu_linear, compiled:
-    engine_core.cpu_compile) and sampler for `model_dir` on `device` (resolved here)."""
+    engine_core.cpu_compile; on CUDA decode steps replayed from graphs unless `enforce_eager`:
+    engine_core.cuda_graphs) and sampler for `model_dir` on `device` (resolved here)."""
     dev = resolve_device(device)
-    runner = ModelRunner(model_dir, new_pool(model_dir, num_pages, page_size, dev, dtype), dev, dtype, quantization,
-                         compile)
+    graphs = dev.type == "cuda" and not enforce_eager
+    runner = ModelRunner(model_dir, new_pool(model_dir, num_pages, page_size, dev, dtype, scratch_page=graphs), dev,
+                         dtype, quantization, compile)
     c = model_dir.config
     return Runtime(model_dir, runner, Sampler(c.vocab_size, c.eos_token_ids, runner.device, seed))
 
@@ -89,7 +91,8 @@ def load_runtime(config: EngineConfig, seed: int | None = None) -> Runtime:
     num_pages = pages_for_budget(model_dir.config, config.page_size, kv_cache_tokens=config.kv_cache_tokens,
                                  kv_cache_memory_gb=config.kv_cache_memory_gb)
     return build_runtime(model_dir, device=config.device, page_size=config.page_size, num_pages=num_pages,
-                         seed=seed, quantization=config.quantization, compile=config.compile)
+                         seed=seed, quantization=config.quantization, compile=config.compile,
+                         enforce_eager=config.enforce_eager)
 
 
 def _tensor_parallel_runtime(model_dir: ModelDir, config: EngineConfig, seed: int | None) -> Runtime:

@@ -29,10 +29,13 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 class KVPool:
-    """Per-layer K and V caches, each [num_pages, page_size, num_kv_heads, head_dim]."""
+    """Per-layer K and V caches, each [num_pages (+1 scratch page), page_size, num_kv_heads, head_dim].
+
+    `scratch_page=True` adds one page past the `num_pages` the allocator hands out, `scratch_page` its id: CUDA
+    graphs' padding rows store their K/V there (engine_core/cuda_graphs.py); None without it."""
 
     def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype | str, device: torch.device | str):
+                 dtype: torch.dtype | str, device: torch.device | str, scratch_page: bool = False):
         if num_pages < 1 or page_size < 1:
             raise ValueError(f"KV pool needs num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}")
         self.num_layers = num_layers
@@ -42,7 +45,8 @@ class KVPool:
         self.head_dim = head_dim
         self.dtype = torch_dtype(dtype)
         self.device = torch.device(device)
-        shape = (num_pages, page_size, num_kv_heads, head_dim)
+        self.scratch_page = num_pages if scratch_page else None
+        shape = (num_pages + int(scratch_page), page_size, num_kv_heads, head_dim)
         self.k_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
         self.v_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
 

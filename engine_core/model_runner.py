@@ -3,6 +3,8 @@
 ModelRunner owns the model weights (loaded once) and borrows a KVPool; it knows nothing about requests or
 scheduling. forward(chunks) writes each chunk's K/V into the chunk's pages and returns next-token logits for
 exactly the positions the chunks asked for, so a long prefill chunk costs one lm_head row, not one per token.
+On CUDA a decode-only step replays a CUDA graph (engine_core/cuda_graphs.py) unless the pool has no scratch page
+(`--enforce-eager`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from engine_core import kernels
 from engine_core.cpu_compile import compile_decoder
 from engine_core.cpu_linear import decode_step, prepare_cpu_linears
+from engine_core.cuda_graphs import DecodeGraphs
 from engine_core.forward_batch import SeqChunk, build_forward_batch
 from engine_core.kv_pool import KVPool, torch_dtype
 from engine_core.model import DecoderModel
@@ -75,6 +79,9 @@ class ModelRunner:
         self.model = load_model(self.config, model_dir.weight_files, self.device, self.dtype,
                                 quantization=quantization, compile=compile,
                                 q8_0_file=model_dir.q8_0_file)
+        # CUDA: decode steps replay graphs wherever the pool keeps a scratch page for their padding rows
+        self.decode_graphs = (DecodeGraphs(self.model, kv_pool, self.max_model_len)
+                              if self.device.type == "cuda" and kv_pool.scratch_page is not None else None)
 
     @property
     def vocab_size(self) -> int:
@@ -85,6 +92,9 @@ class ModelRunner:
         """Logits [sum of len(c.logits_positions)] x vocab, fp32, rows in chunk order then position order."""
         for c in chunks:
             assert c.end_pos <= self.max_model_len, f"position {c.end_pos} beyond the model's {self.max_model_len}"
+        graph = self.decode_graphs.shape_for(chunks) if self.decode_graphs is not None else None
+        if graph is not None and kernels.kernel_backend(self.decode_graphs.input_ids) == "triton":
+            return self.decode_graphs.forward(chunks, graph)
         batch = build_forward_batch(chunks, self.kv_pool.page_size, self.device)
         with decode_step(all(len(c.token_ids) == 1 for c in chunks)):  # CPU matmuls: engine_core/cpu_linear.py
             hidden = self.model(batch.input_ids, batch.positions, batch, self.kv_pool.k_caches,

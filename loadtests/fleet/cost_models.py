@@ -156,13 +156,17 @@ class RooflineCostModel:
     bandwidth_efficiency: float = 0.80
     step_overhead_s: float = 1.0e-3
 
-    def step_seconds(self, s: StepShape) -> float:
+    def flops(self, s: StepShape) -> float:
         new = s.prefill_tokens + s.decode_tokens
-        flops = (2 * self.linear_params * new + 2 * self.lm_head_params * s.rows
-                 + 4 * self.layers * self.q_width * s.attended_pairs)
-        moved = self.weight_bytes + self.kv_bytes_per_token * (s.context_tokens + new)
-        return max(flops / (self.peak_flops * self.compute_efficiency),
-                   moved / (self.peak_bytes_per_s * self.bandwidth_efficiency)) + self.step_overhead_s
+        return (2 * self.linear_params * new + 2 * self.lm_head_params * s.rows
+                + 4 * self.layers * self.q_width * s.attended_pairs)
+
+    def bytes_moved(self, s: StepShape) -> float:
+        return self.weight_bytes + self.kv_bytes_per_token * (s.context_tokens + s.prefill_tokens + s.decode_tokens)
+
+    def step_seconds(self, s: StepShape) -> float:
+        return max(self.flops(s) / (self.peak_flops * self.compute_efficiency),
+                   self.bytes_moved(s) / (self.peak_bytes_per_s * self.bandwidth_efficiency)) + self.step_overhead_s
 
 
 def cost_model(name: str):

@@ -7,7 +7,7 @@ keeps it set for each kernel test even if the surrounding environment says other
 
 `DUET_KERNEL_TEST_DEVICE=cuda` (what `make gpu-check` sets on a CUDA machine) runs the same tests compiled for
 real: the interpreter stays off and tensors are made on the GPU (torch's default device), so every kernel is
-checked against its reference there.
+checked against its reference there; the CPU kernels' tests (test_cpu_*.py) keep their tensors on the CPU.
 """
 
 from __future__ import annotations
@@ -23,15 +23,18 @@ import torch
 
 
 @pytest.fixture(autouse=True)
-def _interpreter(monkeypatch):
+def _interpreter(request, monkeypatch):
+    # test_cpu_*.py check the C kernels of CPU tensors: they stay on the CPU on any machine
+    on_cuda = ON_CUDA and not request.module.__name__.split(".")[-1].startswith("test_cpu_")
     if ON_CUDA:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-        torch.set_default_device("cuda")
     else:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if on_cuda:
+        torch.set_default_device("cuda")
     torch.manual_seed(0)
     yield
-    if ON_CUDA:
+    if on_cuda:
         torch.set_default_device("cpu")
 
 
