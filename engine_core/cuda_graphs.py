@@ -2,9 +2,9 @@
 
 A decode step launches a few hundred small kernels (per layer: norms, rope, the K/V store, two attention
 kernels, the matmuls); from Python each launch costs microseconds the GPU spends waiting. Measured on an H200
-(docs/benchmarks.md, Llama-3.1-8B's shape in bf16): a batch of 64 at 2k context took 17.9 ms eager and 9.3 ms
-replayed from a graph; a batch of one 19.5 and 5.0 ms. vLLM captures graphs for the same reason
-(`--enforce-eager` turns them off there; `--enforce-eager` here too).
+(docs/benchmarks.md, Llama-3.1-8B's shape in bf16): a batch of 64 at 2k context took 16.1 ms eager and 10.2 ms
+replayed from a graph (copying the step's inputs in included); a batch of one 20.4 and 5.0 ms. vLLM captures
+graphs for the same reason (`--enforce-eager` turns them off there; `--enforce-eager` here too).
 
 One graph per (batch bucket, page-table width bucket), captured the first time a step needs it. Every graph
 reads the same static input buffers (views of the largest), so a step copies its tokens, positions, K/V slots,
