@@ -36,6 +36,17 @@ def test_a_timing_fails_only_beyond_three_of_its_log_standard_deviations():
     assert not any(r["regressed"] for r in baseline.compare(saved, better))
 
 
+def test_a_steady_sitting_still_gets_the_minimum_band():
+    # seven repeats within 1% of each other: 3 sigma would be a band of x1.03, the floor keeps it at x1.15
+    saved = _figures(tpot_p50_s=(0.010, 0.01), output_tok_s=(500.0, 0.01))
+    drift = _figures(tpot_p50_s=(0.0109, 0.01), output_tok_s=(460.0, 0.01))  # x1.09 slower, x1.09 less
+    rows = {r["figure"]: r for r in baseline.compare(saved, drift)}
+    assert rows["tpot_p50_s"]["band"] == pytest.approx(baseline.MIN_LOG_BAND)
+    assert not rows["tpot_p50_s"]["regressed"] and not rows["output_tok_s"]["regressed"]
+    slower = _figures(tpot_p50_s=(0.0120, 0.01), output_tok_s=(400.0, 0.01))  # x1.20, x1.25
+    assert all(r["regressed"] for r in baseline.compare(saved, slower) if r["figure"] in ("tpot_p50_s", "output_tok_s"))
+
+
 def test_counts_are_compared_as_numbers():
     saved = _figures(errors=(0.0, 0.0), hit_rate=(0.75, 0.0))
     verdict = {r["figure"]: r["regressed"] for r in baseline.compare(saved, _figures(errors=(1.0, 0.2),
