@@ -33,8 +33,8 @@ FORMAT = 1
 KINDS = ("paged", "prefix")
 NOISE_FACTOR = 3.0  # a regression must exceed three standard deviations of the run-to-run noise
 # the narrowest band of a timing or rate, a factor of 1.15: seven steady repeats can measure a spread far below
-# what the same machine drifts between sittings minutes apart (an unchanged checkout once failed a band of x1.05
-# in three sittings running on a 2-core VM); the slowdowns the gate exists for are well past it
+# what the same machine drifts between sittings minutes apart (an unchanged checkout once failed its band in
+# three sittings running, during a full test run on a 2-core VM); the slowdowns the gate exists for are well past it
 MIN_LOG_BAND = math.log(1.15)
 SITTINGS = 3  # a figure outside its band is measured again, up to this many sittings in all
 

@@ -161,9 +161,28 @@ def test_advise_recommends_a_split_only_past_the_margin():
     options = {"all_paged": _option(4, 0, 1.0), "all_prefix": _option(0, 4, 2.0), "duet_2:2": _option(2, 2, 2.05)}
     rec = recommend(options)
     assert (rec["deployment"], rec["paged"], rec["prefix"]) == ("all_prefix", 0, 4)  # 1.025x is within the margin
+    assert rec["router"] == "sglang-style"
     options["duet_2:2"] = _option(2, 2, 3.0)
     rec = recommend(options)
     assert rec["deployment"] == "duet_2:2" and rec["goodput_ratio_vs_best_homogeneous"] == 1.5
+
+
+def test_advise_credits_a_gain_to_the_router_when_one_kind_behind_it_does_as_well():
+    from loadtests.fleet.advise_fleet import recommend
+
+    # the split beats the SGLang-style fleets by 1.5x, but all-prefix behind Duet's router serves 2.9 of its 3.0
+    options = {"all_paged": _option(4, 0, 1.0), "all_prefix": _option(0, 4, 2.0), "duet_2:2": _option(2, 2, 3.0),
+               "paged_duet_routing": _option(4, 0, 1.2), "prefix_duet_routing": _option(0, 4, 2.9)}
+    rec = recommend(options)
+    assert (rec["deployment"], rec["router"], rec["paged"], rec["prefix"]) == ("prefix_duet_routing", "duet", 0, 4)
+    assert rec["split_ratio_vs_best_one_kind"] == round(3.0 / 2.9, 3) and "routing's" in rec["why"]
+    # past the margin over every one-kind fleet, the pairing is what pays
+    options["duet_2:2"] = _option(2, 2, 3.5)
+    assert recommend(options)["deployment"] == "duet_2:2"
+    # Duet's router gaining nothing over the SGLang-style one: the plain homogeneous fleet
+    options = {"all_paged": _option(4, 0, 1.0), "all_prefix": _option(0, 4, 2.0), "duet_2:2": _option(2, 2, 2.02),
+               "paged_duet_routing": _option(4, 0, 1.0), "prefix_duet_routing": _option(0, 4, 2.05)}
+    assert recommend(options)["deployment"] == "all_prefix"
 
 
 def test_advise_fleet_gives_every_option_cost_and_sensitivity():
@@ -173,7 +192,7 @@ def test_advise_fleet_gives_every_option_cost_and_sensitivity():
     result = json.loads(out)
     assert set(result["sensitivity"]) == {"traffic", "half_traffic", "double_traffic"}
     options = result["rates"]["traffic"]["options"]
-    assert set(options) == {"all_paged", "all_prefix", "duet_1:1"}
+    assert set(options) == {"all_paged", "all_prefix", "paged_duet_routing", "prefix_duet_routing", "duet_1:1"}
     for o in options.values():
         assert o["usd_per_million_tokens"] > 0 and o["goodput_rps"] > 0
     assert result["recommendation"]["deployment"] in options
