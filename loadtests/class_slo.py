@@ -4,7 +4,7 @@
     ClassSlo(bounds, default)                                     a bound per class; `met(record)` duck-types
                                                                   loadtests/load/report.Slo (summarize takes it)
     CLASS_SLOS                                                    the local stack's classes (class benchmarks)
-    FLEET_SLOS["h200" | "cpu"]                                    the fleet simulator's classes, per cost model
+    FLEET_SLOS["h200" | "h200-70b" | "cpu"]                                   the fleet simulator's classes, per cost model
     parse_class_slos("long_doc=20000,chat.tpot=100", base)        overrides, milliseconds (or `3s`)
 
 A request meets its class's bound when its TTFT is within `ttft_ms` (+ `ttft_ms_per_prompt_token` a prompt
@@ -97,6 +97,7 @@ class ClassSlo:
 
 FLEET_SLOS = {
     "h200": ClassSlo({"chat": ClassBound(3000.0, 100.0), "document": ClassBound(6000.0, 100.0)}),
+    "h200-70b": ClassSlo({"chat": ClassBound(3000.0, 100.0), "document": ClassBound(6000.0, 100.0)}),
     "cpu": ClassSlo({"chat": ClassBound(5000.0, 250.0), "document": ClassBound(10000.0, 250.0)}),
 }
 

@@ -54,11 +54,12 @@ def _run_simulate_routing(args: argparse.Namespace) -> int:
 def _run_advise_fleet(args: argparse.Namespace) -> int:
     from loadtests.fleet import advise_fleet
     from loadtests.fleet.bench import FleetSettings
+    from loadtests.fleet.cost_models import COST_MODELS
     from loadtests.fleet.report import parse_slos
     from loadtests.fleet.workload import parse_mix
 
-    if args.cost_model not in ("h200", "cpu"):
-        raise ValueError(f"--cost-model must be h200 or cpu, got {args.cost_model!r}")
+    if args.cost_model not in COST_MODELS:
+        raise ValueError(f"--cost-model must be one of {', '.join(COST_MODELS)}, got {args.cost_model!r}")
     s = FleetSettings(cost_model=args.cost_model, workers=args.workers or 8, mix=parse_mix(args.trace),
                       window_s=args.window_s, rate=args.rate, slos=parse_slos(args.class_slo, args.cost_model, "--class-slo"))
     result = advise_fleet.advise(s, args.worker_hour_usd, progress=lambda line: print(line, file=sys.stderr))
@@ -202,7 +203,7 @@ def _add_advise(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fleet", action="store_true", help="the fleet simulator (real schedulers and router, a cost "
                    "model): per option goodput, TTFT/TPOT, $ per million tokens, at half and double the traffic too "
                    "(--trace also takes mixed, chat, documents)")
-    p.add_argument("--cost-model", default="h200", help="--fleet: h200 or cpu")
+    p.add_argument("--cost-model", default="h200", help="--fleet: h200, h200-70b or cpu")
     p.add_argument("--rate", type=float, default=1.0, help="--fleet: arrival-rate multiplier")
     p.add_argument("--window-s", type=float, default=300.0, help="--fleet: trace seconds replayed")
     p.add_argument("--class-slo", default=None, help="--fleet: per-class SLOs in ms, e.g. chat.ttft=3000,document.ttft=6s")

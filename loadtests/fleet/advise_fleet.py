@@ -21,7 +21,7 @@ from dataclasses import replace
 from loadtests.experiments.advise import MARGIN
 from loadtests.fleet.bench import ROUTING_ONLY, FleetSettings, run
 
-WORKER_HOUR_USD = {"h200": 3.50, "cpu": 0.05}
+WORKER_HOUR_USD = {"h200": 3.50, "h200-70b": 3.50, "cpu": 0.05}
 
 
 def default_splits(n: int) -> tuple[tuple[int, int], ...]:

@@ -106,7 +106,7 @@ def run_stack(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> d
     if s.planner_window_s is not None:
         planner = replace(planner, window_s=s.planner_window_s, cooldown_s=s.planner_window_s).validate()
     settings = SimSettings(planner=planner,
-                           switch_s=s.switch_s if s.switch_s is not None else (20.0 if s.cost_model == "h200" else 3.0))
+                           switch_s=s.switch_s if s.switch_s is not None else (20.0 if s.cost_model.startswith("h200") else 3.0))
     sim = FleetSim(spec, requests, cost_model(s.cost_model), profile, settings)
     started = time.perf_counter()
     served = sim.run()

@@ -7,6 +7,8 @@ import argparse
 import json
 import sys
 
+from loadtests.fleet.cost_models import COST_MODELS
+
 WINDOW_S, RATE = 300.0, 1.0  # the simulator runs' --window-s and --rate when not given
 
 
@@ -17,8 +19,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "workers: each the real scheduler of its kind driven by the real EngineCore, its model replaced by a cost "
         "model on a virtual clock, behind the real gateway routing, prefix tables and pool planner "
         "(loadtests/fleet/). Deterministic; prints goodput and TTFT/TPOT per traffic class.")
-    p.add_argument("--cost-model", default="h200", help="h200 (a roofline of Llama-3.1-8B on one H200) or cpu "
-                   "(fitted on this machine: duet bench fleet-calibrate)")
+    p.add_argument("--cost-model", default="h200",
+                   help="h200 (a roofline of Llama-3.1-8B on one H200), h200-70b (Llama-3.1-70B FP8 on one H200: a "
+                   "fifth of the KV per worker) or cpu (fitted on this machine: duet bench fleet-calibrate)")
     p.add_argument("--workers", type=int, default=32)
     p.add_argument("--trace", default="mixed", help="mixed (Mooncake chat + Azure code documents), chat, documents, "
                    "source=multiplier,... (mooncake, azure_code, azure_conv) or a trace file")
@@ -72,8 +75,8 @@ def settings_from(args: argparse.Namespace):
     from loadtests.fleet.report import parse_slos
     from loadtests.fleet.workload import parse_mix
 
-    if args.cost_model not in ("h200", "cpu"):
-        raise ValueError(f"--cost-model must be h200 or cpu, got {args.cost_model!r}")
+    if args.cost_model not in COST_MODELS:
+        raise ValueError(f"--cost-model must be one of {', '.join(COST_MODELS)}, got {args.cost_model!r}")
     return FleetSettings(cost_model=args.cost_model, workers=args.workers, mix=parse_mix(args.trace),
                          window_s=WINDOW_S if args.window_s is None else args.window_s,
                          rate=RATE if args.rate is None else args.rate,

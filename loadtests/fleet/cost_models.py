@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CPU_FIT = Path(__file__).with_name("cpu_cost.json")
-COST_MODELS = ("cpu", "h200")
+COST_MODELS = ("cpu", "h200", "h200-70b")
 
 
 @dataclass(frozen=True)
@@ -171,9 +171,22 @@ class RooflineCostModel:
                    self.bytes_moved(s) / (self.peak_bytes_per_s * self.bandwidth_efficiency)) + self.step_overhead_s
 
 
+# Llama-3.1-70B with FP8 weights on one H200: where KV is scarce (180k tokens a worker, EngineProfile), so one-shot
+# prompts evicting reused prefixes (the seed's "cache pollution") can happen at all. Linear parameters 68.5e9
+# (80 layers x (q and o 8192 x 8192 each, k and v 8192 x 1024 each, gate/up/down 3 x 8192 x 28672)), LM head
+# 1.05e9 (128,256 x 8192); weights read once a step at one byte each (69.6 GB); KV in bf16, 327,680 B a token
+# (80 layers x 8 KV heads x 128 x 2 x 2 B); 1,979 TFLOP/s dense FP8 peak; the 8B model's efficiency factors and
+# step overhead, not measured for this model (the 8B roofline was checked on an H200: docs/benchmarks.md).
+LLAMA_70B_FP8_H200 = RooflineCostModel(
+    name="h200-70b", linear_params=68.5e9, lm_head_params=1.05e9, layers=80, q_width=64 * 128,
+    weight_bytes=69.6e9, kv_bytes_per_token=2 * 80 * 8 * 128 * 2, peak_flops=1979e12)
+
+
 def cost_model(name: str):
     if name == "h200":
         return RooflineCostModel()
+    if name == "h200-70b":
+        return LLAMA_70B_FP8_H200
     if name == "cpu":
         return LinearCostModel.from_json()
     raise ValueError(f"unknown cost model {name!r}; expected one of {', '.join(COST_MODELS)}")

@@ -55,6 +55,11 @@ class EngineProfile:
             # as a GPU deployment sets them (vLLM's defaults on a large GPU)
             return cls(kv_cache_tokens=819_200, max_num_seqs=256, max_num_batched_tokens=8192,
                        max_model_len=131_072)
+        if name == "h200-70b":
+            # Llama-3.1-70B FP8 on one H200: 141 GB less 69.6 GB of weights and ~10 GB of activations and graphs
+            # leave ~60 GB, 180k tokens at 320 KiB a token: a fifth of the 8B model's KV per worker
+            return cls(kv_cache_tokens=180_000, max_num_seqs=256, max_num_batched_tokens=8192,
+                       max_model_len=131_072)
         limits = EngineLimits(kv_cache_tokens=4096)  # what the local stack's workers get (duet bench compare)
         return cls(kv_cache_tokens=limits.kv_cache_tokens, max_num_seqs=limits.max_num_seqs,
                    max_num_batched_tokens=limits.max_num_batched_tokens, max_model_len=8192,

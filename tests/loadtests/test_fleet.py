@@ -92,6 +92,21 @@ def test_step_shape_and_cost_models():
     assert cpu.step_seconds(StepShape(512, 0, 512, 512 * 513 // 2, 1)) > cpu.step_seconds(StepShape(0, 1, 512, 512, 1))
 
 
+def test_the_70b_model_is_costlier_per_token_and_leaves_a_fifth_of_the_kv():
+    from loadtests.fleet.cost_models import cost_model
+
+    big, small = cost_model("h200-70b"), cost_model("h200")
+    prefill = StepShape(8192, 0, 8192, 8192 * 8193 // 2, 1)
+    decode = StepShape(0, 64, 64 * 4097, 64 * 4097, 64, 64 * 4097)
+    assert big.step_seconds(prefill) == pytest.approx(1.11, abs=0.02)  # the FLOPs of 68.5e9 parameters at 0.55 of FP8
+    assert 4 < big.step_seconds(prefill) / small.step_seconds(prefill) < 5
+    assert big.step_seconds(decode) > 2.5 * small.step_seconds(decode)
+    assert EngineProfile.for_cost_model("h200-70b").kv_cache_tokens * 4 < EngineProfile.for_cost_model("h200").kv_cache_tokens
+    code, out, _ = _cli("fleet", "--cost-model", "h200-70b", "--workers", "2", "--window-s", "4", "--rate", "1",
+                        "--max-output-tokens", "8", "--stacks", "all_prefix", "--json")
+    assert code == 0 and json.loads(out)["stacks"]["all_prefix"]["completed"] > 0
+
+
 def test_the_planner_may_choose_zero_of_a_kind():
     """One-shot documents only: routing wants engine_paged for all of them, so the planner gives every
     prefix worker up (one switch at a time) and the fleet ends homogeneous."""
@@ -135,7 +150,7 @@ def test_json_has_every_stack_and_sane_figures():
 @pytest.mark.parametrize("args, message", [
     (("--workers", "4", "--split", "3:3"), "add up to --workers 4"),
     (("--split", "16"), "expected PAGED:PREFIX"),
-    (("--cost-model", "tpu"), "--cost-model must be h200 or cpu"),
+    (("--cost-model", "tpu"), "--cost-model must be one of cpu, h200, h200-70b, got 'tpu'"),
     (("--slo", "chat.latency=2"), "--slo: 'chat.latency=2': expected CLASS=TTFT_MS"),
     (("--slo", "long_doc.ttft=2"), "unknown class 'long_doc' (classes: chat, document)"),
     (("--slo", "chat.ttft=-1"), "must be > 0"),
