@@ -9,7 +9,7 @@ import torch
 from duet.engine_config import ENGINE_DEFAULTS
 from duet.model_dir import read_model_dir
 from engine_core.builder import build_runtime
-from engine_core.cuda_graphs import batch_bucket, width_bucket
+from engine_core.cuda_graphs import DecodeGraphs, batch_bucket, width_bucket
 from engine_core.forward_batch import SeqChunk
 from engine_core.kv_pool import KVPool
 from engine_core.model_runner import ModelRunner
@@ -34,6 +34,25 @@ def test_the_scratch_page_lies_past_the_pages_the_allocator_hands_out():
     assert pool.num_pages == 10 and pool.scratch_page == 10
     assert all(c.shape[0] == 11 for c in pool.k_caches + pool.v_caches)
     assert KVPool(2, 10, 16, 2, 8, "float32", "cpu").scratch_page is None
+
+
+def test_a_step_is_copied_into_the_static_inputs_with_padding_rows_on_the_scratch_page():
+    pool = KVPool(1, 12, 4, 1, 8, "float32", "cpu", scratch_page=True)
+    graphs = DecodeGraphs(torch.nn.Identity(), pool, max_model_len=64)  # the model is only run at capture
+    chunks = [SeqChunk([7], 5, [3, 9]), SeqChunk([8], 0, [4])]  # token 7 at position 5 (page 9, offset 1)
+    shape = graphs.shape_for(chunks)
+    assert shape == (2, 16)
+    graphs._fill(chunks, 4, 16)  # a batch of 4: two padding rows
+    assert graphs.input_ids[:4].tolist() == [7, 8, 0, 0]
+    assert graphs.positions[:4].tolist() == [5, 0, 0, 0]
+    assert graphs.slots[:4].tolist() == [9 * 4 + 1, 4 * 4, 12 * 4, 12 * 4]
+    assert graphs.context_lens[:4].tolist() == [6, 1, 1, 1]
+    tables = graphs.block_tables[:4, :16]
+    assert tables[0, :2].tolist() == [3, 9] and tables[1, :1].tolist() == [4]
+    assert (tables[0, 2:] == 12).all() and (tables[2:] == 12).all()  # unused entries: the scratch page
+    # multi-token chunks, or a chunk that wants no logits, run eagerly
+    assert graphs.shape_for([SeqChunk([1, 2], 0, [0])]) is None
+    assert graphs.shape_for([SeqChunk([1], 3, [0], logits_positions=())]) is None
 
 
 def test_graphs_are_on_by_default_and_only_on_cuda(hf_checkpoints):
