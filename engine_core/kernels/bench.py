@@ -128,7 +128,9 @@ def _elementwise_rows(cuda, device, dtype, tokens, hidden, inter, hq, hk, d):
     ]
 
 
-def _device_peaks(device) -> dict:
+def device_peaks(device) -> dict:
+    """The device's copy bandwidth (bytes read + written) and dense bf16 matmul rate: the ceilings the targets
+    and loadtests/fleet/calibrate_h200.py measure against."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     copy_ms = _time_ms(lambda: dst.copy_(src), True)
@@ -180,7 +182,7 @@ def run(cpu_only: bool = False) -> dict:
         import triton
 
         report["triton_version"] = triton.__version__
-        report["peaks"] = _device_peaks(device)
+        report["peaks"] = device_peaks(device)
         report["targets"] = _targets(rows, report["peaks"])
     else:
         report["targets"] = "not checked: no CUDA device (targets are for an H200)"

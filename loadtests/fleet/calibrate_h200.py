@@ -25,9 +25,11 @@ import torch
 
 from duet.model_dir import ModelConfig
 from engine_core.cuda_graphs import DecodeGraphs
-from engine_core.forward_batch import SeqChunk, build_forward_batch
+from engine_core.forward_batch import build_forward_batch
+from engine_core.kernels.bench import device_peaks
 from engine_core.kv_pool import KVPool
 from engine_core.model import DecoderModel
+from loadtests.fleet.calibrate import _chunks
 from loadtests.fleet.cost_models import RooflineCostModel, shape_of
 
 PAGE_SIZE = 16
@@ -57,16 +59,6 @@ def step_shapes() -> list[list[tuple[int, int]]]:
     return out
 
 
-def _chunks(step: list[tuple[int, int]], vocab: int) -> list[SeqChunk]:
-    chunks, next_page = [], 0
-    for n, start in step:
-        pages = -(-(start + n) // PAGE_SIZE)
-        chunks.append(SeqChunk([i % (vocab - 1) + 1 for i in range(n)], start,
-                               list(range(next_page, next_page + pages))))
-        next_page += pages
-    return chunks
-
-
 def random_model(config: ModelConfig, device: torch.device) -> DecoderModel:
     with torch.device("meta"):
         model = DecoderModel(config, max_positions=MAX_POSITIONS)
@@ -78,34 +70,11 @@ def random_model(config: ModelConfig, device: torch.device) -> DecoderModel:
     return model
 
 
-def _ceilings(device: torch.device) -> dict:
-    """Copy bandwidth (bytes read + written) and dense bf16 matmul rate, each the median of 10 timed runs."""
-    def timed(fn) -> float:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        runs = []
-        for _ in range(10):
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            runs.append(time.perf_counter() - t0)
-        return statistics.median(runs)
-
-    src = torch.empty(2 * 1024**3, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    copy_s = timed(lambda: dst.copy_(src))
-    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    b = torch.randn_like(a)
-    mm_s = timed(lambda: a @ b)
-    return {"copy_bytes_per_s": 2 * 2 * 1024**3 / copy_s, "bf16_matmul_flops": 2 * 8192**3 / mm_s}
-
-
 def measure(repeats: int = 5, progress=None) -> dict:
     device = torch.device("cuda")
     roofline = RooflineCostModel()
     config = LLAMA_31_8B
-    ceilings = _ceilings(device)
+    ceilings = device_peaks(device)
     steps = step_shapes()
     pages = max(sum(-(-(s + n) // PAGE_SIZE) for n, s in step) for step in steps)
     pool = KVPool(config.num_hidden_layers, pages, PAGE_SIZE, config.num_key_value_heads, config.head_dim,
@@ -137,7 +106,7 @@ def measure(repeats: int = 5, progress=None) -> dict:
 
     points = []
     for step in steps:
-        chunks = _chunks(step, config.vocab_size)
+        chunks = _chunks(step, PAGE_SIZE, config.vocab_size)
         s = shape_of(chunks)
         t_eager = timed(eager, chunks)
         graph = graphs.shape_for(chunks) is not None
@@ -161,7 +130,7 @@ def measure(repeats: int = 5, progress=None) -> dict:
                f"without), median of {repeats} synchronized runs per shape after two warm-ups",
         "device": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__,
         "cuda": torch.version.cuda, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "ceilings": {k: float(f"{v:.4g}") for k, v in ceilings.items()},
+        "ceilings": ceilings,
         "roofline": {"peak_flops": roofline.peak_flops, "compute_efficiency": roofline.compute_efficiency,
                      "peak_bytes_per_s": roofline.peak_bytes_per_s,
                      "bandwidth_efficiency": roofline.bandwidth_efficiency,

@@ -37,8 +37,8 @@ def test_a_long_prefill_is_compute_bound_and_a_decode_batch_memory_bound():
     def memory_s(s):
         return m.bytes_moved(s) / (m.peak_bytes_per_s * m.bandwidth_efficiency)
 
-    prefill = shape_of(calibrate_h200._chunks([(8192, 0)], 1000))
-    decode = shape_of(calibrate_h200._chunks([(1, 2048)] * 32, 1000))
+    prefill = shape_of(calibrate_h200._chunks([(8192, 0)], calibrate_h200.PAGE_SIZE, 1000))
+    decode = shape_of(calibrate_h200._chunks([(1, 2048)] * 32, calibrate_h200.PAGE_SIZE, 1000))
     assert compute_s(prefill) > 5 * memory_s(prefill)
     assert memory_s(decode) > 5 * compute_s(decode)
     assert m.step_seconds(prefill) == pytest.approx(compute_s(prefill) + m.step_overhead_s)
