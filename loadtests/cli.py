@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -16,7 +17,8 @@ def _add_simulate_routing(sub: argparse._SubParsersAction) -> None:
         "SGLang-style cache-aware policy and Duet's own routing (gateway.routing.route), over "
         "simulated workers with LRU block caches; reports block hit rates and load balance.",
     )
-    p.add_argument("--trace", required=True, help="Mooncake JSONL, Azure CSV or OpenAI request log (loadtests/traces/formats.py)")
+    p.add_argument("--trace", default="mooncake", help="a shipped trace (mooncake, azure_code, azure_conv) or a "
+                   "Mooncake JSONL, Azure CSV or OpenAI request log file (loadtests/traces/formats.py)")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--cache-blocks", type=int, default=2048, help="per-worker cache capacity in trace blocks (512 tokens)")
     p.add_argument("--time-scale", type=float, default=1.0,
@@ -35,6 +37,7 @@ def _add_simulate_routing(sub: argparse._SubParsersAction) -> None:
 
 def _run_simulate_routing(args: argparse.Namespace) -> int:
     from loadtests.experiments.simulate_routing import ServiceModel, format_table, run
+    from loadtests.traces import shipped
 
     config = None
     if args.routing_config:
@@ -45,7 +48,7 @@ def _run_simulate_routing(args: argparse.Namespace) -> int:
     service = ServiceModel(prefill_tokens_per_s=args.prefill_tokens_per_s,
                            decode_s_per_token=args.decode_ms_per_token / 1000.0)
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    result = run(args.trace, args.workers, args.cache_blocks, args.time_scale, policies, args.limit, service,
+    result = run(str(shipped.resolve(args.trace)), args.workers, args.cache_blocks, args.time_scale, policies, args.limit, service,
                  config, sessions=not args.no_sessions)
     print(json.dumps(result, indent=2) if args.json else format_table(result))
     return 0
@@ -191,7 +194,8 @@ def _add_advise(sub: argparse._SubParsersAction) -> None:
         "all-paged, all-prefix and Duet (every split of the workers), in the routing simulator with --simulate "
         "or for real on this machine, and recommends one, as markdown and a PNG chart (loadtests/experiments/advise.py).",
     )
-    p.add_argument("--trace", required=True, help="Mooncake JSONL, Azure CSV or OpenAI request log")
+    p.add_argument("--trace", default=None, help="a shipped trace (mooncake, azure_code, azure_conv) or a Mooncake "
+                   "JSONL, Azure CSV or OpenAI request log file (default: mooncake; --fleet: mixed)")
     p.add_argument("--simulate", action="store_true", help="the routing simulator (fast, any trace size)")
     p.add_argument("--workers", type=int, default=None, help="workers per deployment (default 8 simulated, 4 local)")
     p.add_argument("--cache-blocks", type=int, default=2048, help="simulated per-worker cache, 512-token blocks")
@@ -216,9 +220,12 @@ def _run_advise(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from loadtests.experiments import advise
+    from loadtests.traces import shipped
 
     if args.fleet:
+        args.trace = args.trace or "mixed"
         return _run_advise_fleet(args)
+    args.trace = str(shipped.resolve(args.trace or "mooncake"))
     workers = args.workers or (8 if args.simulate else 4)
     s = advise.AdviseSettings(workers=workers, cache_blocks=args.cache_blocks, time_scale=args.time_scale,
                               slo_ttft_s=args.slo_ttft_s, limit=args.limit)
@@ -240,6 +247,8 @@ def _run_advise(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duet bench", description="Duet load tests and simulations")
+    parser.add_argument("--trace-dir", default=None, help="read the named traces (mooncake, azure_code, azure_conv) "
+                        "from this folder instead of the shipped ones (the same as DUET_TRACE_DIR)")
     sub = parser.add_subparsers(dest="bench_command", required=True)
     _add_simulate_routing(sub)
     _add_compare(sub)
@@ -272,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.trace_dir:
+        from loadtests.traces import shipped
+
+        os.environ[shipped.ENV] = args.trace_dir  # read by every command, in this process and its children
     try:
         return args.func(args)
     except ValueError as e:  # bad input (trace, flags, routing config): one clear line

@@ -34,7 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--served-model-name", default=None,
                    help="the API's model name (default: the directory's name, as Duet serves it)")
     p.add_argument("--workload", required=True, choices=WORKLOADS)
-    p.add_argument("--trace", default=None, help="trace file for mooncake / azure-conv / azure-code")
+    p.add_argument("--trace", default=None, help="trace file for mooncake / azure-conv / azure-code "
+                   "(default: the shipped trace of that name)")
     p.add_argument("--num-requests", type=int, default=None,
                    help="requests to send (default: 100; a trace's first N records, default all)")
     p.add_argument("--rate", type=float, default=None, help="open loop: Poisson arrivals, requests/s (inf: all at once)")

@@ -1,4 +1,4 @@
-"""The fleet simulator's requests, from the traces in ../shared/data (read by loadtests/traces/).
+"""The fleet simulator's requests, from the shipped traces (loadtests/traces/shipped.py; read by loadtests/traces/).
 
 Two traffic classes:
 - `chat`: turns of the Mooncake conversation trace (Kimi chat; every prompt starts with one shared system
@@ -25,12 +25,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from loadtests.fleet.engine import VOCAB
+from loadtests.traces import shipped
 from loadtests.traces.mooncake import TraceRecord, prompt_token_ids, session_key
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-SOURCES = {"mooncake": ("mooncake_conversation_trace.jsonl", "chat"),
-           "azure_code": ("AzureLLMInferenceTrace_code.csv", "document"),
-           "azure_conv": ("AzureLLMInferenceTrace_conv.csv", "document")}
+SOURCES = {"mooncake": "chat", "azure_code": "document", "azure_conv": "document"}  # shipped name -> class
 MIXES = {"mixed": {"mooncake": 1.0, "azure_code": 1.0}, "chat": {"mooncake": 1.0}, "documents": {"azure_code": 1.0}}
 CLASSES = ("chat", "document")
 
@@ -82,18 +80,19 @@ def parse_mix(text: str) -> dict[str, float]:
 def _records(name: str, data_dir: str) -> tuple[TraceRecord, ...]:
     from loadtests.traces.formats import load_any
 
-    path = Path(data_dir) / SOURCES[name][0] if name in SOURCES else Path(name)
+    path = shipped.path_of(name, Path(data_dir)) if name in SOURCES else Path(name)
     if not path.is_file():
-        raise WorkloadError(f"trace {path} not found (the shipped traces live in ../shared/data: see its README)")
+        raise WorkloadError(f"trace {path} not found (the shipped traces are in {shipped.SHIPPED_DIR}; "
+                            f"{shipped.ENV} or --trace-dir points elsewhere)")
     return tuple(load_any(path))
 
 
 def _class_of(name: str, rec: TraceRecord) -> str:
     """A named source's class; in a team's own trace file, a record with a session is a chat turn."""
-    return SOURCES[name][1] if name in SOURCES else ("chat" if session_key(rec) is not None else "document")
+    return SOURCES[name] if name in SOURCES else ("chat" if session_key(rec) is not None else "document")
 
 
-def build(mix: dict[str, float], window_s: float, rate: float, max_model_len: int, data_dir: Path = DATA,
+def build(mix: dict[str, float], window_s: float, rate: float, max_model_len: int, data_dir: Path | None = None,
           max_output_tokens: int | None = None, max_prompt_tokens: int | None = None,
           start_s: float = 0.0) -> list[FleetRequest]:
     """The requests of `mix` over `window_s` trace seconds from `start_s` (default: the traces' start) at `rate` x,
@@ -102,7 +101,7 @@ def build(mix: dict[str, float], window_s: float, rate: float, max_model_len: in
         raise WorkloadError(f"--window-s and --rate must be > 0 and the start >= 0, got {window_s}, {rate} and {start_s}")
     out = []
     for name, multiplier in mix.items():
-        records = _records(name, str(data_dir))
+        records = _records(name, str(data_dir or shipped.trace_dir()))
         t0 = records[0].timestamp_ms
         turns: dict[str, int] = {}
         for i, rec in enumerate(records):

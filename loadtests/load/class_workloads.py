@@ -35,11 +35,11 @@ from loadtests.load.workloads import (
     mix,
     multi_turn,
 )
+from loadtests.traces import shipped
 from loadtests.traces.mooncake import load_trace, turn_gaps_s
 
 CLASSES = ("long_doc", "multi_turn", "agent", "structured", "copy_edit")
 PREFIX_ONLY = ("structured",)  # classes the paged engine cannot serve
-MOONCAKE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mooncake_conversation_trace.jsonl"
 ANSWER_SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
     "type": "object", "properties": {"answer": {"type": "string", "maxLength": 40}, "score": {"type": "integer"}},
     "required": ["answer", "score"], "additionalProperties": False}}}
@@ -62,8 +62,8 @@ QUICK_SIZES = Sizes(doc_tokens=(256, 512), chat_tokens=384, agent_tokens=384, st
                     copy_tokens=160, max_tokens=8, structured_max_tokens=24, copy_max_tokens=24)
 
 
-def mooncake_think_gaps(path: str | Path = MOONCAKE) -> list[float]:
-    return turn_gaps_s(load_trace(path))
+def mooncake_think_gaps(path: str | Path | None = None) -> list[float]:
+    return turn_gaps_s(load_trace(path or shipped.path_of("mooncake")))
 
 
 def _with_think(requests: list[BenchRequest], gaps: list[float], scale: float, seed: int) -> list[BenchRequest]:

@@ -1,4 +1,4 @@
-"""Real traces as benchmark workloads (the traces in ../shared/data; their README describes them).
+"""Real traces as benchmark workloads (the shipped ones: loadtests/traces/data/README.md).
 
     mooncake(path, src, num_requests, max_prompt_tokens, max_tokens, time_scale) -> list[BenchRequest]
     azure(path, traffic_class, src, num_requests, max_prompt_tokens, max_tokens, time_scale) -> list[BenchRequest]

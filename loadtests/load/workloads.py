@@ -230,9 +230,9 @@ def build_workload(name: str, src: TokenSource, num_requests: int | None, max_pr
         raise WorkloadError(f"unknown workload {name!r} (one of {', '.join(WORKLOADS)})")
     if name in ("mooncake", "azure-conv", "azure-code"):
         from loadtests.load import trace_workloads
+        from loadtests.traces import shipped
 
-        if trace is None:
-            raise WorkloadError(f"--workload {name} needs --trace FILE")
+        trace = shipped.resolve(trace or name.replace("-", "_"))  # default: the shipped trace of that name
         if name == "mooncake":
             return trace_workloads.mooncake(trace, src, num_requests, max_prompt_tokens, max_tokens, time_scale)
         return trace_workloads.azure(trace, name.replace("-", "_"), src, num_requests, max_prompt_tokens,

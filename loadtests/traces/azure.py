@@ -11,7 +11,7 @@ Semantics kept from the two readers this one replaces:
   `fromisoformat` does not take seven digits on every Python.
 - Records come in arrival order (a stable sort on the timestamp, so rows with the same timestamp keep
   their file order). A replay needs arrival order, and arrival offsets are taken from the earliest
-  record; on the traces we ship (../shared/data) file order already is arrival order, with no ties, so
+  record; on the traces we ship (loadtests/traces/data) file order already is arrival order, with no ties, so
   both old readers gave these same records there.
 """
 

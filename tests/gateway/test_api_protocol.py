@@ -15,16 +15,23 @@ MSG = [{"role": "user", "content": "hi"}]
 
 @given(text=st.text(alphabet="abcxy ", max_size=60), stops=st.lists(st.text(alphabet="abcxy", min_size=1,
        max_size=4), min_size=1, max_size=3), cuts=st.lists(st.integers(0, 60), max_size=10))
-def test_stop_matcher_equals_cutting_the_whole_text_at_the_first_stop(text, stops, cuts):
+def test_stop_matcher_cuts_where_a_stop_is_first_completed_however_the_text_is_split(text, stops, cuts):
     pieces, prev = [], 0
     for c in sorted({min(c, len(text)) for c in cuts}) + [len(text)]:
         pieces.append(text[prev:c])
         prev = c
     m = StopMatcher(tuple(stops))
     out = "".join(m.push(p) for p in pieces) + m.flush()
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    assert out == (text[: min(hits)] if hits else text)
+    # the oracle, on the whole text: the occurrence that ends first (at a tie, the one that starts first)
+    hits = sorted((i + len(s), i) for s in stops if (i := text.find(s)) >= 0)
+    assert out == (text[: hits[0][1]] if hits else text)
     assert m.stopped == bool(hits)
+
+
+def test_a_stop_completed_earlier_wins_over_a_longer_one_that_starts_earlier():
+    for pieces in (["baa"], ["ba", "a"], ["b", "a", "a"]):
+        m = StopMatcher(("a", "baa"))
+        assert "".join(m.push(p) for p in pieces) + m.flush() == "b" and m.matched == "a"
 
 
 def test_chat_fields_map_to_sampling():

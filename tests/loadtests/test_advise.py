@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from loadtests.experiments.advise import recommend
+from loadtests.traces import shipped
 from loadtests.traces.formats import detect_format, load_any
 from loadtests.traces.mooncake import TraceError
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT.parent / "shared" / "data"
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -55,12 +55,10 @@ def test_an_openai_log_keeps_the_conversations_shared_prefixes(tmp_path):
 
 
 def test_the_azure_csv_has_no_reuse_and_the_mooncake_trace_does():
-    if not DATA.is_dir():
-        pytest.skip(f"traces not found at {DATA}")
-    azure = load_any(DATA / "AzureLLMInferenceTrace_code.csv")
+    azure = load_any(shipped.path_of("azure_code"))
     assert len(azure) == 8819 and len({h for r in azure for h in r.hash_ids}) == sum(len(r.hash_ids) for r in azure)
     assert azure[0].timestamp_ms == 0 and all(a.timestamp_ms <= b.timestamp_ms for a, b in itertools.pairwise(azure))
-    assert detect_format(DATA / "mooncake_conversation_trace.jsonl") == "mooncake"
+    assert detect_format(shipped.path_of("mooncake")) == "mooncake"
 
 
 def test_bad_traces_name_the_problem(tmp_path):
@@ -90,12 +88,9 @@ def test_the_recommendation_needs_duet_to_clearly_win():
     assert worse_tail["engine"] != "both"
 
 
-@pytest.mark.parametrize("name,limit", [("mooncake_conversation_trace.jsonl", "2000"),
-                                        ("AzureLLMInferenceTrace_conv.csv", "2000")])
+@pytest.mark.parametrize("name,limit", [("mooncake", "2000"), ("azure_conv", "2000")])
 def test_advise_simulates_the_shared_traces_and_writes_markdown_json_and_png(tmp_path, name, limit):
-    if not (DATA / name).is_file():
-        pytest.skip(f"trace not found at {DATA / name}")
-    out = run_cli("--simulate", "--trace", str(DATA / name), "--workers", "4", "--limit", limit,
+    out = run_cli("--simulate", "--trace", name, "--workers", "4", "--limit", limit,
                   "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert "**Recommendation:" in out.stdout

@@ -21,9 +21,9 @@ from loadtests.load.client import run_benchmark
 from loadtests.load.report import BREAKDOWNS, LATENCIES, Slo, format_markdown, summarize, write_plots
 from loadtests.load.trace_workloads import mooncake
 from loadtests.load.workloads import BenchRequest, TokenSource, agent, build_workload, multi_turn
+from loadtests.traces import shipped
 
 MODEL = model_dir().name
-DATA = ROOT.parent / "shared" / "data"
 
 
 @pytest.fixture(scope="module")
@@ -131,10 +131,14 @@ def test_errors_are_recorded_per_request_and_dependents_are_not_sent(stack, src)
     assert s["num_errors"] == 2 and s["ttft_ms"]["p50"] is None and s["errors"]
 
 
+def test_a_trace_workload_without_trace_replays_the_shipped_trace_of_its_name(src):
+    default = build_workload("mooncake", src, 5, 700, 16)
+    assert [r.prompt_token_ids for r in default] == [r.prompt_token_ids for r in
+                                                      mooncake(shipped.path_of("mooncake"), src, 5, 700, 16)]
+
+
 def test_trace_replay_caps_lengths_and_scales_time(src):
-    trace = DATA / "mooncake_conversation_trace.jsonl"
-    if not trace.is_file():
-        pytest.skip(f"trace not found at {trace}")
+    trace = shipped.path_of("mooncake")
     reqs = mooncake(trace, src, 50, 700, 16, time_scale=0.5)
     assert max(len(r.prompt_token_ids) for r in reqs) == 700 and max(r.max_tokens for r in reqs) == 16
     full = mooncake(trace, src, 50, 10**6, 16)
@@ -162,7 +166,7 @@ def test_cli_writes_summary_records_and_plots(stack, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--workload", "chat", "--rate", "1", "--concurrency", "2"], "give --rate or --concurrency, not both"),
-    (["--workload", "mooncake", "--rate", "1"], "--workload mooncake needs --trace FILE"),
+    (["--workload", "chat", "--trace", "mooncake", "--rate", "1"], "--trace applies to trace workloads only"),
     (["--workload", "chat"], "this workload has no arrival times: give --rate R or --concurrency C"),
     (["--workload", "mix", "--mix", "chat=1,video=2", "--rate", "1"], "--mix: unknown class 'video'"),
     (["--workload", "chat", "--rate", "-1"], "--rate must be positive"),

@@ -8,7 +8,6 @@ import contextlib
 import io
 import json
 import math
-from pathlib import Path
 
 import pytest
 
@@ -18,10 +17,6 @@ from loadtests.fleet.cost_models import LinearCostModel, RooflineCostModel, Step
 from loadtests.fleet.engine import EngineProfile, SimEngine, make_request
 from loadtests.fleet.simulator import FleetSim, SimSettings, StackSpec
 from loadtests.fleet.workload import build
-
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-pytestmark = pytest.mark.skipif(not (DATA / "mooncake_conversation_trace.jsonl").is_file(),
-                                reason="the traces in ../shared/data are not here")
 
 # small enough to preempt: 40 requests of up to 2k tokens on 12k tokens of KV
 SMALL = EngineProfile(kv_cache_tokens=12_288, max_num_seqs=16, max_num_batched_tokens=1024, max_model_len=4096)

@@ -6,22 +6,19 @@ import itertools
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from loadtests.experiments.routing_baselines import POLICY_NAMES, RoundRobin
 from loadtests.experiments.simulate_routing import global_cache_hit_rate, simulate
+from loadtests.traces import shipped
 from loadtests.traces.mooncake import TraceError, TraceRecord, block_token_ids, load_trace, prompt_token_ids
 
-TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mooncake_conversation_trace.jsonl"
-needs_trace = pytest.mark.skipif(not TRACE.is_file(), reason=f"Mooncake trace not found at {TRACE}")
+TRACE = shipped.path_of("mooncake", shipped.SHIPPED_DIR)
 
 
 @pytest.fixture(scope="module")
 def records() -> list[TraceRecord]:
-    if not TRACE.is_file():
-        pytest.skip(f"Mooncake trace not found at {TRACE}")
     return load_trace(TRACE)
 
 
@@ -29,7 +26,6 @@ def common_prefix(a, b) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-@needs_trace
 def test_replayed_prompts_share_k_blocks_exactly_when_their_hash_ids_do(records):
     # two conversations' turns (long shared prefixes) plus unrelated records
     by_conv: dict[int, list[TraceRecord]] = {}
@@ -68,9 +64,8 @@ def test_bad_trace_lines_name_the_file_and_line(tmp_path):
         load_trace(bad)
 
 
-@needs_trace
 def test_unbounded_cache_hit_rate_matches_the_measured_36_6_percent(records):
-    # figures measured independently of this code (../shared/data/README.md)
+    # figures measured independently of this code (loadtests/traces/data/README.md)
     assert round(simulate(records, RoundRobin(1), 1, None)["hit_rate"], 3) == 0.366
     assert round(global_cache_hit_rate(records, None), 3) == 0.366
     for capacity, expected in ((256, 0.042), (4096, 0.088), (16384, 0.266)):
@@ -82,7 +77,6 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           check=False, capture_output=True, text=True, timeout=300)
 
 
-@needs_trace
 def test_json_report_has_every_policy():
     out = run_cli("--trace", str(TRACE), "--workers", "4", "--cache-blocks", "512", "--limit", "400", "--json")
     assert out.returncode == 0, out.stderr
@@ -94,7 +88,6 @@ def test_json_report_has_every_policy():
     assert sum(report["policies"]["duet"]["reasons"].values()) == 400
 
 
-@needs_trace
 @pytest.mark.parametrize("extra", [(), ("--time-scale", "0.5"), ("--no-sessions",)])
 def test_duet_routing_meets_the_issue_targets_and_beats_the_sglang_policy(extra):
     out = run_cli("--trace", str(TRACE), "--workers", "8", "--cache-blocks", "2048",
