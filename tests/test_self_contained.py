@@ -1,5 +1,5 @@
-"""A clone stands on its own: no file of the project reads anything beside the repository (the sessions'
-`../shared` folder is not in a user's clone), and the traces the tests and benchmarks replay are shipped."""
+"""A clone stands on its own: no file of the project reads anything beside the repository (a user's clone
+has no sibling folders), and the traces the tests and benchmarks replay are shipped with it."""
 
 from __future__ import annotations
 
