@@ -4,7 +4,7 @@ The kernels mask by position (a sequence's length), never by page id: a table en
 cache (a pool smaller than the pages its caller hands out), a length past its table row, or a query range past
 q's rows makes a kernel read or write outside its tensors. On a GPU that is "an illegal memory access", and CUDA
 reports it asynchronously, at a later call (often another kernel's module load), so the traceback names the
-wrong kernel (docs/benchmarks.md, "the illegal memory access of the 2026-12-04 run").
+wrong kernel (docs/deploy.md, "The illegal memory access in the 2026-12-04 data file").
 
 Checking values needs them on the host: free for CPU tensors (Triton's interpreter), a device sync on a GPU. So
 the launchers check CPU tensors always and CUDA tensors only when DUET_KERNEL_CHECKS=1 (debugging), never while
