@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,42 @@ def test_with_cpu_serve_the_openai_sdk_probes_pass_against_duet_up(tmp_path):
     assert probes["json_schema"]["engine"] == "prefix" and probes["n_with_seed"]["engine"] == "paged"
     assert probes["cached_second_turn"]["cached_tokens"] > 0 and probes["long_prompt"]["cached_tokens"] == 0
     assert serve["details"]["shutdown"].startswith("stopped")
+
+
+def _cpu_context(tmp_path: Path):
+    from duet.gpu_check.context import Context
+
+    return Context(root=ROOT, out=tmp_path, machine={"cuda_available": False, "devices": []},
+                   deadline=time.monotonic() + 600)
+
+
+def test_a_pytest_step_counts_from_the_junit_file_and_names_what_failed(tmp_path):
+    from duet.gpu_check import steps
+
+    tests = tmp_path / "test_sample.py"
+    tests.write_text("import pytest\n\ndef test_ok():\n    pass\n\ndef test_bad():\n    assert 1 == 2\n\n"
+                     "@pytest.mark.skip(reason='no')\ndef test_skipped():\n    pass\n")
+    ctx = _cpu_context(tmp_path)
+    outcome = steps._pytest(ctx, "sample", [str(tests)], 120, ctx.env())
+    assert outcome.status == "failed" and "1 failed: test_sample::test_bad" in outcome.reason
+    assert {k: outcome.figures[k] for k in ("tests", "passed", "failures", "skipped")} == {
+        "tests": 3, "passed": 1, "failures": 1, "skipped": 1}
+    assert (tmp_path / outcome.details["log"]).exists()
+    outcome = steps._pytest(ctx, "sample", [str(tests), "-k", "not bad"], 120, ctx.env(), none_may_skip=True)
+    assert outcome.status == "failed" and outcome.reason == "1 tests skipped on a CUDA machine"
+
+
+def test_the_bench_and_sweep_steps_read_what_their_commands_print(tmp_path):
+    # on the CPU the kernel bench times the references only and the sweep runs in the interpreter: what the
+    # steps parse has the shape it has on a GPU (the figures do not)
+    from duet.gpu_check import steps
+
+    ctx = _cpu_context(tmp_path)
+    bench = steps.kernel_bench(ctx, 240)
+    assert bench.status == "passed", bench.reason
+    assert bench.figures["device"] == "cpu" and bench.figures["results"][0]["kernel"] == "paged_decode_attention"
+    assert json.loads((tmp_path / "kernel_bench.json").read_text())["results"]
+    tune = steps.extend_tune(ctx, 300)
+    assert tune.status == "passed", tune.reason
+    assert tune.figures["default_tile"] == [128, 128, 8, 2] and tune.figures["failed"] == 0
+    assert tune.figures["statuses"]["128x128x8x2"] == "passed" and tune.figures["best"] is None  # no times

@@ -1,6 +1,7 @@
 """The launchers refuse what would make a kernel read or write outside the cache (engine_core/kernels/bounds.py):
 a used page id past the cache, a length past its table row, query ranges past q, slots past the cache, and tiles
-the kernel cannot run. Entries past a sequence's pages stay ignored, as the contract says."""
+the kernel cannot run. Entries past a sequence's pages stay ignored, as the contract says. Under
+DUET_KERNEL_TEST_DEVICE=cuda the same tests check the checks on the GPU (DUET_KERNEL_CHECKS=1)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,13 @@ import torch
 decode = import_module("engine_core.kernels.decode_attention")
 extend = import_module("engine_core.kernels.extend_attention")
 store = import_module("engine_core.kernels.store_kv")
+
+
+@pytest.fixture(autouse=True)
+def _checks_on_cuda_too(monkeypatch):
+    # on a GPU (DUET_KERNEL_TEST_DEVICE=cuda) the checks run only when asked: ask, so that the bad inputs below
+    # are refused there too instead of faulting the device
+    monkeypatch.setenv("DUET_KERNEL_CHECKS", "1")
 
 
 def _decode_args(kv, q):

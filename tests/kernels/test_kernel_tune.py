@@ -18,19 +18,22 @@ from engine_core.kernels._jit import interpreting
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE = "cuda" if torch.cuda.is_available() and not interpreting() else "cpu"
+# the GPU tiles are for bf16 (fp32 tiles of 128 x 128 may not fit in shared memory); the interpreter is exact in fp32
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
 
 
 def test_every_swept_tile_matches_the_reference_on_ragged_tiny_shapes():
     tiles = tune.INTERPRETER_TILES + (tune.GPU_TILES[0],)
-    rows = tune.sweep_extend(tiles, tune.TINY_SHAPES, torch.float32, timed=False, device=DEVICE)
+    rows = tune.sweep_extend(tiles, tune.TINY_SHAPES, DTYPE, timed=False, device=DEVICE)
     assert [r["status"] for r in rows] == ["passed"] * len(tiles), rows
+    atol = tune.TOLERANCE[DTYPE][0]
     for r in rows:
         assert set(r["shapes"]) == {s.name for s in tune.TINY_SHAPES}
-        assert all(s["max_abs_err"] < 2e-5 for s in r["shapes"].values())
+        assert all(s["max_abs_err"] <= 2 * atol for s in r["shapes"].values())
 
 
 def test_a_tile_the_kernel_cannot_run_is_rejected_and_the_rest_still_run():
-    rows = tune.sweep_extend(((16, 8, 4, 2), (16, 16, 4, 2)), tune.TINY_SHAPES[:1], torch.float32, timed=False,
+    rows = tune.sweep_extend(((16, 8, 4, 2), (16, 16, 4, 2)), tune.TINY_SHAPES[:1], DTYPE, timed=False,
                              device=DEVICE)
     assert rows[0]["status"] == "rejected" and "BLOCK_N=8" in rows[0]["reason"] and rows[0]["shapes"] == {}
     assert rows[1]["status"] == "passed"
