@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup up test lint proto bench gpu-check clean
+.PHONY: setup up test lint proto bench gpu-check gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -38,26 +38,24 @@ proto: setup
 bench: setup
 	$(PY) -m engine_core.kernels.bench --json
 
-# On a CUDA machine: the kernel tests compiled for real (no TRITON_INTERPRET, tensors on the GPU; the tests
-# that are about CPU tensors deselected), the kernel bench and the engine bench on the GPU, and with 2 or more
-# GPUs the tensor-parallel parity tests over NCCL (TP=3 on the smollm2 shape needs 3).
-# Without CUDA it says so and runs nothing (exit 0).
-GPU_DESELECT := not test_cpu_report_has_reference_timings and not test_cpu_tensors_use_the_reference \
-	and not test_forcing_triton_on_cpu
-gpu-check: setup
-	@if ! $(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
-		echo "gpu-check: SKIPPED - no CUDA device is visible to torch (torch.cuda.is_available() is False); nothing was run"; \
-	else \
-		set -ex; \
-		env -u TRITON_INTERPRET DUET_KERNEL_TEST_DEVICE=cuda $(PY) -m pytest -q tests/kernels -k "$(GPU_DESELECT)"; \
-		env -u TRITON_INTERPRET $(PY) -m pytest -q tests/engine_core/test_cuda_graphs.py; \
-		env -u TRITON_INTERPRET $(PY) -m engine_core.kernels.bench --json; \
-		env -u TRITON_INTERPRET $(PY) -m loadtests.fleet.calibrate_h200 --json; \
-		env -u TRITON_INTERPRET $(PY) -m loadtests.engine_bench paged --quick --json --device cuda; \
-		if [ "$$($(PY) -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then \
-			env -u TRITON_INTERPRET DUET_TP_TEST_DEVICE=cuda $(PY) -m pytest -q tests/engine_core/test_tensor_parallel.py; \
-		else echo "gpu-check: tensor-parallel parity SKIPPED - it needs 2 or more GPUs"; fi; \
-	fi
+# `make gpu-check`: python -m duet.gpu_check (duet/gpu_check/, docs/deploy.md "The GPU check"). On a CUDA machine,
+# within 8 minutes: the environment (what the image lacks of the project's pins, installed from GPU_WHEELS or PyPI),
+# the kernel tests compiled for real, the CUDA-graph tests, `duet up --device cuda` under the openai SDK, the
+# engine and kernel benches, the extend tile sweep, tensor-parallel parity (2+ GPUs) and the 8B step times; every
+# step's result as JSON under out/gpu-check/. Without CUDA each GPU step is recorded as skipped, with its reason,
+# and the check passes (exit 0). A GPU image brings its own CUDA torch, so there the check runs on the machine's
+# Python (no `setup`, which would pin the CPU torch); GPU_PY chooses another, GPU_CHECK_ARGS adds flags
+# (e.g. --cpu-serve, --only serve, --model DIR).
+GPU_PY     ?= $$(test -x $(PY) && echo $(PY) || echo python3)
+GPU_WHEELS ?= .gpu-wheels
+GPU_CHECK_ARGS ?=
+gpu-check: $(if $(shell command -v nvidia-smi 2>/dev/null),,setup)
+	$(GPU_PY) -m duet.gpu_check --out out/gpu-check $(if $(wildcard $(GPU_WHEELS)/*.whl),--wheels $(GPU_WHEELS)) $(GPU_CHECK_ARGS)
+
+# The wheels a GPU image may lack (the gRPC runtime and protobuf the stubs need), for its Python 3.12, into
+# $(GPU_WHEELS) (git-ignored, ~8 MiB): run where PyPI is reachable, carry the folder to the GPU machine.
+gpu-wheels: setup
+	$(PY) -m duet.gpu_check.wheels --dest $(GPU_WHEELS) --python-version 3.12
 
 clean:
 	rm -rf $(VENV) .pytest_cache

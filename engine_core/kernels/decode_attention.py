@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from engine_core.kernels._jit import dot_settings, interpreting, lazy_jit, tl, triton
+from engine_core.kernels.bounds import check_page_tables, checks_apply
 
 
 def check_paged_args(name: str, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor) -> None:
@@ -239,6 +240,8 @@ def paged_decode_attention_triton(
         raise ValueError("paged_decode_attention: q and the caches need a contiguous last dim, caches equal strides")
     if block_tables.stride(1) != 1:
         block_tables = block_tables.contiguous()
+    if checks_apply(q):
+        check_page_tables("paged_decode_attention", block_tables, context_lens, page_size, k_cache.shape[0])
     out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
     if b == 0:
         return out

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from engine_core.kernels._jit import dot_settings, interpreting, lazy_jit, tl, triton
+from engine_core.kernels.bounds import check_page_tables, check_query_ranges, checks_apply, tile_problem
 from engine_core.kernels.decode_attention import check_paged_args, gather_heads, page_slots
 
 
@@ -155,7 +156,8 @@ def extend_attention_triton(
 ) -> Tensor:
     """Flash attention over paged K/V. `max_seqlen_q` (the longest new chunk) sizes the grid; when omitted it
     is read from cu_seqlens_q, which costs a device->host sync on a GPU. `tile` = (BLOCK_M, BLOCK_N, warps, stages)
-    overrides the GPU tiles (tests, tuning)."""
+    overrides the GPU tiles (tests, `python -m engine_core.kernels.tune extend`); one the kernel cannot run is
+    rejected. Page tables and query ranges are checked as engine_core/kernels/bounds.py says."""
     check_paged_args("extend_attention", q, k_cache, v_cache, block_tables)
     check_extend_args(q, block_tables, cu_seqlens_q, prefix_lens)
     t, hq, d = q.shape
@@ -172,12 +174,14 @@ def extend_attention_triton(
         return out
     if max_seqlen_q is None:
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
-    interp = interpreting()
+    if checks_apply(q):
+        check_query_ranges("extend_attention", cu_seqlens_q, t, max_seqlen_q)
+        check_page_tables("extend_attention", block_tables, prefix_lens.long() + cu_seqlens_q[1:] - cu_seqlens_q[:-1],
+                          page_size, k_cache.shape[0])
     block_d = max(triton.next_power_of_2(d), 16)
-    # GPU tiles: the fastest of 15 measured on an H200 (docs/benchmarks.md); small tiles keep the interpreter quick
-    block_m, block_n, warps, stages = (16, 16, 4, 2) if interp else (128, 128, 8, 2)
-    if tile:
-        block_m, block_n, warps, stages = tile
+    block_m, block_n, warps, stages = tile or default_tile()
+    if (problem := tile_problem(block_m, block_n, warps, stages)) is not None:
+        raise ValueError(f"extend_attention: tile {tuple(tile)} cannot run: {problem}")
     grid = (triton.cdiv(max_seqlen_q, block_m), b, hq)
     _extend_kernel[grid](
         q, k_cache, v_cache, block_tables, cu_seqlens_q, prefix_lens, out,
@@ -190,6 +194,16 @@ def extend_attention_triton(
         num_warps=warps, num_stages=stages, **dot_settings(q.dtype),
     )
     return out
+
+
+# (BLOCK_M, BLOCK_N, warps, stages) when no tile is given. GPU: the fastest measured on an H200 (docs/benchmarks.md;
+# `python -m engine_core.kernels.tune extend` sweeps them); the interpreter: small tiles, quick to interpret
+GPU_TILE = (128, 128, 8, 2)
+INTERPRETER_TILE = (16, 16, 4, 2)
+
+
+def default_tile() -> tuple[int, int, int, int]:
+    return INTERPRETER_TILE if interpreting() else GPU_TILE
 
 
 _LOG2E = 1.4426950408889634

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from engine_core.kernels._jit import lazy_jit, tl, triton
+from engine_core.kernels.bounds import check_slots, checks_apply
 
 
 def store_kv_ref(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
@@ -63,6 +64,8 @@ def store_kv_triton(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot
     tokens, heads, dim = k.shape
     if tokens == 0:
         return
+    if checks_apply(k):
+        check_slots("store_kv", slot_mapping, k_cache.shape[0] * k_cache.shape[1])
     _store_kv_kernel[(tokens,)](
         k, v, k_cache, v_cache, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
