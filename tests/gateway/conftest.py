@@ -4,14 +4,10 @@ client for it. A module that needs auth keys, Redis or more workers asks `make_s
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import openai
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import GatewayThread, Sim, gateway_config, start_sims
+from tests.support.stack import GatewayThread, Sim, gateway_config, start_sims
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import openai
@@ -15,8 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import (
+from tests.support.stack import (
     GatewayProcess,
     GatewayThread,
     Sim,

@@ -6,15 +6,11 @@ worker, the streaming event sequence, and each bad input a 4xx OpenAI error befo
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import httpx
 import openai
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import model_dir
+from tests.support.stack import model_dir
 
 MODEL = model_dir().name
 

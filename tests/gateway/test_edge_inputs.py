@@ -7,8 +7,6 @@ limit, non-finite numbers. Each answered a plain-text 500 before gateway/body_pa
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,9 +17,7 @@ from starlette.routing import Route
 from gateway.body_parser import MAX_DEPTH, parse_json_body
 from gateway.errors import InvalidRequest
 from gateway.middleware import ErrorShieldMiddleware, RequestIdMiddleware
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import model_dir
+from tests.support.stack import model_dir
 
 MODEL = model_dir().name
 

@@ -12,9 +12,6 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
-
 from duet.launcher import WorkerSpec, worker_argv
 from loadtests.class_slo import CLASS_SLOS, DEFAULT_BOUND, FLEET_SLOS, ClassBound, ClassSlo, parse_class_slos
 from loadtests.cli import build_parser, compare_settings
@@ -28,6 +25,7 @@ from loadtests.load.class_workloads import CLASSES, Sizes, class_mix, class_work
 from loadtests.load.client import RequestRecord, run_benchmark
 from loadtests.load.report import summarize
 from loadtests.load.workloads import BenchRequest, TokenSource
+from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 TWO_CORES = len(os.sched_getaffinity(0)) >= 2
 
