@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -180,21 +179,18 @@ def test_a_small_classes_run_reports_every_figure(tmp_path):
     s = classes.Settings(model=str(model_dir()), kinds=("paged", "prefix"), workloads=("structured", "agent"),
                          num_requests=6, calib_requests=3, sizes=classes.QUICK.sizes,
                          limits=EngineLimits(kv_cache_tokens=2048), gateway_cores=None, ready_timeout_s=240)
-    t0 = time.monotonic()
     result = classes.run(s, tmp_path)
     assert result["runs"]["paged"]["structured"] == {"kind": "paged", "workload": "structured", "unsupported": True}
     for kind, w in (("paged", "agent"), ("prefix", "agent"), ("prefix", "structured")):
         r = result["runs"][kind][w]
         assert r["num_errors"] == 0, r["errors"]
         assert r["capacity_rps"] > 0 and r["rate_arrivals_per_s"] > 0
-        assert r["num_preemptions"] >= 0 and r["reused_pages_evicted"] >= 0
         row = r["classes"][w]
         assert row["num_requests"] == 6 and 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"]
         assert row["slo"]["ttft_ms"] > 0
     # agent steps resend their history and share the tool head: both engines hit their caches
     assert all(result["runs"][k]["agent"]["classes"]["agent"]["hit_rate"] > 0.3 for k in ("paged", "prefix"))
     assert "| prefix | structured | structured |" in classes.format_table(result)
-    assert time.monotonic() - t0 < 600
 
 
 def test_the_cache_replay_shows_reuse_aware_eviction_keeping_reused_prefixes(src):
