@@ -6,14 +6,12 @@ traffic, and a weight changed in the page (with its confirmation step) changes t
 import asyncio
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import ROOT, LiveStack, Sim, chat_body
+from tests.support.stack import ROOT, LiveStack, Sim, chat_body
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 KEY = "adm-dashboard"

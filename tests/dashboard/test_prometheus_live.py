@@ -14,7 +14,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,9 +22,8 @@ import openai
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import ROOT, free_port, model_dir
-from test_up import Up
+from tests.support.stack import ROOT, free_port, model_dir
+from tests.support.up import Up
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "duet.json"
 RULES = ROOT / "deploy" / "prometheus" / "duet-rules.yml"

@@ -113,8 +113,7 @@ def test_every_alert_has_a_runbook_line():
 
 
 def test_rules_query_only_exported_metrics():
-    sys.path.insert(0, str(ROOT / "tests" / "dashboard"))
-    from test_grafana import all_exported
+    from tests.dashboard.test_grafana import all_exported
 
     exported = all_exported()
     groups = rule_groups()

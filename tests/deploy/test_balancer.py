@@ -7,17 +7,13 @@ them on the other gateway); a session keeps its worker whichever replica serves 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import LiveStack, Sim, chat_body, free_port
-
 from duet.balancer import Backend, Balancer, parse_backend
+from tests.support.stack import LiveStack, Sim, chat_body, free_port
 
 
 def test_parse_backend_and_round_robin_prefers_live():

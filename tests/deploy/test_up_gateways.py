@@ -20,8 +20,7 @@ import httpx
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import ROOT, free_port, model_dir
+from tests.support.stack import ROOT, free_port, model_dir
 
 RUN_S = 5.0
 KILL_AT_S = 1.5

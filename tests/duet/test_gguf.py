@@ -1,5 +1,5 @@
 """GGUF -> Hugging Face directory on small files written with the gguf package's own writer, the way
-llama.cpp's converter writes them (tests/gguf_files.py): the round trip gives back the checkpoint, quantized
+llama.cpp's converter writes them (tests/support/gguf_files.py): the round trip gives back the checkpoint, quantized
 tensors dequantize, Q8_0 matrices are also kept as their int8 blocks, and what we cannot serve is a clear error
 before any tensor is read. The real SmolLM2 file is checked against transformers in tests/realmodel."""
 
@@ -10,12 +10,12 @@ import json
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
-from gguf_files import write_gguf
 from safetensors.numpy import load_file
 
 from duet.gguf import GGUFError, convert_gguf
 from duet.model_dir import read_model_dir
 from duet.tokenizer import Tokenizer
+from tests.support.gguf_files import write_gguf
 
 
 def test_f32_round_trip_gives_back_the_checkpoint(tmp_path):

@@ -16,7 +16,6 @@ import os
 import random
 import re
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -26,12 +25,10 @@ import httpx
 import openai
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from duet_stack import ROOT, GatewayThread, free_port, model_dir
-
 from duet.launcher import EngineLimits, WorkerSpec, worker_argv
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
+from tests.support.stack import ROOT, GatewayThread, free_port, model_dir
 
 MODEL = model_dir().name
 PROMPT_TOKENS = 1500

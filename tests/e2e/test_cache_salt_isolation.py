@@ -4,16 +4,11 @@ cache: engine_prefix's radix tree, engine_paged's automatic prefix caching)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from duet_stack import model_dir
-
 from loadtests.experiments.stack import ADMIN_KEY, ServingStack
+from tests.support.stack import model_dir
 
 MODEL = model_dir().name
 ROUTING = {"variants": [{"name": "p", "weight": 1, "pools": [{"engine_kind": "paged"}]},

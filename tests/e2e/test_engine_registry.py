@@ -9,16 +9,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import openai
 import pytest
 import redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from duet_stack import ROOT, GatewayThread, free_port, gateway_config, model_dir
-
 from duet.registry import worker_key
+from tests.support.stack import ROOT, GatewayThread, free_port, gateway_config, model_dir
 
 
 def _wait(predicate, timeout_s: float) -> bool:

@@ -5,20 +5,16 @@ gateway's gRPC client span, in the caller's trace."""
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import httpx
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir
-
 from duet.engine_config import EngineConfig, PagedConfig
 from engine_core.worker import Worker
 from engine_paged.worker import build_engine
+from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir
 
 TRACE_ID = "ab" * 16
 

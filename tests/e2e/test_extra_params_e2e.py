@@ -4,19 +4,15 @@
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import openai
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir
 
 from duet.engine_config import EngineConfig, PagedConfig, PrefixConfig
 from engine_core.worker import Worker
 from engine_paged.worker import build_engine as build_paged
 from engine_prefix.worker import build_engine as build_prefix
+from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir
 
 
 @pytest.fixture

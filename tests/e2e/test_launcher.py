@@ -5,19 +5,16 @@ compare` printed "off" over a worker that still cached."""
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import grpc
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from duet_stack import model_dir
-
 from duet.launcher import EngineLimits, Launcher, SimOptions, WorkerSpec, free_port, worker_argv
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
+from tests.support.stack import model_dir
 
 PROMPT = [(i * 7) % 200 + 3 for i in range(96)]  # six full pages of 16: enough to be cached
 

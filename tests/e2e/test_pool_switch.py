@@ -6,16 +6,16 @@ from __future__ import annotations
 import json
 import random
 import signal
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_up import MODEL, Up
+from tests.support.stack import model_dir
+from tests.support.up import Up
+
+MODEL = model_dir().name
 
 KEY = "pool-switch-key"
 PLANNER = {"window_s": 3.0, "cooldown_s": 2.0, "hysteresis": 0.5}

@@ -6,16 +6,11 @@ system prompt) moved to engine_prefix and was prefilled again from scratch (cach
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import openai
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from duet_stack import model_dir
-
 from loadtests.experiments.stack import ServingStack
+from tests.support.stack import model_dir
 
 MODEL = model_dir().name
 

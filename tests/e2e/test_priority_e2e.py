@@ -8,16 +8,11 @@ turn (priority is ignored there)."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-from pathlib import Path
 
 import grpc
 import openai
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir
 
 from duet.engine_config import EngineConfig, PagedConfig, PrefixConfig
 from duet.rpc import engine_pb2 as pb
@@ -25,6 +20,7 @@ from duet.rpc import engine_pb2_grpc as pb_grpc
 from engine_core.worker import Worker
 from engine_paged.worker import build_engine as build_paged
 from engine_prefix.worker import build_engine as build_prefix
+from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir
 
 LOW, HIGH = 10, -10
 QUEUED = 3  # low-priority requests queued before the high-priority one

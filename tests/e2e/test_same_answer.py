@@ -6,19 +6,14 @@ each request to a kind with `x-duet-variant`. Greedy and seeded sampling give th
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import openai
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from duet_stack import GatewayThread, RealWorkers, Sim, gateway_config, model_dir
 
 from duet.engine_config import EngineConfig, PagedConfig, PrefixConfig
 from engine_paged.worker import build_engine as build_paged
 from engine_prefix.worker import build_engine as build_prefix
 from loadtests.experiments import engine_diff
+from tests.support.stack import GatewayThread, RealWorkers, Sim, gateway_config, model_dir
 
 ATOL = engine_diff.LOGPROB_ATOL
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]

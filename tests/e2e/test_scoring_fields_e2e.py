@@ -5,21 +5,17 @@ are exact; prompt logprobs are checked against the engine's own model run by tra
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import openai
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir
 
 from duet.engine_config import EngineConfig, PagedConfig, PrefixConfig
 from duet.tokenizer import Tokenizer
 from engine_core.worker import Worker
 from engine_paged.worker import build_engine as build_paged
 from engine_prefix.worker import build_engine as build_prefix
+from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir
 
 KINDS = ("paged", "prefix")
 PROMPT = [5, 17, 99, 42, 7, 230, 64, 12, 18, 33, 71, 5, 17, 99, 42, 8, 150, 3, 66, 21]

@@ -1,4 +1,4 @@
-"""tests/e2e/duet_stack.py: a test process that is killed (SIGKILL: no teardown runs) takes its sim workers and
+"""tests/support/stack.py: a test process that is killed (SIGKILL: no teardown runs) takes its sim workers and
 gateway processes with it, so a killed pytest run leaves nothing serving on the machine."""
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ E2E = Path(__file__).resolve().parent
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 
 HOLDER = """
-import pathlib, sys, time
-sys.path.insert(0, {e2e!r})
-from duet_stack import GatewayProcess, Sim, gateway_config, start_sims
+import pathlib, time
+from tests.support.stack import GatewayProcess, Sim, gateway_config, start_sims
 tmp = pathlib.Path({tmp!r})
 sims = start_sims([Sim("prefix")], tmp)
 gw = GatewayProcess(gateway_config(sims), tmp).wait_ready()
@@ -37,7 +36,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_sims_and_gateways_die_with_a_killed_test_process(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER.format(e2e=str(E2E), tmp=str(tmp_path))],
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER.format(tmp=str(tmp_path))],
                               stdout=subprocess.PIPE, text=True, cwd=E2E.parents[1],
                               env=dict(os.environ, PYTHONPATH=str(E2E.parents[1])))
     pids: list[int] = []

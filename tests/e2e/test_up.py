@@ -2,68 +2,22 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import grpc
 import httpx
 import openai
-import proc_tree
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from duet_stack import ROOT, free_port, model_dir
 
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
+from tests.support import proc_tree
+from tests.support.stack import model_dir
+from tests.support.up import Up
 
 MODEL = model_dir().name
-
-
-class Up:
-    def __init__(self, *flags: str, env: dict | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        # the tiny model unless a test says otherwise (the default real model is tested in tests/realmodel)
-        if "--model" not in flags:
-            flags = ("--model", str(model_dir()), *flags)
-        self.proc = subprocess.Popen([sys.executable, "-m", "duet.cli", "up", "--port", str(self.port), *flags],
-                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**{k: v for k, v in os.environ.items() if k != "DUET_ADMIN_KEY"},
-                                          **(env or {})})
-        self.out: list[str] = []
-
-    def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line and self.proc.poll() is not None:
-                break
-            self.out.append(line)
-            if line.startswith("Ctrl-C to stop"):
-                return
-        raise AssertionError("duet up did not get ready:\n" + "".join(self.out))
-
-    def stop(self, sig=signal.SIGINT) -> int:
-        descendants = proc_tree.descendants(self.proc.pid)
-        self.proc.send_signal(sig)
-        code = self.proc.wait(timeout=60)
-        assert _wait_gone(descendants), f"orphans left: {[p for p in descendants if proc_tree.alive(p)]}"
-        return code
-
-
-def _wait_gone(pids: set[int], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not any(proc_tree.alive(p) for p in pids):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_duet_up_with_sim_workers_serves_and_ctrl_c_leaves_no_orphans():

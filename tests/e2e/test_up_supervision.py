@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,10 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import proc_tree
-from duet_stack import model_dir
-from test_up import Up
+from tests.support import proc_tree
+from tests.support.stack import model_dir
+from tests.support.up import Up
 
 MODEL = model_dir().name
 ADMIN = {"Authorization": "Bearer adm"}

@@ -13,17 +13,15 @@ from pathlib import Path
 import grpc
 import httpx
 import openai
-import proc_tree
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from duet_stack import ROOT, free_port, model_dir
 
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
 from engine_core.engine_core import EngineCore
 from engine_core.request import Request
 from engine_core.sampling_params import SamplingParams
+from tests.support import proc_tree
+from tests.support.stack import ROOT, free_port, model_dir
 
 PROMPT = [5, 17, 300, 42, 999, 8, 8, 123, 64, 2]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 from gguf import GGMLQuantizationType
-from gguf_files import write_gguf
 
 from duet.gguf import convert_gguf
 from duet.model_dir import read_model_dir
@@ -17,6 +16,7 @@ from engine_core.cpu_compile import is_compiled
 from engine_core.cpu_linear import GroupedInt8Linear, Int8Linear
 from engine_core.kernels import cpu_int8_grouped
 from engine_core.model_runner import load_model
+from tests.support.gguf_files import write_gguf
 
 PROMPTS = [[5, 9, 2, 7, 1, 3, 11, 40], [4, 4, 8]]
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)

@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import grpc
-import proc_tree
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from duet.model_make import make_checkpoint
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc
+from tests.support import proc_tree
 
 COLLECTIVE_TIMEOUT_S = 5
 

@@ -7,7 +7,6 @@ import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_scheduler import CountingRunner, expected, make, req, run
 
 import engine_paged.block_manager as block_manager_module
 from duet.hashing import block_hashes
@@ -17,6 +16,7 @@ from engine_core.request import Request
 from engine_core.sampling_params import SamplingParams
 from engine_paged.block_manager import BlockManager
 from engine_paged.prefix_cache import PrefixCache
+from tests.engine_paged.test_scheduler import CountingRunner, expected, make, req, run
 
 PAGE = 4
 MODEL = "model"

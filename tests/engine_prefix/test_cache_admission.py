@@ -8,10 +8,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_prefix_scheduler import Driver, rand_tokens
 
 from engine_core.kv_pool import PageAllocator
 from engine_prefix.radix_cache import RadixCache
+from tests.engine_prefix.test_prefix_scheduler import Driver, rand_tokens
 
 SYSTEM = 128  # tokens: 8 pages of 16
 
@@ -77,9 +77,8 @@ def _cold_and_hot(checkpoint, aging_s: float) -> list[str]:
     which runs first."""
     import time
 
-    from test_prefix_scheduler import GREEDY
-
     from engine_core.request import Request
+    from tests.engine_prefix.test_prefix_scheduler import GREEDY
 
     rng = random.Random(3)
     d = Driver(checkpoint, prefix={"aging_s": aging_s}, kv_cache_tokens=4096, max_num_seqs=1)

@@ -3,19 +3,15 @@ routes with within a second, and both show the audit entry."""
 
 import asyncio
 import json
-import sys
 import time
-from pathlib import Path
 
 import httpx
 from starlette.applications import Starlette
-from test_admin import AUTH, GOOD, KEY, Backend
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import LiveStack, Sim, chat_body
 
 from gateway.admin import admin_routes, key_id
 from gateway.state.redis_store import RedisStore
+from tests.gateway.test_admin import AUTH, GOOD, KEY, Backend
+from tests.support.stack import LiveStack, Sim, chat_body
 
 
 async def test_weight_change_reaches_the_other_gateway_within_a_second(clean_redis_url):

@@ -9,14 +9,8 @@ wired or refused, and say so below. The tokenizer endpoints are checked on their
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from starlette.testclient import TestClient
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import model_dir
 
 from gateway.app import build_app
 from gateway.config import from_dict
@@ -27,6 +21,7 @@ from gateway.openapi import DOCUMENT
 from gateway.protocol import parse_chat, parse_completions
 from gateway.responses_input import parse_responses
 from gateway.timeouts import client_timeout_s
+from tests.support.stack import model_dir
 
 WIRED, REFUSED = "wired", "refused"
 # read and passed on, with no effect this test can see on the tiny model's tokenizer (it adds no special

@@ -6,15 +6,11 @@ model: tests/realmodel/test_real_messages.py.)"""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import anthropic
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import model_dir
+from tests.support.stack import model_dir
 
 MODEL = model_dir().name
 KEY = "sk-messages-test"

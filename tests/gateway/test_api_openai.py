@@ -1,17 +1,13 @@
-"""The official openai SDK (sync, async, streaming) against a live gateway and sim workers over gRPC."""
+"""The official openai SDK (streaming or not) against the gateway in process, its workers fake engines that answer
+as sim workers do (tests/support/fake_engine.py): a fresh gateway and fresh engines per test."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-import httpx
-import openai
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import model_dir
+from tests.support.stack import model_dir
 
 MODEL = model_dir().name
 
@@ -21,8 +17,18 @@ def chat(**kw) -> dict:
             "seed": 7, **kw}
 
 
-def test_chat_non_streaming_has_usage_headers_and_finish_reason(client):
-    raw = client.chat.completions.with_raw_response.create(**chat())
+@pytest.fixture
+async def stack(fake_gateway):
+    return await fake_gateway()  # one prefix and one paged engine
+
+
+@pytest.fixture
+def client(stack):
+    return stack.openai()
+
+
+async def test_chat_non_streaming_has_usage_headers_and_finish_reason(client):
+    raw = await client.chat.completions.with_raw_response.create(**chat())
     r = raw.parse()
     assert r.object == "chat.completion" and r.model == MODEL
     assert r.choices[0].message.role == "assistant"
@@ -30,7 +36,7 @@ def test_chat_non_streaming_has_usage_headers_and_finish_reason(client):
     assert r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 12
     assert r.usage.prompt_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + 12
-    assert r.usage.prompt_tokens_details.cached_tokens >= 0
+    assert r.usage.prompt_tokens_details.cached_tokens == 0  # fresh engines: nothing of the prompt is cached
     h = raw.headers
     assert h["x-duet-engine"] in ("paged", "prefix")
     assert h["x-duet-worker"].startswith("127.0.0.1:")
@@ -39,22 +45,23 @@ def test_chat_non_streaming_has_usage_headers_and_finish_reason(client):
     assert h["x-request-id"]
 
 
-def test_streaming_equals_non_streaming_and_ends_with_usage(client, stack):
-    whole = client.chat.completions.create(**chat()).choices[0].message.content
-    chunks = list(client.chat.completions.create(**chat(), stream=True, stream_options={"include_usage": True}))
+async def test_streaming_equals_non_streaming_and_ends_with_usage(client, stack):
+    whole = (await client.chat.completions.create(**chat())).choices[0].message.content
+    chunks = [c async for c in await client.chat.completions.create(**chat(), stream=True,
+                                                                    stream_options={"include_usage": True})]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
     # the raw stream ends with the [DONE] sentinel
-    with httpx.stream("POST", stack.url + "/v1/chat/completions", json=chat(stream=True)) as r:
-        lines = [ln for ln in r.iter_lines() if ln]
+    r = await stack.http.post("/v1/chat/completions", json=chat(stream=True))
+    lines = [ln for ln in r.text.splitlines() if ln]
     assert lines[-1] == "data: [DONE]"
     assert r.headers["content-type"].startswith("text/event-stream")
 
 
 async def test_async_client_completions_with_logprobs(stack):
-    client = openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0)
+    client = stack.openai()
     r = await client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=5, logprobs=2, seed=3)
     c = r.choices[0]
     assert c.finish_reason == "length" and len(c.logprobs.tokens) == 5
@@ -67,32 +74,33 @@ async def test_async_client_completions_with_logprobs(stack):
     await client.close()
 
 
-def test_chat_logprobs_and_top_logprobs(client):
-    r = client.chat.completions.create(**chat(max_tokens=4), logprobs=True, top_logprobs=3)
+async def test_chat_logprobs_and_top_logprobs(client):
+    r = await client.chat.completions.create(**chat(max_tokens=4), logprobs=True, top_logprobs=3)
     content = r.choices[0].logprobs.content
     assert len(content) == 4
     assert all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in content)
 
 
-def test_n_choices_are_indexed_in_streams_and_go_to_paged(client):
-    raw = client.chat.completions.with_raw_response.create(**chat(max_tokens=4), n=3)
+async def test_n_choices_are_indexed_in_streams_and_go_to_paged(client):
+    raw = await client.chat.completions.with_raw_response.create(**chat(max_tokens=4), n=3)
     r = raw.parse()
     assert raw.headers["x-duet-engine"] == "paged" and raw.headers["x-duet-route-reason"] == "capability"
     assert sorted(c.index for c in r.choices) == [0, 1, 2]
-    indexes = {c.choices[0].index for c in client.chat.completions.create(**chat(max_tokens=4), n=2, stream=True)
+    indexes = {c.choices[0].index async for c in await client.chat.completions.create(**chat(max_tokens=4), n=2,
+                                                                                       stream=True)
                if c.choices}
     assert indexes == {0, 1}
 
 
-def test_response_format_routes_to_prefix(client):
-    raw = client.chat.completions.with_raw_response.create(**chat(), response_format={"type": "json_object"})
+async def test_response_format_routes_to_prefix(client):
+    raw = await client.chat.completions.with_raw_response.create(**chat(), response_format={"type": "json_object"})
     assert raw.headers["x-duet-engine"] == "prefix"
     assert raw.headers["x-duet-route-reason"] == "capability"
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_stop_string_across_token_boundary_is_cut_and_not_returned(client, stream):
-    base = client.completions.create(model=MODEL, prompt="The stop test", max_tokens=16, seed=11, logprobs=0)
+async def test_stop_string_across_token_boundary_is_cut_and_not_returned(client, stream):
+    base = await client.completions.create(model=MODEL, prompt="The stop test", max_tokens=16, seed=11, logprobs=0)
     tokens, text = base.choices[0].logprobs.tokens, base.choices[0].text
     # a stop string made of the end of one token and the start of the next
     k = next(i for i in range(1, len(tokens) - 1)
@@ -102,40 +110,40 @@ def test_stop_string_across_token_boundary_is_cut_and_not_returned(client, strea
     kwargs = {"model": MODEL, "prompt": "The stop test", "max_tokens": 16, "seed": 11,
               "stop": ["never-there", stop]}
     if stream:
-        chunks = list(client.completions.create(**kwargs, stream=True))
+        chunks = [c async for c in await client.completions.create(**kwargs, stream=True)]
         got = "".join(c.choices[0].text for c in chunks)
         finish = chunks[-1].choices[0].finish_reason
     else:
-        r = client.completions.create(**kwargs)
+        r = await client.completions.create(**kwargs)
         got, finish = r.choices[0].text, r.choices[0].finish_reason
     assert got == expected and stop not in got
     assert finish == "stop"
 
 
-def test_cached_tokens_reported_on_a_repeated_prompt_in_one_session(client):
+async def test_cached_tokens_reported_on_a_repeated_prompt_in_one_session(client):
     long = "shared system prompt " * 40
     body = {"model": MODEL, "messages": [{"role": "system", "content": long}, {"role": "user", "content": "hi"}],
             "max_tokens": 2}
-    first = client.chat.completions.create(**body, extra_headers={"x-session-id": "s-cache"})
-    second = client.chat.completions.with_raw_response.create(**body, extra_headers={"x-session-id": "s-cache"})
+    first = await client.chat.completions.create(**body, extra_headers={"x-session-id": "s-cache"})
+    second = await client.chat.completions.with_raw_response.create(**body, extra_headers={"x-session-id": "s-cache"})
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert second.parse().usage.prompt_tokens_details.cached_tokens >= 16
     assert second.headers["x-duet-route-reason"] == "affinity"
 
 
-def test_unknown_fields_are_ignored_and_models_listed(client, stack):
-    r = client.chat.completions.create(**chat(max_tokens=2), extra_body={"some_future_field": {"x": 1}})
+async def test_unknown_fields_are_ignored_and_models_listed(client, stack):
+    r = await client.chat.completions.create(**chat(max_tokens=2), extra_body={"some_future_field": {"x": 1}})
     assert r.choices[0].finish_reason == "length"
-    assert [m.id for m in client.models.list()] == [MODEL]
-    assert httpx.get(stack.url + "/health").json() == {"status": "ok"}
-    assert httpx.get(stack.url + "/ready").status_code == 200
+    assert [m.id async for m in client.models.list()] == [MODEL]
+    assert (await stack.http.get("/health")).json() == {"status": "ok"}
+    assert (await stack.http.get("/ready")).status_code == 200
 
 
-def test_max_completion_tokens_and_metrics(client, stack):
-    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+async def test_max_completion_tokens_and_metrics(client, stack):
+    r = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
                                        max_completion_tokens=3)
     assert r.usage.completion_tokens == 3
-    text = httpx.get(stack.url + "/metrics").text
+    text = (await stack.http.get("/metrics")).text
     for name in ("duet_time_to_first_token_seconds_bucket", "duet_inter_token_latency_seconds_bucket",
                  "duet_e2e_request_latency_seconds_bucket", "duet_route_decisions_total",
                  "duet_worker_healthy", "duet_state_store_up", "duet_state_store_errors", "duet_route_estimated_reuse_bucket"):
@@ -143,13 +151,13 @@ def test_max_completion_tokens_and_metrics(client, stack):
     assert f'model="{MODEL}"' in text
 
 
-def test_sse_error_objects_are_json(stack):
-    r = httpx.post(stack.url + "/v1/chat/completions", content=b"{not json")
+async def test_sse_error_objects_are_json(stack):
+    r = await stack.http.post("/v1/chat/completions", content=b"{not json")
     assert r.status_code == 400
     assert json.loads(r.text)["error"]["type"] == "invalid_request_error"
 
 
-def test_operator_variant_override_header(client):
-    raw = client.completions.with_raw_response.create(model=MODEL, prompt="pin me", max_tokens=1,
+async def test_operator_variant_override_header(client):
+    raw = await client.completions.with_raw_response.create(model=MODEL, prompt="pin me", max_tokens=1,
                                                       extra_headers={"x-duet-variant": "default"})
     assert raw.headers["x-duet-variant"] == "default" and raw.headers["x-duet-route-reason"] == "override"

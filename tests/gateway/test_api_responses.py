@@ -6,15 +6,11 @@ worker, the streaming event sequence, and each bad input a 4xx OpenAI error befo
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import httpx
 import openai
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import model_dir
+from tests.support.stack import model_dir
 
 MODEL = model_dir().name
 
@@ -30,14 +26,20 @@ def clients(stack):
 
 
 def test_create_from_a_string_has_output_text_and_usage(clients):
-    r = clients[0].responses.create(model=MODEL, input="Tell me a story.", max_output_tokens=8, temperature=0.5)
+    session = {"x-session-id": "responses-usage"}
+    r = clients[0].responses.create(model=MODEL, input="Tell me a story.", max_output_tokens=8, temperature=0.5,
+                                    extra_headers=session)
     assert r.object == "response" and r.id.startswith("resp_") and r.model == MODEL
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.output[0].type == "message" and r.output[0].role == "assistant"
     assert r.output_text and r.output_text == r.output[0].content[0].text
     assert r.usage.output_tokens == 8 and r.usage.input_tokens > 0
     assert r.usage.total_tokens == r.usage.input_tokens + 8
-    assert r.usage.input_tokens_details.cached_tokens >= 0
+    # the same input again, on the same worker (the session's): every whole 16-token block of it is cached
+    again = clients[0].responses.create(model=MODEL, input="Tell me a story.", max_output_tokens=8, temperature=0.5,
+                                        extra_headers=session)
+    assert again.usage.input_tokens == r.usage.input_tokens
+    assert again.usage.input_tokens_details.cached_tokens == r.usage.input_tokens // 16 * 16 > 0
     assert r.temperature == 0.5 and r.max_output_tokens == 8
 
 

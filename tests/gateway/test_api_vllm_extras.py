@@ -5,17 +5,13 @@ in /v1/completions, and `suffix` refused."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import model_dir
-
 from duet.tokenizer import Tokenizer
+from tests.support.stack import model_dir
 
 MODEL = model_dir().name
 

@@ -4,13 +4,10 @@ the gateway serves with the pools it has (a real sim worker here)."""
 from __future__ import annotations
 
 import logging
-import sys
-from pathlib import Path
 
 import openai
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import GatewayThread, Sim, free_port, gateway_config, model_dir, start_sims
+from tests.support.stack import GatewayThread, Sim, free_port, gateway_config, model_dir, start_sims
 
 MODEL = model_dir().name
 

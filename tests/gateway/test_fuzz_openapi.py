@@ -5,9 +5,6 @@ still serves. A fast tier: the example budget keeps it about a minute on two cor
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import httpx
 import pytest
 import schemathesis
@@ -16,9 +13,7 @@ from schemathesis import GenerationMode
 
 from gateway import answer_models
 from gateway.openapi import DOCUMENT
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
+from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 MODEL = model_dir().name
 EXAMPLES = 75  # per POST operation and generation mode (valid, invalid): 300 generation requests

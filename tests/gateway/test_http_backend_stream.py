@@ -4,13 +4,9 @@ gateway (real HTTP and SSE both ways, a real sim worker at the bottom), so the b
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import openai
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
+from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 MODEL = model_dir().name
 

@@ -4,17 +4,14 @@ error shape the SDK raises as RateLimitError; a Redis outage falls back to per-r
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
+from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 MODEL = model_dir().name
 KEYS = [

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -13,9 +11,7 @@ import pytest
 from gateway.metrics import GatewayMetrics
 from gateway.pool_tracker import PoolTracker
 from gateway.route_types import RouteDecision
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
+from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 MODEL = model_dir().name
 KEY = "pools-test-key"

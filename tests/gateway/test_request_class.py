@@ -4,17 +4,13 @@ request leaves on the gateway's TTFT, inter-token and e2e histograms (a live gat
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import httpx
 import openai
 
 from gateway.protocol import parse_chat, parse_completions
 from gateway.request_class import CLASSES, DOCUMENT_PROMPT_TOKENS, request_class
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import model_dir
+from tests.support.stack import model_dir
 
 MODEL = model_dir().name
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

@@ -5,16 +5,13 @@ audited, counted in /metrics and listed on the stream the dashboard reads."""
 import asyncio
 import json
 import re
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import LiveStack, Sim, chat_body
+from tests.support.stack import LiveStack, Sim, chat_body
 
 KEY = "adm-rollback"
 

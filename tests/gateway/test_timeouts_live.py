@@ -11,16 +11,13 @@ import json
 import os
 import re
 import signal
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
+from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 MODEL = model_dir().name
 FAST_TIMEOUTS = {"stall_s": 1.5, "first_token_s": 1.5, "breaker_failures": 2, "breaker_open_s": 60}

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from native_build import native_builder
 
 from engine_core.kernels import cpu_int8_grouped, cpu_native
+from tests.support.native_build import native_builder
 
 # (extra flags, whether the build has the vector loop, the CPU feature it needs)
 PATHS = {"avx2": ("", True, "avx2"), "portable": ("-mno-avx2 -mno-fma", False, "")}

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from native_build import native_builder
 
 from engine_core.kernels import cpu_int8_linear, cpu_native
+from tests.support.native_build import native_builder
 
 # (extra flags, whether the build has the vector loop, the CPU feature it needs)
 PATHS = {"avx512_bf16": ("", True, "avx512_bf16"), "portable": ("-mno-avx512bf16", False, "")}

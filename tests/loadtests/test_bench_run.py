@@ -12,9 +12,6 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import ROOT, GatewayThread, Sim, gateway_config, model_dir, start_sims
-
 from duet.tokenizer import Tokenizer
 from loadtests.cli import main as bench_main
 from loadtests.load.client import run_benchmark
@@ -22,6 +19,7 @@ from loadtests.load.report import BREAKDOWNS, LATENCIES, Slo, format_markdown, s
 from loadtests.load.trace_workloads import mooncake
 from loadtests.load.workloads import BenchRequest, TokenSource, agent, build_workload, multi_turn
 from loadtests.traces import shipped
+from tests.support.stack import ROOT, GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 MODEL = model_dir().name
 

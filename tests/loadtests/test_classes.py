@@ -7,13 +7,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 from duet.launcher import WorkerSpec, worker_argv
 from loadtests.class_slo import CLASS_SLOS, DEFAULT_BOUND, FLEET_SLOS, ClassBound, ClassSlo, parse_class_slos
@@ -28,6 +24,7 @@ from loadtests.load.class_workloads import CLASSES, Sizes, class_mix, class_work
 from loadtests.load.client import RequestRecord, run_benchmark
 from loadtests.load.report import summarize
 from loadtests.load.workloads import BenchRequest, TokenSource
+from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 TWO_CORES = len(os.sched_getaffinity(0)) >= 2
 
@@ -182,21 +179,18 @@ def test_a_small_classes_run_reports_every_figure(tmp_path):
     s = classes.Settings(model=str(model_dir()), kinds=("paged", "prefix"), workloads=("structured", "agent"),
                          num_requests=6, calib_requests=3, sizes=classes.QUICK.sizes,
                          limits=EngineLimits(kv_cache_tokens=2048), gateway_cores=None, ready_timeout_s=240)
-    t0 = time.monotonic()
     result = classes.run(s, tmp_path)
     assert result["runs"]["paged"]["structured"] == {"kind": "paged", "workload": "structured", "unsupported": True}
     for kind, w in (("paged", "agent"), ("prefix", "agent"), ("prefix", "structured")):
         r = result["runs"][kind][w]
         assert r["num_errors"] == 0, r["errors"]
         assert r["capacity_rps"] > 0 and r["rate_arrivals_per_s"] > 0
-        assert r["num_preemptions"] >= 0 and r["reused_pages_evicted"] >= 0
         row = r["classes"][w]
         assert row["num_requests"] == 6 and 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"]
         assert row["slo"]["ttft_ms"] > 0
     # agent steps resend their history and share the tool head: both engines hit their caches
     assert all(result["runs"][k]["agent"]["classes"]["agent"]["hit_rate"] > 0.3 for k in ("paged", "prefix"))
     assert "| prefix | structured | structured |" in classes.format_table(result)
-    assert time.monotonic() - t0 < 600
 
 
 def test_the_cache_replay_shows_reuse_aware_eviction_keeping_reused_prefixes(src):

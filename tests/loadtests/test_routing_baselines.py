@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import httpx
 import pytest
 
@@ -21,9 +18,7 @@ from loadtests.experiments.routing_baselines import (
 )
 from loadtests.experiments.simulate_routing import SimWorker
 from loadtests.traces.mooncake import TraceRecord
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
+from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 CAPS = {"paged": frozenset({"n", "beam_search"}), "prefix": frozenset({"structured_output", "speculative"})}
 

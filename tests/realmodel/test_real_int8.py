@@ -10,7 +10,6 @@ from pydoc_data.topics import topics
 
 import pytest
 import torch
-from test_real_parity import GREEDY, PAGE, TEXTS
 
 from duet.model_dir import read_model_dir
 from duet.tokenizer import Tokenizer
@@ -18,6 +17,7 @@ from engine_core import LLM
 from engine_core.forward_batch import SeqChunk
 from engine_core.kv_pool import KVPool
 from engine_core.model_runner import ModelRunner
+from tests.realmodel.test_real_parity import GREEDY, PAGE, TEXTS
 
 TEXT_TOKENS = 1024
 

@@ -26,9 +26,7 @@ import pytest
 from duet.launcher import WorkerSpec, free_port, gateway_config, worker_argv
 from loadtests.experiments.peer_backends import backend_entry
 from loadtests.experiments.peer_vllm import PeerError, VllmServer, backend_args, ensure_installed
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import ROOT, GatewayThread
+from tests.support.stack import ROOT, GatewayThread
 
 SERVED = "smollm2-135m-instruct"
 _OFFLINE = ("Could not find a version", "No matching distribution", "Failed to establish a new connection",

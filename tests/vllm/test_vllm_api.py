@@ -141,7 +141,7 @@ def test_a_backend_with_another_tokenizer_is_refused(backend, caplog):
     """A gateway serving the tiny random model (its own tokenizer) in front of the SmolLM2 vLLM."""
     import logging
 
-    from duet_stack import GatewayThread, gateway_config, model_dir
+    from tests.support.stack import GatewayThread, gateway_config, model_dir
 
     with caplog.at_level(logging.ERROR, "duet.gateway.backends"):
         gw = GatewayThread(gateway_config([], backends=[backend.entry()])).start(wait_workers=0)

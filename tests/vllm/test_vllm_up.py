@@ -3,14 +3,10 @@ prefix worker keeps it cheap), requests split between the two as the routing say
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import openai
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from test_up import Up
+from tests.support.up import Up
 
 MODEL = "smollm2-135m-instruct"
 pytestmark = pytest.mark.timeout(1800)

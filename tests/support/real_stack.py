@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from duet_stack import ROOT, GatewayThread
-
 from duet.launcher import WorkerSpec, free_port, gateway_config, worker_argv
+from tests.support.stack import ROOT, GatewayThread
 
 
 class RealStack:
