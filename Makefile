@@ -52,7 +52,7 @@ gpu-check: setup
 		env -u TRITON_INTERPRET DUET_KERNEL_TEST_DEVICE=cuda $(PY) -m pytest -q tests/kernels -k "$(GPU_DESELECT)"; \
 		env -u TRITON_INTERPRET $(PY) -m pytest -q tests/engine_core/test_cuda_graphs.py; \
 		env -u TRITON_INTERPRET $(PY) -m engine_core.kernels.bench --json; \
-		env -u TRITON_INTERPRET $(PY) -m loadtests.fleet.calibrate_h200 --json; \
+		env -u TRITON_INTERPRET $(PY) -m loadtests.sim.calibrate.h200 --json; \
 		env -u TRITON_INTERPRET $(PY) -m loadtests.engine_bench paged --quick --json --device cuda; \
 		if [ "$$($(PY) -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then \
 			env -u TRITON_INTERPRET DUET_TP_TEST_DEVICE=cuda $(PY) -m pytest -q tests/engine_core/test_tensor_parallel.py; \

@@ -36,7 +36,7 @@ def _add_simulate_routing(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_simulate_routing(args: argparse.Namespace) -> int:
-    from loadtests.experiments.simulate_routing import ServiceModel, format_table, run
+    from loadtests.sim.routing.simulate import ServiceModel, format_table, run
     from loadtests.traces import shipped
 
     config = None
@@ -55,11 +55,11 @@ def _run_simulate_routing(args: argparse.Namespace) -> int:
 
 
 def _run_advise_fleet(args: argparse.Namespace) -> int:
-    from loadtests.fleet import advise_fleet
-    from loadtests.fleet.bench import FleetSettings
-    from loadtests.fleet.cost_models import COST_MODELS
-    from loadtests.fleet.report import parse_slos
-    from loadtests.fleet.workload import parse_mix
+    from loadtests.advise import fleet as advise_fleet
+    from loadtests.sim.fleet.bench import FleetSettings
+    from loadtests.sim.fleet.cost_models import COST_MODELS
+    from loadtests.sim.fleet.report import parse_slos
+    from loadtests.sim.fleet.workload import parse_mix
 
     if args.cost_model not in COST_MODELS:
         raise ValueError(f"--cost-model must be one of {', '.join(COST_MODELS)}, got {args.cost_model!r}")
@@ -110,8 +110,8 @@ def compare_settings(args: argparse.Namespace):
     """The Settings the parsed flags describe (tests check this without starting a stack)."""
     from dataclasses import replace
 
-    from loadtests.class_slo import ClassSlo, parse_class_slos
     from loadtests.experiments import compare
+    from loadtests.load.class_slo import ClassSlo, parse_class_slos
 
     s = compare.QUICK if args.quick else compare.Settings()
     if args.pin_cores:
@@ -138,7 +138,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     from loadtests.experiments.compare_report import format_table
 
     s = compare_settings(args)
-    from loadtests.experiments.stack import StackError
+    from loadtests.stack.serving import StackError
 
     try:
         result = compare.run(s, args.log_dir, progress=lambda line: print(line, file=sys.stderr, flush=True))
@@ -173,7 +173,7 @@ def _run_chaos(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from loadtests.experiments.chaos import ChaosSettings, run
-    from loadtests.experiments.stack import StackError
+    from loadtests.stack.serving import StackError
 
     s = replace(ChaosSettings(), soak_minutes=args.soak, seed=args.seed,
                 **{k: v for k, v in (("clients", args.clients), ("stall_s", args.stall_s)) if v is not None})
@@ -192,7 +192,7 @@ def _add_advise(sub: argparse._SubParsersAction) -> None:
         "advise", help="paged, prefix or both? replay your own trace against each deployment",
         description="Replays a trace (Mooncake JSONL, Azure CSV or an OpenAI request log of JSON lines) against "
         "all-paged, all-prefix and Duet (every split of the workers), in the routing simulator with --simulate "
-        "or for real on this machine, and recommends one, as markdown and a PNG chart (loadtests/experiments/advise.py).",
+        "or for real on this machine, and recommends one, as markdown and a PNG chart (loadtests/advise/routing_sim.py).",
     )
     p.add_argument("--trace", default=None, help="a shipped trace (mooncake, azure_code, azure_conv) or a Mooncake "
                    "JSONL, Azure CSV or OpenAI request log file (default: mooncake; --fleet: mixed)")
@@ -219,7 +219,7 @@ def _add_advise(sub: argparse._SubParsersAction) -> None:
 def _run_advise(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from loadtests.experiments import advise
+    from loadtests.advise import routing_sim as advise
     from loadtests.traces import shipped
 
     if args.fleet:
@@ -259,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_classes(sub)
     _add_chaos(sub)
     _add_advise(sub)
-    from loadtests.experiments.bench_run import add_parser as add_run  # argparse only; the run imports lazily
+    from loadtests.load.bench_run import add_parser as add_run  # argparse only; the run imports lazily
 
     add_run(sub)
     from loadtests.experiments.peer import add_parser as add_peer  # argparse only; the run imports lazily
@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_baseline(sub)
     add_diff(sub)
-    from loadtests.fleet.cli import add_parser as add_fleet  # argparse only; the runs import lazily
+    from loadtests.sim.fleet.cli import add_parser as add_fleet  # argparse only; the runs import lazily
 
     add_fleet(sub)
     return parser

@@ -42,7 +42,7 @@ from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
 from duet.supervisor import RestartPolicy
 from loadtests.experiments.chaos_load import Gateways, Tally, client_loop, flood, fuzz_loop
-from loadtests.experiments.stack import ADMIN_KEY, ServingStack
+from loadtests.stack.serving import ADMIN_KEY, ServingStack
 
 _BREAKER_OPENED = re.compile(r"^duet_worker_breaker_opened_total\{.*\} (\S+)$", re.MULTILINE)
 

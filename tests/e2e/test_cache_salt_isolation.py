@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from duet_stack import model_dir
 
-from loadtests.experiments.stack import ADMIN_KEY, ServingStack
+from loadtests.stack.serving import ADMIN_KEY, ServingStack
 
 MODEL = model_dir().name
 ROUTING = {"variants": [{"name": "p", "weight": 1, "pools": [{"engine_kind": "paged"}]},

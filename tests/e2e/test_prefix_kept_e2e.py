@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from duet_stack import model_dir
 
-from loadtests.experiments.stack import ServingStack
+from loadtests.stack.serving import ServingStack
 
 MODEL = model_dir().name
 

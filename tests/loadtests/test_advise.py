@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.experiments.advise import recommend
+from loadtests.advise.routing_sim import recommend
 from loadtests.traces import shipped
 from loadtests.traces.formats import detect_format, load_any
 from loadtests.traces.mooncake import TraceError

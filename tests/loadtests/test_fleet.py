@@ -13,10 +13,10 @@ import pytest
 
 from gateway.pool_planner import PlannerConfig
 from loadtests.cli import main
-from loadtests.fleet.cost_models import LinearCostModel, RooflineCostModel, StepShape, shape_of
-from loadtests.fleet.engine import EngineProfile, SimEngine, make_request
-from loadtests.fleet.simulator import FleetSim, SimSettings, StackSpec
-from loadtests.fleet.workload import build
+from loadtests.sim.fleet.cost_models import LinearCostModel, RooflineCostModel, StepShape, shape_of
+from loadtests.sim.fleet.engine import EngineProfile, SimEngine, make_request
+from loadtests.sim.fleet.simulator import FleetSim, SimSettings, StackSpec
+from loadtests.sim.fleet.workload import build
 
 # small enough to preempt: 40 requests of up to 2k tokens on 12k tokens of KV
 SMALL = EngineProfile(kv_cache_tokens=12_288, max_num_seqs=16, max_num_batched_tokens=1024, max_model_len=4096)
@@ -88,7 +88,7 @@ def test_step_shape_and_cost_models():
 
 
 def test_the_70b_model_is_costlier_per_token_and_leaves_a_fifth_of_the_kv():
-    from loadtests.fleet.cost_models import cost_model
+    from loadtests.sim.fleet.cost_models import cost_model
 
     big, small = cost_model("h200-70b"), cost_model("h200")
     prefill = StepShape(8192, 0, 8192, 8192 * 8193 // 2, 1)
@@ -164,7 +164,7 @@ def _option(paged, prefix, goodput, p99=1.0):
 
 
 def test_advise_recommends_a_split_only_past_the_margin():
-    from loadtests.fleet.advise_fleet import default_splits, recommend
+    from loadtests.advise.fleet import default_splits, recommend
 
     assert default_splits(32) == ((8, 24), (16, 16), (24, 8))
     assert default_splits(2) == ((1, 1),)
@@ -178,7 +178,7 @@ def test_advise_recommends_a_split_only_past_the_margin():
 
 
 def test_advise_credits_a_gain_to_the_router_when_one_kind_behind_it_does_as_well():
-    from loadtests.fleet.advise_fleet import recommend
+    from loadtests.advise.fleet import recommend
 
     # the split beats the SGLang-style fleets by 1.5x, but all-prefix behind Duet's router serves 2.9 of its 3.0
     options = {"all_paged": _option(4, 0, 1.0), "all_prefix": _option(0, 4, 2.0), "duet_2:2": _option(2, 2, 3.0),

@@ -27,7 +27,7 @@ def classified_steps(trace_dir: Path) -> dict[int, list[tuple[str, bool, float, 
     """Each worker's traced steps (by pid) as (kind, neighbour busy, forward s, modelled s, step s): kind is
     prefill, decode or mixed, and the neighbour was busy when another worker was mid-step for most of the step."""
     from engine_core.step_trace import read_traces
-    from loadtests.fleet.cost_models import LinearCostModel, shape_of_counts, step_kind
+    from loadtests.sim.fleet.cost_models import LinearCostModel, shape_of_counts, step_kind
 
     model = LinearCostModel.from_json()
     traces = read_traces(trace_dir)

@@ -1,19 +1,19 @@
 """`duet bench fleet --validate`: the same small workload on the local stack and in the fleet simulator (the
 `cpu` cost model), and the simulator's relative errors on goodput, TTFT p50 and TPOT p50.
 
-Local: loadtests/experiments/stack.ServingStack (the launcher `duet up` uses) with one engine_paged and one
+Local: loadtests/stack/serving.ServingStack (the launcher `duet up` uses) with one engine_paged and one
 engine_prefix worker on `duet bench compare`'s SmolLM2-shaped checkpoint, one torch thread each, each worker
 pinned to its own core (`os.sched_setaffinity` on every thread, as `taskset -a -p` would), behind a gateway with Duet's routing;
 the requests sent by the benchmark client (loadtests/load/client.py) at the workload's arrival times,
 prompts as token ids. Simulated: the same requests, worker kinds, KV budget and batch limits
 (`EngineProfile.for_cost_model("cpu")`, the stack's EngineLimits), Duet's routing, every turn at its own
 arrival time as the open-loop client sends it (`chain_sessions=False`), through the measured gateway path
-(loadtests/fleet/gateway_path.py: the gateway's FIFO, its token time, routing on the load its 0.5 s poll saw,
+(loadtests/sim/fleet/gateway_path.py: the gateway's FIFO, its token time, routing on the load its 0.5 s poll saw,
 at five phases of that poll, each figure their median: the real poll's phase is unknown), each step the fit's
 seconds times the factor of its kind measured in the running stack on another window of the trace, the worker's
 engine kind's own factor where that was measured (`fleet-calibrate --in-situ`, cpu_cost.json's `in_situ`; the
 fit alone where none was).
-Both are judged by the cpu SLOs of loadtests/class_slo.py (FLEET_SLOS) over the same arrival span. Error =
+Both are judged by the cpu SLOs of loadtests/load/class_slo.py (FLEET_SLOS) over the same arrival span. Error =
 |simulated - local| / local. The local workers trace their steps (engine_core/step_trace.py), and
 `local_steps_vs_cpu_model` compares each traced step with the cpu model of its shape: the check that says whether
 the machine was as quiet as when the fit was measured, and so whether the errors are the simulator's.
@@ -36,8 +36,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtests.class_slo import FLEET_SLOS
-from loadtests.fleet.report import met
+from loadtests.load.class_slo import FLEET_SLOS
+from loadtests.sim.fleet.report import met
 
 
 @dataclass(frozen=True)
@@ -130,10 +130,10 @@ def simulated(requests, s: ValidateSettings, served_by_phase: dict[float, list] 
 
 def simulated_served(requests, s: ValidateSettings, poll_phase_s: float | None = None) -> list:
     """One simulated run; the gateway's first poll at `poll_phase_s` (default: the middle of poll_phases())."""
-    from loadtests.fleet.cost_models import CPU_FIT, InSituCostModel, LinearCostModel
-    from loadtests.fleet.engine import EngineProfile
-    from loadtests.fleet.gateway_path import GatewayPath
-    from loadtests.fleet.simulator import FleetSim, SimSettings, StackSpec
+    from loadtests.sim.fleet.cost_models import CPU_FIT, InSituCostModel, LinearCostModel
+    from loadtests.sim.fleet.engine import EngineProfile
+    from loadtests.sim.fleet.gateway_path import GatewayPath
+    from loadtests.sim.fleet.simulator import FleetSim, SimSettings, StackSpec
 
     fit = json.loads(CPU_FIT.read_text())
     # the steps as the running stack runs them, where fleet-calibrate --in-situ measured that; else the runner alone
@@ -155,8 +155,8 @@ def pinned_stack(kinds: tuple[str, ...], trace_dir: Path | None = None):
     from duet.launcher import EngineLimits
     from engine_core.step_trace import STEP_TRACE_ENV
     from loadtests.experiments import compare
-    from loadtests.experiments.stack import NO_DRAFTING, ServingStack
-    from loadtests.fleet.engine import EngineProfile
+    from loadtests.sim.fleet.engine import EngineProfile
+    from loadtests.stack.serving import NO_DRAFTING, ServingStack
 
     profile = EngineProfile.for_cost_model("cpu")
     model_dir = compare.preset_checkpoint("smollm2")
@@ -185,9 +185,9 @@ def local(requests, s: ValidateSettings, progress=None, trace_dir: Path | None =
     """The local run's figures, its workers' pids -> worker ids (to name their step traces) and the client's
     records."""
     from duet.tokenizer import Tokenizer
-    from loadtests.fleet.engine import EngineProfile
     from loadtests.load.client import arun_benchmark
     from loadtests.load.workloads import BenchRequest
+    from loadtests.sim.fleet.engine import EngineProfile
 
     profile = EngineProfile.for_cost_model("cpu")
     bench = [BenchRequest(r.request_id, r.traffic_class, tuple(r.prompt(profile.max_model_len)), r.max_tokens,
@@ -228,9 +228,9 @@ def per_request_rows(sim_served, records) -> list[dict]:
 
 def validate(s: ValidateSettings = ValidateSettings(), progress=None, per_request: Path | None = None) -> dict:
     """The validation's figures; with `per_request`, both sides of every request as JSON lines there."""
-    from loadtests.fleet.engine import EngineProfile
-    from loadtests.fleet.step_check import step_cost_check
-    from loadtests.fleet.workload import MIXES, build
+    from loadtests.sim.fleet.engine import EngineProfile
+    from loadtests.sim.fleet.step_check import step_cost_check
+    from loadtests.sim.fleet.workload import MIXES, build
 
     requests = build(MIXES["mixed"], s.window_s, s.rate, EngineProfile.for_cost_model("cpu").max_model_len,
                      max_output_tokens=s.max_output_tokens, max_prompt_tokens=s.max_prompt_tokens)
@@ -242,7 +242,7 @@ def validate(s: ValidateSettings = ValidateSettings(), progress=None, per_reques
         progress(f"simulated: {sim}")
     with tempfile.TemporaryDirectory(prefix="duet-validate-trace-") as tmp:
         real, pids, records = local(requests, s, progress, Path(tmp))
-        steps = step_cost_check(Path(tmp), pids)  # loadtests/fleet/step_check.py
+        steps = step_cost_check(Path(tmp), pids)  # loadtests/sim/fleet/step_check.py
     if per_request is not None:
         Path(per_request).write_text("".join(json.dumps(row) + "\n" for row in per_request_rows(sim_served, records)))
     return {"workload": {"mix": "mixed", "window_s": s.window_s, "rate": s.rate, "requests": len(requests),

@@ -1,7 +1,7 @@
 """Step times of Duet's own engine for the `h200` cost model's model, measured on a CUDA device:
-`python -m loadtests.fleet.calibrate_h200 [--json] [--out FILE]`.
+`python -m loadtests.sim.calibrate.h200 [--json] [--out FILE]`.
 
-The `h200` cost model (loadtests/fleet/cost_models.RooflineCostModel) is a roofline of Llama-3.1-8B in bf16 on
+The `h200` cost model (loadtests/sim/fleet/cost_models.RooflineCostModel) is a roofline of Llama-3.1-8B in bf16 on
 one H200 with stated efficiency factors. This script runs that model's shape (random bf16 weights: step time
 does not depend on their values) through the real decoder (engine_core/model.py, the Triton kernels of
 engine_core/kernels on CUDA) and the real batch builder, one step at a time, as ModelRunner runs it (decode-only
@@ -29,8 +29,8 @@ from engine_core.forward_batch import build_forward_batch
 from engine_core.kernels.bench import device_peaks
 from engine_core.kv_pool import KVPool
 from engine_core.model import DecoderModel
-from loadtests.fleet.calibrate import _chunks
-from loadtests.fleet.cost_models import RooflineCostModel, shape_of
+from loadtests.sim.calibrate.steps import _chunks
+from loadtests.sim.fleet.cost_models import RooflineCostModel, shape_of
 
 PAGE_SIZE = 16
 MAX_POSITIONS = 16384  # the rope cache's length: the longest step here reads 12k positions
@@ -125,7 +125,7 @@ def measure(repeats: int = 5, progress=None) -> dict:
     import triton
 
     return {
-        "how": "python -m loadtests.fleet.calibrate_h200 (loadtests/fleet/calibrate_h200.py): Duet's decoder, "
+        "how": "python -m loadtests.sim.calibrate.h200 (loadtests/sim/calibrate/h200.py): Duet's decoder, "
                f"Llama-3.1-8B shape, random bf16 weights, decode-only steps from CUDA graphs (eager_seconds: "
                f"without), median of {repeats} synchronized runs per shape after two warm-ups",
         "device": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__,
@@ -151,7 +151,7 @@ def _runs(step: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtests.fleet.calibrate_h200", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m loadtests.sim.calibrate.h200", description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     parser.add_argument("--out", help="also write the JSON here")

@@ -18,7 +18,7 @@ beyond its own few milliseconds:
   just before it lands (`--validate` simulates several phases and reports their median).
 
 `request_s` and `token_s` are measured on the local stack by `duet bench fleet-calibrate --gateway`
-(loadtests/fleet/calibrate_gateway.py) and stored in the `gateway` section of loadtests/fleet/cpu_cost.json.
+(loadtests/sim/calibrate/gateway_timing.py) and stored in the `gateway` section of loadtests/sim/fleet/cpu_cost.json.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtests.fleet.cost_models import CPU_FIT
+from loadtests.sim.fleet.cost_models import CPU_FIT
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from engine_core.kv_pool import PageAllocator
 from engine_core.request import Request
 from engine_core.sampler import Sampler
 from engine_core.sampling_params import SamplingParams
-from loadtests.fleet.cost_models import shape_of
+from loadtests.sim.fleet.cost_models import shape_of
 
 VOCAB = 256  # token ids stay small ints (cached by CPython); prompts use ids 1..255
 EOS = 0

@@ -1,5 +1,5 @@
 """`duet bench fleet-calibrate`: measure the real ModelRunner's step times on this machine and fit the `cpu`
-cost model (loadtests/fleet/cost_models.LinearCostModel) to them, written to loadtests/fleet/cpu_cost.json.
+cost model (loadtests/sim/fleet/cost_models.LinearCostModel) to them, written to loadtests/sim/fleet/cpu_cost.json.
 
 The model is the checkpoint the local stack runs (default: `duet bench compare`'s random checkpoint of
 SmolLM2-135M's shape, with `--threads 1` as each of its workers). Shapes: prefill chunks of 16..2048 tokens
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from engine_core.forward_batch import SeqChunk
-from loadtests.fleet.cost_models import CPU_FIT, LinearCostModel, StepShape, shape_of
+from loadtests.sim.fleet.cost_models import CPU_FIT, LinearCostModel, StepShape, shape_of
 
 FEATURES = ("intercept_s", "per_prefill_token_s", "per_decode_token_s", "per_attended_pair_s", "per_row_s",
             "per_decode_context_token_s")
@@ -108,7 +108,7 @@ def measure(model: str | None = None, threads: int = 1, repeats: int = 3, out: P
     model_fit = LinearCostModel("cpu", **coefficients)
     errors = [abs(model_fit.step_seconds(s) - t) / t for s, t in points]
     result = {
-        "how": "duet bench fleet-calibrate (loadtests/fleet/calibrate.py): the real ModelRunner, median of "
+        "how": "duet bench fleet-calibrate (loadtests/sim/calibrate/steps.py): the real ModelRunner, median of "
                f"{repeats} runs per step shape after a warm-up",
         "model": model_dir.path.name if hasattr(model_dir.path, "name") else str(model_dir.path),
         "threads": threads, "torch": torch.__version__, "machine": platform.processor() or platform.machine(),

@@ -3,11 +3,11 @@
 Replays a team's own trace (Mooncake JSONL, Azure CSV or an OpenAI request log: loadtests/traces/formats.py)
 against the three deployments and recommends one, with the figures behind it:
 
-    all_paged    N engine_paged workers, the SGLang-style cache-aware routing (loadtests/routing_baselines.py)
+    all_paged    N engine_paged workers, the SGLang-style cache-aware routing (loadtests/sim/routing/baselines.py)
     all_prefix   N engine_prefix workers, the SGLang-style cache-aware routing
     duet         k engine_paged + (N - k) engine_prefix behind Duet's routing, for every k in 1..N-1
 
-`--simulate` replays it in the routing simulator (loadtests/experiments/simulate_routing.py: per-worker LRU block
+`--simulate` replays it in the routing simulator (loadtests/sim/routing/simulate.py: per-worker LRU block
 caches, FIFO prefill, batched decode; seconds for a whole trace). The simulated engines differ only in
 the kind routing sees, so there the comparison measures what routing by kind does to caches and
 queues (documents kept off the session workers' caches, sessions kept together); all_paged and
@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadtests.experiments.routing_baselines import SGLangCacheAware
-from loadtests.experiments.simulate_routing import DuetPolicy, ServiceModel, global_cache_hit_rate, simulate
+from loadtests.sim.routing.baselines import SGLangCacheAware
+from loadtests.sim.routing.simulate import DuetPolicy, ServiceModel, global_cache_hit_rate, simulate
 from loadtests.traces.mooncake import TraceRecord
 
 MARGIN = 0.05  # duet must beat the better homogeneous stack's goodput by 5% to be worth two engine kinds
@@ -136,9 +136,9 @@ def advise_local(trace: str, s: AdviseSettings, model: str | None = None, max_pr
 
     from duet.tokenizer import Tokenizer
     from loadtests.experiments import compare
-    from loadtests.experiments.stack import ServingStack
     from loadtests.load.report import Slo, summarize
     from loadtests.load.workloads import BenchRequest, TokenSource
+    from loadtests.stack.serving import ServingStack
     from loadtests.traces.formats import detect_format, load_any
 
     s.validate()

@@ -7,7 +7,7 @@ Stacks (each the same N workers, the same engine profile and cost model):
     duet_P:Q      a fixed split behind Duet's routing (`--split 16:16`, several allowed)
     paged_duet_routing, prefix_duet_routing   (on request) one kind behind Duet's routing: the routing's share
 
-Each stack's figures are loadtests/fleet/report.py's (goodput, SLO attainment, TTFT/TPOT p50/p99 per class),
+Each stack's figures are loadtests/sim/fleet/report.py's (goodput, SLO attainment, TTFT/TPOT p50/p99 per class),
 plus `goodput_ratio_vs_best_homogeneous`. With `--find-rate`, the rate is first set to the one at which the
 best homogeneous stack meets its SLOs for `--attainment` (0.9) of requests (bisection on the rate multiplier),
 and every stack also gets `capacity_rate` (the highest multiplier at which IT meets that attainment) and
@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass, field, replace
 
 from gateway.pool_planner import PlannerConfig
-from loadtests.class_slo import FLEET_SLOS, ClassSlo
-from loadtests.fleet.cost_models import COST_MODELS, cost_model
-from loadtests.fleet.engine import EngineProfile
-from loadtests.fleet.report import add_ratios, summarize
-from loadtests.fleet.simulator import FleetSim, SimSettings, StackSpec
-from loadtests.fleet.workload import CLASSES, build
+from loadtests.load.class_slo import FLEET_SLOS, ClassSlo
+from loadtests.sim.fleet.cost_models import COST_MODELS, cost_model
+from loadtests.sim.fleet.engine import EngineProfile
+from loadtests.sim.fleet.report import add_ratios, summarize
+from loadtests.sim.fleet.simulator import FleetSim, SimSettings, StackSpec
+from loadtests.sim.fleet.workload import CLASSES, build
 
 STACKS = ("all_paged", "all_prefix", "duet_planner")
 # one kind behind Duet's routing: what the routing alone is worth, without a second engine kind (shown, not

@@ -1,4 +1,4 @@
-"""Per-class service figures of one simulated stack, judged by the per-class SLOs of loadtests/class_slo.py.
+"""Per-class service figures of one simulated stack, judged by the per-class SLOs of loadtests/load/class_slo.py.
 
 A request meets its SLO when its TTFT and its TPOT (mean time per output token after the first) are both
 within its class's bounds (`FLEET_SLOS[cost_model]` there: chat and document, each cost model's own, with
@@ -10,12 +10,12 @@ stay in seconds.
 
 from __future__ import annotations
 
-from loadtests.class_slo import FLEET_SLOS, ClassSlo, parse_class_slos
-from loadtests.fleet.workload import CLASSES
+from loadtests.load.class_slo import FLEET_SLOS, ClassSlo, parse_class_slos
+from loadtests.sim.fleet.workload import CLASSES
 
 
 def parse_slos(text: str | None, cost_model: str, flag: str = "--slo") -> ClassSlo:
-    """FLEET_SLOS of the cost model with `text`'s overrides (loadtests/class_slo.py's syntax, ms)."""
+    """FLEET_SLOS of the cost model with `text`'s overrides (loadtests/load/class_slo.py's syntax, ms)."""
     return parse_class_slos(text, FLEET_SLOS[cost_model], CLASSES, flag)
 
 

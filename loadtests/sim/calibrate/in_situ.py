@@ -1,7 +1,7 @@
 """`duet bench fleet-calibrate --in-situ`: how much slower the step fit's steps run inside the running stack than
 in the runner alone, measured on a window of the trace that `--validate` does not use.
 
-The step fit (calibrate.py) times the ModelRunner alone in one process. A worker of the local stack runs the same
+The step fit (steps.py) times the ModelRunner alone in one process. A worker of the local stack runs the same
 forward with its gRPC server, its output streaming and the gateway's load polls on the same core, while the gateway
 and the load client take CPU wherever they run: `--validate`'s step check found the served forward at about 1.1x
 the fit on decode and up to 1.4x on prefill. This command runs the pinned stack `--validate` runs, at its rate,
@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from loadtests.fleet.cost_models import STEP_KINDS
+from loadtests.sim.fleet.cost_models import STEP_KINDS
 
 START_S = 330.0  # the held-out window's start in trace seconds (module docstring)
 MIN_STEPS = 10  # an engine kind's own factor for a step kind needs this many of its steps of that kind
@@ -64,20 +64,20 @@ def in_situ_factors(steps_by_worker: dict, engine_of: dict | None = None) -> dic
 
 
 def measure_in_situ(out: Path, progress=None) -> dict:
-    from loadtests.fleet.engine import EngineProfile
-    from loadtests.fleet.step_check import classified_steps
-    from loadtests.fleet.validate import ValidateSettings, local
-    from loadtests.fleet.workload import MIXES, build
+    from loadtests.sim.fleet.engine import EngineProfile
+    from loadtests.sim.fleet.step_check import classified_steps
+    from loadtests.sim.fleet.validate import ValidateSettings, local
+    from loadtests.sim.fleet.workload import MIXES, build
 
     s = ValidateSettings()
     requests = build(MIXES["mixed"], s.window_s, s.rate, EngineProfile.for_cost_model("cpu").max_model_len,
                      max_output_tokens=s.max_output_tokens, max_prompt_tokens=s.max_prompt_tokens, start_s=START_S)
     with tempfile.TemporaryDirectory(prefix="duet-in-situ-trace-") as tmp:
         figures, pids, _ = local(requests, s, progress, Path(tmp))
-        # ServingStack names each worker "<kind>-<slot>" (loadtests/experiments/stack.py): "paged-0" -> "paged"
+        # ServingStack names each worker "<kind>-<slot>" (loadtests/stack/serving.py): "paged-0" -> "paged"
         engine_of = {pid: worker_id.split("-")[0] for pid, worker_id in pids.items()}
         section = in_situ_factors(classified_steps(Path(tmp)), engine_of)
-    section["how"] = (f"duet bench fleet-calibrate --in-situ (loadtests/fleet/calibrate_in_situ.py): the pinned stack "
+    section["how"] = (f"duet bench fleet-calibrate --in-situ (loadtests/sim/calibrate/in_situ.py): the pinned stack "
                       f"on trace seconds [{START_S:g}, {START_S + s.window_s:g}) of the mixed workload at x{s.rate:g}, "
                       f"{figures['completed']} of {figures['requests']} requests completed")
     section["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -1,5 +1,5 @@
 """The flags of `duet bench fleet` and `duet bench fleet-calibrate` (loadtests/cli.py adds them); argparse only,
-the runs import lazily. `--validate` hands over to loadtests/fleet/validate.py."""
+the runs import lazily. `--validate` hands over to loadtests/sim/fleet/validate.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from loadtests.fleet.cost_models import COST_MODELS
+from loadtests.sim.fleet.cost_models import COST_MODELS
 
 WINDOW_S, RATE = 300.0, 1.0  # the simulator runs' --window-s and --rate when not given
 
@@ -18,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Runs all-paged, all-prefix and Duet (with the pool planner, and any --split) over N simulated "
         "workers: each the real scheduler of its kind driven by the real EngineCore, its model replaced by a cost "
         "model on a virtual clock, behind the real gateway routing, prefix tables and pool planner "
-        "(loadtests/fleet/). Deterministic; prints goodput and TTFT/TPOT per traffic class.")
+        "(loadtests/sim/fleet/). Deterministic; prints goodput and TTFT/TPOT per traffic class.")
     p.add_argument("--cost-model", default="h200",
                    help="h200 (a roofline of Llama-3.1-8B on one H200), h200-70b (Llama-3.1-70B FP8 on one H200: a "
                    "fifth of the KV per worker) or cpu (fitted on this machine: duet bench fleet-calibrate)")
@@ -37,13 +37,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stacks", default="all_paged,all_prefix,duet_planner")
     p.add_argument("--split", action="append", default=[], help="a fixed Duet split PAGED:PREFIX (repeatable)")
     p.add_argument("--slo", default=None, help="per-class bounds in ms, e.g. chat.ttft=3000,document.ttft=6s,"
-                   "chat.tpot=100 (defaults: FLEET_SLOS in loadtests/class_slo.py)")
+                   "chat.tpot=100 (defaults: FLEET_SLOS in loadtests/load/class_slo.py)")
     p.add_argument("--max-output-tokens", type=int, default=None, help="cap each request's output")
     p.add_argument("--switch-s", type=float, default=None, help="planner: seconds a worker is away switching kind")
     p.add_argument("--planner-window-s", type=float, default=None, help="planner: rate window and cooldown "
                    "(default: the gateway's 30 s; a run of tens of virtual seconds needs a shorter one to act)")
     p.add_argument("--validate", action="store_true", help="run the workload on the local pinned stack and in the "
-                   "simulator (cpu model) and print the relative errors (loadtests/fleet/validate.py); it reads "
+                   "simulator (cpu model) and print the relative errors (loadtests/sim/fleet/validate.py); it reads "
                    "--window-s and --rate when given (default: 60 s at 0.5)")
     p.add_argument("--per-request", default=None, metavar="PATH", help="--validate: write both sides of every "
                    "request (engine, route reason, cached tokens, TTFT, TPOT) to PATH as JSON lines")
@@ -52,28 +52,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     c = sub.add_parser("fleet-calibrate", help="measure the real ModelRunner's step times and fit the cpu cost model",
                        description="Times the real ModelRunner at prefill, decode and mixed batch shapes and fits "
-                       "loadtests/fleet/cpu_cost.json (loadtests/fleet/calibrate.py).")
+                       "loadtests/sim/fleet/cpu_cost.json (loadtests/sim/calibrate/steps.py).")
     c.add_argument("--model", default=None, help="checkpoint (default: the local stack's SmolLM2-shaped one)")
     c.add_argument("--threads", type=int, default=1)
     c.add_argument("--repeats", type=int, default=3)
-    c.add_argument("--out", default=None, help="where to write the fit (default: loadtests/fleet/cpu_cost.json)")
+    c.add_argument("--out", default=None, help="where to write the fit (default: loadtests/sim/fleet/cpu_cost.json)")
     c.add_argument("--gateway", action="store_true", help="instead of the step fit, measure the gateway path "
-                   "(request and token times through the local stack's gateway: loadtests/fleet/calibrate_gateway.py) "
+                   "(request and token times through the local stack's gateway: loadtests/sim/calibrate/gateway_timing.py) "
                    "into the fit's `gateway` section")
     c.add_argument("--gateway-requests", type=int, default=12, help="--gateway: requests to time")
     c.add_argument("--neighbour", action="store_true", help="instead of the step fit, measure how much slower a step "
-                   "runs while the other core steps too (loadtests/fleet/calibrate_neighbour.py) into the fit's "
+                   "runs while the other core steps too (loadtests/sim/calibrate/neighbour.py) into the fit's "
                    "`neighbour_slowdown`")
     c.add_argument("--in-situ", action="store_true", help="instead of the step fit, measure how much slower its steps "
                    "run inside the pinned local stack, on a trace window --validate does not use "
-                   "(loadtests/fleet/calibrate_in_situ.py), into the fit's `in_situ` section (~2 min)")
+                   "(loadtests/sim/calibrate/in_situ.py), into the fit's `in_situ` section (~2 min)")
     c.set_defaults(func=_run_calibrate)
 
 
 def settings_from(args: argparse.Namespace):
-    from loadtests.fleet.bench import FleetSettings, parse_split
-    from loadtests.fleet.report import parse_slos
-    from loadtests.fleet.workload import parse_mix
+    from loadtests.sim.fleet.bench import FleetSettings, parse_split
+    from loadtests.sim.fleet.report import parse_slos
+    from loadtests.sim.fleet.workload import parse_mix
 
     if args.cost_model not in COST_MODELS:
         raise ValueError(f"--cost-model must be one of {', '.join(COST_MODELS)}, got {args.cost_model!r}")
@@ -90,7 +90,7 @@ def settings_from(args: argparse.Namespace):
 
 def validate_settings(args: argparse.Namespace):
     """--validate's workload: its own defaults, or --window-s / --rate when given on the command line."""
-    from loadtests.fleet.validate import ValidateSettings
+    from loadtests.sim.fleet.validate import ValidateSettings
 
     base = ValidateSettings()
     window = base.window_s if args.window_s is None else args.window_s
@@ -116,13 +116,13 @@ def _progress(line: str) -> None:
 
 def _run_fleet(args: argparse.Namespace) -> int:
     if args.validate:
-        from loadtests.fleet.validate import format_table as validate_table
-        from loadtests.fleet.validate import validate
+        from loadtests.sim.fleet.validate import format_table as validate_table
+        from loadtests.sim.fleet.validate import validate
 
         result = validate(validate_settings(args), progress=_progress, per_request=args.per_request)
         print(json.dumps(result, indent=2) if args.json else validate_table(result))
         return 0
-    from loadtests.fleet.bench import run
+    from loadtests.sim.fleet.bench import run
 
     result = run(settings_from(args), find_rate=args.find_rate, progress=_progress)
     print(json.dumps(result, indent=2) if args.json else format_table(result))
@@ -147,21 +147,21 @@ def format_table(result: dict) -> str:
 def _run_calibrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from loadtests.fleet.calibrate import measure
-    from loadtests.fleet.cost_models import CPU_FIT
+    from loadtests.sim.calibrate.steps import measure
+    from loadtests.sim.fleet.cost_models import CPU_FIT
 
     if args.in_situ:
-        from loadtests.fleet.calibrate_in_situ import measure_in_situ
+        from loadtests.sim.calibrate.in_situ import measure_in_situ
 
         print(json.dumps(measure_in_situ(Path(args.out) if args.out else CPU_FIT, _progress), indent=2))
         return 0
     if args.neighbour:
-        from loadtests.fleet.calibrate_neighbour import measure_neighbour
+        from loadtests.sim.calibrate.neighbour import measure_neighbour
 
         print(json.dumps(measure_neighbour(args.repeats, Path(args.out) if args.out else CPU_FIT, _progress), indent=2))
         return 0
     if args.gateway:
-        from loadtests.fleet.calibrate_gateway import measure_gateway
+        from loadtests.sim.calibrate.gateway_timing import measure_gateway
 
         if args.gateway_requests < 1:
             raise ValueError("--gateway-requests must be >= 1")

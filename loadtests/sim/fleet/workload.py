@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from loadtests.fleet.engine import VOCAB
+from loadtests.sim.fleet.engine import VOCAB
 from loadtests.traces import shipped
 from loadtests.traces.mooncake import TraceRecord, prompt_token_ids, session_key
 

@@ -10,8 +10,8 @@ Two models:
 - `cpu` (`LinearCostModel`): seconds = intercept + a*prefill + b*decode + c*attended_pairs + d*rows
   + e*decode_context, fitted by
   least squares to step timings of the real `ModelRunner` on this machine (`duet bench fleet-calibrate`,
-  loadtests/fleet/calibrate.py). The fit, its model, thread count and residuals are in
-  loadtests/fleet/cpu_cost.json.
+  loadtests/sim/calibrate/steps.py). The fit, its model, thread count and residuals are in
+  loadtests/sim/fleet/cpu_cost.json.
 - `h200` (`RooflineCostModel`): Llama-3.1-8B in bf16 on one H200. FLOPs per step = 2 x 6.98e9 linear
   parameters per new token + 2 x 0.525e9 (lm_head) per logits row + 4 x 32 layers x 4096 (q heads x head
   dim) per attended pair; bytes per step = 16.06e9 of weights (read once per step) + 131,072 B of K/V per
@@ -21,7 +21,7 @@ Two models:
   the 4.8 TB/s HBM3e bandwidth is a good decode kernel's share; 1.0 ms is the per-step host work (scheduling,
   sampling, launch) that CUDA graphs leave. A decode batch of 32 at 4k context costs 9.7 ms; a first 8,192-
   token prefill chunk 0.24 s (about 34k tokens/s). Checked against Duet's own steps at this shape on an H200
-  (loadtests/fleet/calibrate_h200.py; docs/benchmarks.md): prefill chunks of 512+ tokens 0.91-1.13x it, decode
+  (loadtests/sim/calibrate/h200.py; docs/benchmarks.md): prefill chunks of 512+ tokens 0.91-1.13x it, decode
   batches of up to 64 sequences 0.94-1.08x (CUDA graphs), 256 sequences up to 1.44x.
 """
 
@@ -107,7 +107,7 @@ def step_kind(s: StepShape) -> str:
 @dataclass(frozen=True)
 class InSituCostModel:
     """The fit's seconds times the factor its step kind measured in the running stack (cpu_cost.json's `in_situ`,
-    loadtests/fleet/calibrate_in_situ.py): a worker's forward shares its core with its gRPC server and streaming."""
+    loadtests/sim/calibrate/in_situ.py): a worker's forward shares its core with its gRPC server and streaming."""
 
     base: LinearCostModel
     prefill: float

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.route_types import RouteRequest, RoutingConfig, WorkerView
 from gateway.routing import route
-from loadtests.experiments.routing_baselines import (
+from loadtests.sim.routing.baselines import (
     POLICY_NAMES,
     ConsistentHash,
     LeastLoad,

@@ -1,5 +1,5 @@
 """`duet bench advise --fleet`: which deployment to run, answered by the fleet simulator (the real schedulers,
-router and cost model: loadtests/fleet/), for a trace, per-class SLOs and a fleet size.
+router and cost model: loadtests/sim/fleet/), for a trace, per-class SLOs and a fleet size.
 
 Options: all engine_paged and all engine_prefix, each behind the SGLang-style cache-aware router and behind
 Duet's router (`paged_duet_routing`, `prefix_duet_routing`), and Duet at fixed splits P + Q (default: a quarter,
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from loadtests.experiments.advise import MARGIN
-from loadtests.fleet.bench import ROUTING_ONLY, FleetSettings, run
+from loadtests.advise.routing_sim import MARGIN
+from loadtests.sim.fleet.bench import ROUTING_ONLY, FleetSettings, run
 
 WORKER_HOUR_USD = {"h200": 3.50, "h200-70b": 3.50, "cpu": 0.05}
 

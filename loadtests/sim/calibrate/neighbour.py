@@ -1,7 +1,7 @@
 """`duet bench fleet-calibrate --neighbour`: how much slower a model step runs while the other core runs one too,
-stored as `neighbour_slowdown` in loadtests/fleet/cpu_cost.json.
+stored as `neighbour_slowdown` in loadtests/sim/fleet/cpu_cost.json.
 
-The step fit (calibrate.py) times one runner with the rest of the machine idle, but the local stack --validate
+The step fit (steps.py) times one runner with the rest of the machine idle, but the local stack --validate
 runs pins a worker to each core, and two busy cores share the last-level cache and the memory bandwidth. Here
 the runner is pinned to one core and timed at a prefill and a decode shape, alternately alone and with a second
 process (the same model, pinned to the other core) stepping a prefill in a loop. The figure is the median ratio
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from loadtests.fleet.cost_models import CPU_FIT
+from loadtests.sim.fleet.cost_models import CPU_FIT
 
 SHAPES = ([(256, 0)], [(1, 1024)] * 16)  # a prefill chunk, a decode batch
 
@@ -43,7 +43,7 @@ def _runner():
 
 def _neighbour(core: int, seconds: float) -> None:
     """The neighbour: prefill steps on `core` for `seconds`."""
-    from loadtests.fleet.calibrate import _chunks
+    from loadtests.sim.calibrate.steps import _chunks
 
     os.sched_setaffinity(0, {core})
     rt, vocab = _runner()
@@ -54,7 +54,7 @@ def _neighbour(core: int, seconds: float) -> None:
 
 
 def measure_neighbour(repeats: int = 3, out: Path = CPU_FIT, progress=None) -> dict:
-    from loadtests.fleet.calibrate import _chunks
+    from loadtests.sim.calibrate.steps import _chunks
 
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
@@ -76,7 +76,7 @@ def measure_neighbour(repeats: int = 3, out: Path = CPU_FIT, progress=None) -> d
     ratios = []
     for i in range(repeats):
         alone = [cpu_s(c) for c in steps]
-        neighbour = subprocess.Popen([sys.executable, "-m", "loadtests.fleet.calibrate_neighbour", str(cores[0]), "15"],
+        neighbour = subprocess.Popen([sys.executable, "-m", "loadtests.sim.calibrate.neighbour", str(cores[0]), "15"],
                                      env=dict(os.environ, OMP_NUM_THREADS="1"))
         try:
             time.sleep(4.0)  # its model loaded and stepping
@@ -91,7 +91,7 @@ def measure_neighbour(repeats: int = 3, out: Path = CPU_FIT, progress=None) -> d
     slowdown = max(0.0, statistics.median(ratios) - 1.0)
     fit = json.loads(Path(out).read_text()) if Path(out).is_file() else {}
     fit["neighbour_slowdown"] = round(slowdown, 4)
-    fit["neighbour_slowdown_how"] = (f"duet bench fleet-calibrate --neighbour (loadtests/fleet/calibrate_neighbour.py): "
+    fit["neighbour_slowdown_how"] = (f"duet bench fleet-calibrate --neighbour (loadtests/sim/calibrate/neighbour.py): "
                                      f"median of {len(ratios)} CPU-time ratios, "
                                      f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     Path(out).write_text(json.dumps(fit, indent=1) + "\n")

@@ -1,6 +1,6 @@
 """`duet bench fleet-calibrate --gateway`: measure the gateway path the fleet simulator models
-(loadtests/fleet/gateway_path.py) on the local stack --validate runs, and store it in the `gateway` section of
-loadtests/fleet/cpu_cost.json (the step fit there is left as it is).
+(loadtests/sim/fleet/gateway_path.py) on the local stack --validate runs, and store it in the `gateway` section of
+loadtests/sim/fleet/cpu_cost.json (the step fit there is left as it is).
 
 One engine_paged worker, pinned, behind the gateway, with its step trace on (engine_core/step_trace.py). The
 client sends `requests` streaming completions one at a time to the idle stack (token-id prompts of
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from loadtests.fleet.cost_models import CPU_FIT
+from loadtests.sim.fleet.cost_models import CPU_FIT
 
 
 def _one(client: httpx.Client, url: str, model: str, prompt: list[int]) -> tuple[float, float]:
@@ -42,7 +42,7 @@ def _one(client: httpx.Client, url: str, model: str, prompt: list[int]) -> tuple
 
 def measure_gateway(requests: int = 12, prompt_tokens: int = 512, out: Path = CPU_FIT, progress=None) -> dict:
     from engine_core.step_trace import read_traces
-    from loadtests.fleet.validate import pinned_stack
+    from loadtests.sim.fleet.validate import pinned_stack
 
     if requests < 1 or prompt_tokens < 2:
         raise ValueError(f"--gateway needs >= 1 request of >= 2 prompt tokens, got {requests} and {prompt_tokens}")
@@ -63,7 +63,7 @@ def measure_gateway(requests: int = 12, prompt_tokens: int = 512, out: Path = CP
     request_s = [st["t"] - sent for st, (sent, _) in zip(steps, sends)]
     token_s = [finished - (st["t"] + st["step_s"]) for st, (_, finished) in zip(steps, sends)]
     section = {"request_s": round(statistics.median(request_s), 6), "token_s": round(statistics.median(token_s), 6),
-               "how": f"duet bench fleet-calibrate --gateway (loadtests/fleet/calibrate_gateway.py): {requests} "
+               "how": f"duet bench fleet-calibrate --gateway (loadtests/sim/calibrate/gateway_timing.py): {requests} "
                       f"requests of {prompt_tokens} prompt tokens, one at a time, medians",
                "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "request_s_range": [round(min(request_s), 6), round(max(request_s), 6)],

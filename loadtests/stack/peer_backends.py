@@ -5,7 +5,7 @@
     vllm_paged_duet_prefix  vLLM as the paged pool plus one Duet prefix worker, Duet's routing between them.
 
 Each starts its own vLLM server (the same flags as the `vllm` side, plus what the gateway needs of it:
-`peer_vllm.backend_args`, KV events included), so no stack sees a cache another one warmed. Their figures
+`vllm_server.backend_args`, KV events included), so no stack sees a cache another one warmed. Their figures
 join the peer JSON as sides beside the Duet engine kinds.
 
 The gateway's overhead is read on one server: duet_over_vllm's vLLM is first measured directly (side
@@ -33,7 +33,7 @@ def wrapped_side(stack: str) -> str:
 
 
 def backend_entry(server, kv_port: int, replay_port: int) -> dict:
-    """The gateway config's `backends` entry for a peer_vllm.VllmServer started with backend_args()."""
+    """The gateway config's `backends` entry for a vllm_server.VllmServer started with backend_args()."""
     return {"engine": "vllm", "url": server.url, "kind": "paged",
             "kv_events": {"endpoint": f"tcp://127.0.0.1:{kv_port}",
                           "replay_endpoint": f"tcp://127.0.0.1:{replay_port}", "topic": "kv"}}
@@ -44,8 +44,8 @@ def measure_stack(name: str, venv: Path, model: Path, served_name: str, log_dir:
     """{side: {load: figures}}: the stack's, and for duet_over_vllm its server's alone (DIRECT) as well;
     `measure(url, tag)` runs the loads against a URL, on the prompts `tag` keys."""
     from duet.launcher import free_port
-    from loadtests.experiments import peer_vllm
-    from loadtests.experiments.stack import NO_DRAFTING, ServingStack
+    from loadtests.stack import vllm_server
+    from loadtests.stack.serving import NO_DRAFTING, ServingStack
 
     if name not in STACKS:
         raise ValueError(f"unknown stack {name!r}; choose from {', '.join(STACKS)}")
@@ -54,8 +54,8 @@ def measure_stack(name: str, venv: Path, model: Path, served_name: str, log_dir:
     stack_dir.mkdir(parents=True, exist_ok=True)
     kv_port, replay_port = free_port(), free_port()
     progress(f"{name}: vllm behind Duet's gateway" + (" + one Duet prefix worker" if kinds else ""))
-    with peer_vllm.VllmServer(venv, model, served_name, stack_dir, **vllm_limits,
-                              extra_args=peer_vllm.backend_args(kv_port, replay_port)) as server:
+    with vllm_server.VllmServer(venv, model, served_name, stack_dir, **vllm_limits,
+                              extra_args=vllm_server.backend_args(kv_port, replay_port)) as server:
         sides = {}
         if name == "duet_over_vllm":
             progress(f"{name}: its vllm server alone first ({DIRECT})")

@@ -1,9 +1,9 @@
-"""`FleetSim`: one stack of simulated workers (loadtests/fleet/engine.py) behind the real gateway's decisions,
+"""`FleetSim`: one stack of simulated workers (loadtests/sim/fleet/engine.py) behind the real gateway's decisions,
 run as a discrete-event loop over virtual time (no sleeping, no threads).
 
 Events, in time order (ties in the order they were made): a request's arrival (the client's send), its
 reaching the worker (`ROUTE`: after the gateway's FIFO, `GatewayPath.request_s` a request:
-loadtests/fleet/gateway_path.py; at once when that is 0), a worker's step boundary, the gateway's load poll
+loadtests/sim/fleet/gateway_path.py; at once when that is 0), a worker's step boundary, the gateway's load poll
 (every `GatewayPath.poll_interval_s`, when set), the pool planner's tick (every `tick_s`, as the gateway's
 pool loop) and the end of a worker's kind switch. A token reaches the client `GatewayPath.token_s` after the
 step that made it. When it reaches the gateway's routing the request is routed exactly as gateway/generation.py routes it: its prompt's chained block
@@ -37,11 +37,11 @@ from gateway.pool_tracker import PoolTracker
 from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.route_types import RouteRequest, RoutingConfig, WorkerView
 from gateway.routing import route
-from loadtests.experiments.routing_baselines import SGLangRoute
-from loadtests.fleet.cost_models import for_engine
-from loadtests.fleet.engine import MODEL_ID, EngineProfile, SimEngine, make_request
-from loadtests.fleet.gateway_path import GatewayPath, GatewayQueue
-from loadtests.fleet.workload import FleetRequest
+from loadtests.sim.fleet.cost_models import for_engine
+from loadtests.sim.fleet.engine import MODEL_ID, EngineProfile, SimEngine, make_request
+from loadtests.sim.fleet.gateway_path import GatewayPath, GatewayQueue
+from loadtests.sim.fleet.workload import FleetRequest
+from loadtests.sim.routing.baselines import SGLangRoute
 
 HASH_BLOCK = 16  # the gateway's block size: both kinds report 16-token hash blocks at page size 16
 MAX_HASH_BLOCKS = 256  # gateway/config.py max_hash_blocks
