@@ -138,7 +138,7 @@ def advise_local(trace: str, s: AdviseSettings, model: str | None = None, max_pr
     from loadtests.experiments import compare
     from loadtests.load.report import Slo, summarize
     from loadtests.load.workloads import BenchRequest, TokenSource
-    from loadtests.stack.serving import ServingStack
+    from loadtests.stack.serving import ServingStack, preset_checkpoint
     from loadtests.traces.formats import detect_format, load_any
 
     s.validate()
@@ -146,7 +146,7 @@ def advise_local(trace: str, s: AdviseSettings, model: str | None = None, max_pr
     simulated = simulate_all(records, s)
     reuse = reuse_share(records)
     split = simulated[recommend(simulated, reuse)["best_duet"]]["workers"]
-    model_dir = Path(model).expanduser().resolve() if model else compare.preset_checkpoint("bench")
+    model_dir = Path(model).expanduser().resolve() if model else preset_checkpoint("bench")
     src = TokenSource.from_model_dir(model_dir)
     t0 = records[0].timestamp_ms
     requests = []

@@ -43,7 +43,7 @@ COUNTERS = ("num_preemptions", "reused_pages_evicted")
 
 @dataclass(frozen=True)
 class Settings:
-    model: str | None = None  # None: a random checkpoint of `preset` (compare.preset_checkpoint)
+    model: str | None = None  # None: a random checkpoint of `preset` (loadtests.stack.serving.preset_checkpoint)
     preset: str = "smollm2"
     kinds: tuple[str, ...] = KINDS
     workloads: tuple[str, ...] = WORKLOADS

@@ -61,7 +61,7 @@ from loadtests.load.report import Slo, summarize
 from loadtests.load.workloads import SESSION_TURNS, BenchRequest, TokenSource, mix
 from loadtests.sim.routing.baselines import SGLANG_ROUTING_POLICY
 from loadtests.stack.pinning import core_plan
-from loadtests.stack.serving import EngineLimits, ServingStack, paged_prefix_caching_flags
+from loadtests.stack.serving import EngineLimits, ServingStack, paged_prefix_caching_flags, preset_checkpoint
 
 CONFIGS = {
     # name: (engine kinds of the workers, given the worker count; routing policy; pool planner on)
@@ -154,14 +154,6 @@ def parse_mix(text: str) -> tuple[tuple[str, float], ...]:
 
 QUICK = Settings(preset="bench", workers=2, num_requests=24, rates=("light",), repeats=1, max_prompt_tokens=512,
                  max_tokens=16)
-
-
-def preset_checkpoint(preset: str) -> Path:
-    """A random checkpoint of the preset's shape (timing depends on the shape, not the weights: the headline
-    uses SmolLM2-135M's), made once under the cache dir (DUET_CACHE_DIR overrides) and reused."""
-    from duet.model_make import cached_model_dir
-
-    return cached_model_dir(preset, "llama")
 
 
 def requests_for(s: Settings, rate: float) -> int:

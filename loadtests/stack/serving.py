@@ -33,7 +33,7 @@ from duet.launcher import (
 from duet.supervisor import RestartPolicy
 
 __all__ = ["ADMIN_KEY", "NO_DRAFTING", "EngineLimits", "ServingStack", "StackError", "free_port",
-           "paged_prefix_caching_flags"]
+           "paged_prefix_caching_flags", "preset_checkpoint"]
 
 ADMIN_KEY = "bench-admin"  # the stack is private to the benchmark: a fixed key is enough
 DEFAULT_LIMITS = EngineLimits()
@@ -45,6 +45,14 @@ def paged_prefix_caching_flags() -> list[str]:
     """The flag a paged worker gets when its limits keep prefix caching on (duet.launcher.worker_argv
     passes it, or --no-enable-prefix-caching when they turn it off); `duet engine paged` has it."""
     return ["--enable-prefix-caching"]
+
+
+def preset_checkpoint(preset: str) -> Path:
+    """A random checkpoint of the preset's shape (timing depends on the shape, not the weights: the headline
+    uses SmolLM2-135M's), made once under the cache dir (DUET_CACHE_DIR overrides) and reused."""
+    from duet.model_make import cached_model_dir
+
+    return cached_model_dir(preset, "llama")
 
 
 class ServingStack:

@@ -16,10 +16,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 from duet.launcher import WorkerSpec, worker_argv
-from loadtests.cli import build_parser, compare_settings
+from loadtests.cli import build_parser
 from loadtests.experiments import classes
 from loadtests.experiments.classes_cli import classes_settings
 from loadtests.experiments.compare import CONFIGS, stack_for
+from loadtests.experiments.compare_cli import compare_settings
 from loadtests.load.class_slo import (
     CLASS_SLOS,
     DEFAULT_BOUND,

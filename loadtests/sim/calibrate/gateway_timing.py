@@ -42,12 +42,12 @@ def _one(client: httpx.Client, url: str, model: str, prompt: list[int]) -> tuple
 
 def measure_gateway(requests: int = 12, prompt_tokens: int = 512, out: Path = CPU_FIT, progress=None) -> dict:
     from engine_core.step_trace import read_traces
-    from loadtests.sim.fleet.validate import pinned_stack
+    from loadtests.sim.fleet.validate import cpu_stack
 
     if requests < 1 or prompt_tokens < 2:
         raise ValueError(f"--gateway needs >= 1 request of >= 2 prompt tokens, got {requests} and {prompt_tokens}")
     sends = []
-    with (tempfile.TemporaryDirectory(prefix="duet-gateway-trace-") as tmp, pinned_stack(("paged",), Path(tmp)) as
+    with (tempfile.TemporaryDirectory(prefix="duet-gateway-trace-") as tmp, cpu_stack(("paged",), Path(tmp)) as
           (stack, model_dir), httpx.Client(timeout=120.0) as client):
         _one(client, stack.url, model_dir.name, list(range(1, prompt_tokens + 1)))  # warm-up
         for i in range(requests):

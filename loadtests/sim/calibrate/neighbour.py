@@ -34,7 +34,7 @@ def _runner():
 
     from duet.model_dir import read_model_dir
     from engine_core.builder import build_runtime
-    from loadtests.experiments.compare import preset_checkpoint
+    from loadtests.stack.serving import preset_checkpoint
 
     torch.set_num_threads(1)
     model_dir = read_model_dir(str(preset_checkpoint("smollm2")))

@@ -84,7 +84,7 @@ def fit(points: list[tuple[StepShape, float]]) -> dict[str, float]:
 def measure(model: str | None = None, threads: int = 1, repeats: int = 3, out: Path = CPU_FIT, progress=None) -> dict:
     from duet.model_dir import read_model_dir
     from engine_core.builder import build_runtime
-    from loadtests.experiments.compare import preset_checkpoint
+    from loadtests.stack.serving import preset_checkpoint
 
     torch.set_num_threads(threads)
     model_dir = read_model_dir(str(model) if model else str(preset_checkpoint("smollm2")))

@@ -29,10 +29,8 @@ import asyncio
 import dataclasses
 import inspect
 import json
-import os
 import statistics
 import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,15 +79,6 @@ def _error(sim, local):
     if sim is None or local is None or local == 0:
         return None
     return round(abs(sim - local) / local, 4)
-
-
-def _pin(pid: int, core: int) -> None:
-    """Every thread of the worker (its step loop and gRPC threads exist by now) onto one core, as `taskset -a -p`."""
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            os.sched_setaffinity(int(task), {core})
-        except ProcessLookupError:
-            pass  # a thread that just ended
 
 
 def stack_poll_interval_s() -> float:
@@ -148,37 +137,19 @@ def simulated_served(requests, s: ValidateSettings, poll_phase_s: float | None =
     return sim.run()
 
 
-@contextmanager
-def pinned_stack(kinds: tuple[str, ...], trace_dir: Path | None = None):
-    """The local stack --validate runs: (stack, model dir). Each worker pinned to its own core; with
-    `trace_dir`, each worker writes its step trace there (DUET_STEP_TRACE, engine_core/step_trace.py)."""
+def cpu_stack(kinds: tuple[str, ...], trace_dir: Path | None = None):
+    """The local stack --validate runs (a context manager yielding (stack, model dir)): `kinds` on the `cpu`
+    profile's limits and `duet bench compare`'s SmolLM2-shaped checkpoint, each worker on its own core
+    (loadtests/stack/pinning.pinned_stack), with its step trace in `trace_dir` when given."""
     from duet.launcher import EngineLimits
-    from engine_core.step_trace import STEP_TRACE_ENV
-    from loadtests.experiments import compare
     from loadtests.sim.fleet.engine import EngineProfile
-    from loadtests.stack.serving import NO_DRAFTING, ServingStack
+    from loadtests.stack.pinning import pinned_stack
+    from loadtests.stack.serving import preset_checkpoint
 
     profile = EngineProfile.for_cost_model("cpu")
-    model_dir = compare.preset_checkpoint("smollm2")
     limits = EngineLimits(kv_cache_tokens=profile.kv_cache_tokens, max_num_seqs=profile.max_num_seqs,
                           max_num_batched_tokens=profile.max_num_batched_tokens, page_size=profile.page_size)
-    cores = sorted(os.sched_getaffinity(0))
-    before = os.environ.get(STEP_TRACE_ENV)
-    if trace_dir is not None:
-        os.environ[STEP_TRACE_ENV] = str(trace_dir)  # the workers inherit it; the gateway ignores it
-    try:
-        # the simulator does not model drafting, so the local prefix worker does not draft either
-        with ServingStack(model_dir, list(kinds), {}, limits, worker_args=NO_DRAFTING) as stack:
-            for i, (worker_id, _, _) in enumerate(stack.slots):
-                pid = stack.supervisor.pid(worker_id)
-                if pid is not None and len(cores) >= len(kinds):
-                    _pin(pid, cores[i % len(cores)])
-            yield stack, model_dir
-    finally:
-        if before is None:
-            os.environ.pop(STEP_TRACE_ENV, None)
-        else:
-            os.environ[STEP_TRACE_ENV] = before
+    return pinned_stack(preset_checkpoint("smollm2"), kinds, limits, trace_dir)
 
 
 def local(requests, s: ValidateSettings, progress=None, trace_dir: Path | None = None) -> tuple[dict, dict, list]:
@@ -192,7 +163,7 @@ def local(requests, s: ValidateSettings, progress=None, trace_dir: Path | None =
     profile = EngineProfile.for_cost_model("cpu")
     bench = [BenchRequest(r.request_id, r.traffic_class, tuple(r.prompt(profile.max_model_len)), r.max_tokens,
                           arrival_s=r.arrival_s, session_id=r.session) for r in requests]
-    with pinned_stack(s.kinds, trace_dir) as (stack, model_dir):
+    with cpu_stack(s.kinds, trace_dir) as (stack, model_dir):
         if progress:
             progress(f"local stack up ({len(s.kinds)} workers pinned to cores); sending {len(bench)} requests")
         records = asyncio.run(arun_benchmark(stack.url, model_dir.name, bench,
