@@ -140,18 +140,6 @@ class Settings:
         return self
 
 
-def parse_mix(text: str) -> tuple[tuple[str, float], ...]:
-    """'multi_turn=2,agent=1,long_doc=1' -> the shares."""
-    out = []
-    for part in text.split(","):
-        name, _, value = part.partition("=")
-        try:
-            out.append((name.strip(), float(value)))
-        except ValueError:
-            raise CompareError(f"--mix: {part!r} is not class=share") from None
-    return tuple(out)
-
-
 QUICK = Settings(preset="bench", workers=2, num_requests=24, rates=("light",), repeats=1, max_prompt_tokens=512,
                  max_tokens=16)
 

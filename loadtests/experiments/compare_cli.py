@@ -50,6 +50,7 @@ def compare_settings(args: argparse.Namespace):
 
     from loadtests.experiments import compare
     from loadtests.load.class_slo import ClassSlo, parse_class_slos
+    from loadtests.load.workloads import parse_shares
 
     s = compare.QUICK if args.quick else compare.Settings()
     if args.pin_cores:
@@ -63,7 +64,7 @@ def compare_settings(args: argparse.Namespace):
     if args.rates:
         s = replace(s, rates=tuple(r.strip() for r in args.rates.split(",") if r.strip()))
     if args.mix:
-        s = replace(s, shares=compare.parse_mix(args.mix))
+        s = replace(s, shares=tuple(parse_shares(args.mix, tuple(compare.SHARES)).items()))
     if args.kv_cache_tokens is not None:
         s = replace(s, limits=replace(s.limits, kv_cache_tokens=args.kv_cache_tokens))
     if args.configs:

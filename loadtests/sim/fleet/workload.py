@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from loadtests.load.workloads import WorkloadError, parse_shares
 from loadtests.sim.fleet.engine import VOCAB
 from loadtests.traces import shipped
 from loadtests.traces.mooncake import TraceRecord, prompt_token_ids, session_key
@@ -31,10 +32,6 @@ from loadtests.traces.mooncake import TraceRecord, prompt_token_ids, session_key
 SOURCES = {"mooncake": "chat", "azure_code": "document", "azure_conv": "document"}  # shipped name -> class
 MIXES = {"mixed": {"mooncake": 1.0, "azure_code": 1.0}, "chat": {"mooncake": 1.0}, "documents": {"azure_code": 1.0}}
 CLASSES = ("chat", "document")
-
-
-class WorkloadError(ValueError):
-    """A workload that cannot be built (unknown source or mix, bad numbers, a missing trace)."""
 
 
 @dataclass(frozen=True)
@@ -54,26 +51,17 @@ class FleetRequest:
 
 
 def parse_mix(text: str) -> dict[str, float]:
-    """`mixed`, `chat`, `documents`, `source=multiplier,...` (sources: mooncake, azure_code, azure_conv), or the
-    path of a trace file (any format loadtests/traces/formats.py reads)."""
+    """`mixed`, `chat`, `documents`, `source=multiplier,...` (sources: mooncake, azure_code, azure_conv; a source
+    at 0 is left out), or the path of a trace file (any format loadtests/traces/formats.py reads)."""
     if text in MIXES:
         return dict(MIXES[text])
     if Path(text).is_file():
         return {text: 1.0}
-    out = {}
-    for part in text.split(","):
-        name, _, value = part.partition("=")
-        name = name.strip()
-        if name not in SOURCES:
-            raise WorkloadError(f"--trace: unknown source {name!r}; expected {', '.join(MIXES)} or "
-                                f"source=multiplier with sources {', '.join(SOURCES)}")
-        try:
-            out[name] = float(value or 1.0)
-        except ValueError:
-            raise WorkloadError(f"--trace: {part!r}: the multiplier must be a number") from None
-        if out[name] <= 0:
-            raise WorkloadError(f"--trace: {part!r}: the multiplier must be > 0")
-    return out
+    try:
+        shares = parse_shares(text, tuple(SOURCES), "--trace", "source")
+    except WorkloadError as e:
+        raise WorkloadError(f"{e}; or a mix: {', '.join(MIXES)}; or a trace file") from None
+    return {name: share for name, share in shares.items() if share > 0}
 
 
 @lru_cache(maxsize=8)
