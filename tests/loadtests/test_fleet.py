@@ -164,13 +164,14 @@ def _option(paged, prefix, goodput, p99=1.0):
 
 
 def test_advise_recommends_a_split_only_past_the_margin():
-    from loadtests.advise.fleet import default_splits, recommend
+    from loadtests.advise.fleet import default_splits
+    from loadtests.advise.rule import recommend
 
     assert default_splits(32) == ((8, 24), (16, 16), (24, 8))
     assert default_splits(2) == ((1, 1),)
     options = {"all_paged": _option(4, 0, 1.0), "all_prefix": _option(0, 4, 2.0), "duet_2:2": _option(2, 2, 2.05)}
     rec = recommend(options)
-    assert (rec["deployment"], rec["paged"], rec["prefix"]) == ("all_prefix", 0, 4)  # 1.025x is within the margin
+    assert (rec["deployment"], rec["split"]) == ("all_prefix", {"paged": 0, "prefix": 4})  # 1.025x: within the margin
     assert rec["router"] == "sglang-style"
     options["duet_2:2"] = _option(2, 2, 3.0)
     rec = recommend(options)
@@ -178,13 +179,13 @@ def test_advise_recommends_a_split_only_past_the_margin():
 
 
 def test_advise_credits_a_gain_to_the_router_when_one_kind_behind_it_does_as_well():
-    from loadtests.advise.fleet import recommend
+    from loadtests.advise.rule import recommend
 
     # the split beats the SGLang-style fleets by 1.5x, but all-prefix behind Duet's router serves 2.9 of its 3.0
     options = {"all_paged": _option(4, 0, 1.0), "all_prefix": _option(0, 4, 2.0), "duet_2:2": _option(2, 2, 3.0),
                "paged_duet_routing": _option(4, 0, 1.2), "prefix_duet_routing": _option(0, 4, 2.9)}
     rec = recommend(options)
-    assert (rec["deployment"], rec["router"], rec["paged"], rec["prefix"]) == ("prefix_duet_routing", "duet", 0, 4)
+    assert (rec["deployment"], rec["router"], rec["split"]) == ("prefix_duet_routing", "duet", {"paged": 0, "prefix": 4})
     assert rec["split_ratio_vs_best_one_kind"] == round(3.0 / 2.9, 3) and "routing's" in rec["why"]
     # past the margin over every one-kind fleet, the pairing is what pays
     options["duet_2:2"] = _option(2, 2, 3.5)
