@@ -5,7 +5,7 @@ equal shares of the requests by default, `--mix` for others; Poisson arrivals of
 documents, open loop, seeded) runs against four stacks of the same size on the same checkpoint:
 
     all_paged     every worker engine_paged (prefix caching on where the engine has it:
-                  loadtests.stack.paged_prefix_caching_flags), behind the SGLang-style cache-aware
+                  loadtests.stack.serving.paged_prefix_caching_flags), behind the SGLang-style cache-aware
                   policy (loadtests/sim/routing/baselines.py) - the vLLM deployment users run today
     all_prefix    every worker engine_prefix, behind the SGLang-style cache-aware policy
     duet_fixed    half engine_paged, half engine_prefix, the gateway's own routing
@@ -14,7 +14,7 @@ documents, open loop, seeded) runs against four stacks of the same size on the s
 
 All go through the real gateway (its config's `routing_policy` runs the baseline in place of Duet's
 routing, the same `sglang_cache_aware` policy `duet bench simulate-routing` replays) and real engine workers with
-identical limits (`loadtests.stack.EngineLimits`, one torch thread per worker), one after the other, at each of
+identical limits (`loadtests.stack.serving.EngineLimits`, one torch thread per worker), one after the other, at each of
 three rates, with repeats, on a random checkpoint of SmolLM2-135M's shape (the shape sets the timing).
 
 Calibrated on the quiet 2-core machine (docs/benchmarks.md, "How rates, SLOs and the KV budget were
