@@ -5,7 +5,7 @@ When on, the worker appends one JSON line per step that ran the model to `<dir>/
 `t` (wall-clock time the step began, time.time(), so that traces of several processes line up), `step_s`
 (the whole `EngineCore.step`: schedule, forward, sample, process), `forward_s` (the model runner's forward
 alone) and `chunks` ([new tokens, tokens already in its pages, logits rows] per sequence: what the cost model reads,
-loadtests/fleet/cost_models.shape_of).
+loadtests/sim/fleet/cost_models.shape_of).
 A diagnosis knob like DUET_DEBUG_STEP_DELAY_MS, never for production: it writes a line per step.
 """
 

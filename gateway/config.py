@@ -23,7 +23,7 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
     affinity_ttl_s: 600
     routing: {reuse_threshold: 0.5, ...}    # defaults of gateway.route_types.RoutingConfig
     routing_policy: null          # "module:factory" of a policy run instead of Duet's (the benchmarks'
-                                  # baselines, loadtests/routing_baselines.py; docs/routing.md)
+                                  # baselines, loadtests/sim/routing/baselines.py; docs/routing.md)
     pool_planner: {cooldown_s: 30, ...}     # defaults of gateway.pool_planner.PlannerConfig
     tracing: {enabled: false}
     timeouts: {first_token_s: 120, stall_s: 30, ...}   # gateway.timeouts.Timeouts (null: no limit)
@@ -135,7 +135,7 @@ def routing_from_dict(d: dict) -> RoutingConfig:
 def load_routing_policy(spec: str) -> Callable[[], Callable]:
     """The factory `spec` ("module:name") names. Called once per gateway, it returns a callable with the
     signature of gateway.routing.route, which the gateway then calls in its place: the seam through which
-    `duet bench` runs its baseline policies (loadtests/routing_baselines.py) behind a real gateway, while
+    `duet bench` runs its baseline policies (loadtests/sim/routing/baselines.py) behind a real gateway, while
     the gateway itself holds Duet's policy alone. Raises ConfigError when `spec` names nothing callable."""
     module, _, name = spec.partition(":")
     try:

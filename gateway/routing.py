@@ -23,7 +23,7 @@ The seven steps, in order (docs/routing.md explains each and every default):
                  caching most of it unless that one's prefill wait is `shed_tokens` longer;
 7. decision    - the worker plus the reason, one of REASONS (a metric label).
 
-`eligible` is steps 1-3 alone: the benchmarks' baseline policies (loadtests/routing_baselines.py),
+`eligible` is steps 1-3 alone: the benchmarks' baseline policies (loadtests/sim/routing/baselines.py),
 which the gateway runs in place of `route` when its config names one (`routing_policy`), share them.
 """
 

@@ -115,7 +115,7 @@ def engine_bench(ctx: Context, timeout_s: float) -> Outcome:
 
 def calibrate_8b(ctx: Context, timeout_s: float) -> Outcome:
     ran, data, details = _json_command(
-        ctx, "calibrate_8b", ["loadtests.fleet.calibrate_h200", "--json", "--repeats", "3"], timeout_s)
+        ctx, "calibrate_8b", ["loadtests.sim.calibrate.h200", "--json", "--repeats", "3"], timeout_s)
     if data is None:
         return _failed_run(ran, timeout_s, details)
     ratios = [p["measured_over_roofline"] for p in data["points"]]

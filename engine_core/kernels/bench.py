@@ -130,7 +130,7 @@ def _elementwise_rows(cuda, device, dtype, tokens, hidden, inter, hq, hk, d):
 
 def device_peaks(device) -> dict:
     """The device's copy bandwidth (bytes read + written) and dense bf16 matmul rate: the ceilings the targets
-    and loadtests/fleet/calibrate_h200.py measure against."""
+    and loadtests/sim/calibrate/h200.py measure against."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     copy_ms = _time_ms(lambda: dst.copy_(src), True)

@@ -1,2 +1,3 @@
-"""The `duet bench` experiments, each over a stack of real processes or a simulator: run, compare, peer,
-chaos, advise, simulate-routing, the gateway bench; `stack` is the benchmark preset of duet/launcher.py."""
+"""The `duet bench` experiments over real local stacks (loadtests/stack/): compare, classes, chaos, baseline,
+diff, peer, the document flood and the gateway bench; each command's flags in its own module (`*_cli`, or
+`add_parser` beside a run that imports lazily)."""

@@ -113,8 +113,8 @@ def measure_kind(stack, tokens, kind: str, repeats: int, load: Load = LOAD, prog
 
     import httpx
 
-    from loadtests.experiments.stack import ADMIN_KEY
     from loadtests.load.client import run_benchmark
+    from loadtests.stack.serving import ADMIN_KEY
 
     name = stack.model.name
     r = httpx.put(f"{stack.url}/admin/models/{name}/routing", json=only(kind), timeout=30,
@@ -156,8 +156,8 @@ def environment(model: str | Path) -> dict:
 def measure(model: str | Path, repeats: int = 7, kinds=KINDS, progress=None, log_dir: Path | None = None) -> dict:
     if repeats < 2:
         raise ValueError("--repeats must be at least 2: the noise band is measured from the repeats")
-    from loadtests.experiments.stack import EngineLimits, ServingStack
     from loadtests.load.workloads import TokenSource
+    from loadtests.stack.serving import EngineLimits, ServingStack
 
     tokens = TokenSource.from_model_dir(model)
     # one worker of each kind, started together; the kinds are measured one after the other (the idle
@@ -271,7 +271,7 @@ def _run(args) -> int:
     import sys
 
     from duet.model_make import default_model_dir
-    from loadtests.experiments.stack import StackError
+    from loadtests.stack.serving import StackError
 
     model = Path(args.model) if args.model else default_model_dir()
 

@@ -9,7 +9,7 @@ bodies run throughout, while the drill injects, one after the other with `gap_s`
     freeze_worker    SIGSTOP of the prefix worker for stall_s + freeze_extra_s, then SIGCONT
     restart_redis    the redis-server stopped for redis_down_s, then started again on its port
     kill_gateway     SIGKILL of the second gateway (the supervisor restarts it)
-    long_prompt_flood  `flood_requests` long prompts at once (loadtests/chaos_load.flood): each is answered
+    long_prompt_flood  `flood_requests` long prompts at once (chaos_load.flood): each is answered
                      or refused at once with 429 + Retry-After; no breaker may open on the load alone
                      (figures under "flood": ok, refused, max_ttft_s, breakers_opened)
 
@@ -42,7 +42,7 @@ from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
 from duet.supervisor import RestartPolicy
 from loadtests.experiments.chaos_load import Gateways, Tally, client_loop, flood, fuzz_loop
-from loadtests.experiments.stack import ADMIN_KEY, ServingStack
+from loadtests.stack.serving import ADMIN_KEY, ServingStack
 
 _BREAKER_OPENED = re.compile(r"^duet_worker_breaker_opened_total\{.*\} (\S+)$", re.MULTILINE)
 

@@ -12,7 +12,7 @@ sent at once, completed requests per second. Then the measured run: Poisson arri
 alike. A class the kind cannot serve (structured output on paged) is reported as unsupported, not run, and
 left out of that kind's mix.
 
-Per run and per class: goodput against per-class SLOs (loadtests/class_slo.py), TTFT and TPOT p50 / p99,
+Per run and per class: goodput against per-class SLOs (loadtests/load/class_slo.py), TTFT and TPOT p50 / p99,
 the hit rate (cached / prompt tokens, as the engine reported them to the client), and per run the worker's
 preemptions and evictions of reused KV pages (GetLoad's counters through the gateway's /admin/workers,
 after minus before the measured run). `--engine-args KIND="FLAGS"` passes flags to the workers of a kind
@@ -29,12 +29,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadtests.class_slo import ClassSlo
-from loadtests.experiments.stack import EngineLimits, ServingStack
+from loadtests.load.class_slo import ClassSlo
 from loadtests.load.class_workloads import CLASSES, PREFIX_ONLY, QUICK_SIZES, Sizes, class_mix, class_workload
 from loadtests.load.client import arun_benchmark
 from loadtests.load.report import summarize
 from loadtests.load.workloads import BenchRequest, TokenSource
+from loadtests.stack.serving import EngineLimits, ServingStack
 
 KINDS = ("paged", "prefix")
 WORKLOADS = (*CLASSES, "mixed")
@@ -43,7 +43,7 @@ COUNTERS = ("num_preemptions", "reused_pages_evicted")
 
 @dataclass(frozen=True)
 class Settings:
-    model: str | None = None  # None: a random checkpoint of `preset` (compare.preset_checkpoint)
+    model: str | None = None  # None: a random checkpoint of `preset` (loadtests.stack.serving.preset_checkpoint)
     preset: str = "smollm2"
     kinds: tuple[str, ...] = KINDS
     workloads: tuple[str, ...] = WORKLOADS
@@ -176,7 +176,7 @@ def format_table(result: dict) -> str:
     head = ["kind", "workload", "class", "goodput req/s", "good/n", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
             "hit rate", "preempt.", "reused evicted"]
     title = (f"duet bench classes on {result['model']}: one worker on core {result['core']}, KV "
-             f"{result['kv_cache_tokens']} tokens; ms; per-class SLOs (loadtests/class_slo.py)")
+             f"{result['kv_cache_tokens']} tokens; ms; per-class SLOs (loadtests/load/class_slo.py)")
     lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for kind, by_w in result["runs"].items():
         for w, r in by_w.items():

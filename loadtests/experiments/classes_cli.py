@@ -50,8 +50,8 @@ def classes_settings(args: argparse.Namespace):
     """The Settings the parsed flags describe (tests check this without starting a stack)."""
     from dataclasses import replace
 
-    from loadtests.class_slo import parse_class_slos
     from loadtests.experiments import classes
+    from loadtests.load.class_slo import parse_class_slos
 
     s = classes.QUICK if args.quick else classes.Settings()
     given = {"model": args.model, "kinds": _csv(args.kinds), "workloads": _csv(args.workloads),
@@ -75,7 +75,7 @@ def classes_settings(args: argparse.Namespace):
 
 def _run_classes(args: argparse.Namespace) -> int:
     from loadtests.experiments import classes
-    from loadtests.experiments.stack import StackError
+    from loadtests.stack.serving import StackError
 
     s = classes_settings(args)
     if args.cache_replay:

@@ -5,8 +5,8 @@ equal shares of the requests by default, `--mix` for others; Poisson arrivals of
 documents, open loop, seeded) runs against four stacks of the same size on the same checkpoint:
 
     all_paged     every worker engine_paged (prefix caching on where the engine has it:
-                  loadtests.stack.paged_prefix_caching_flags), behind the SGLang-style cache-aware
-                  policy (loadtests/routing_baselines.py) - the vLLM deployment users run today
+                  loadtests.stack.serving.paged_prefix_caching_flags), behind the SGLang-style cache-aware
+                  policy (loadtests/sim/routing/baselines.py) - the vLLM deployment users run today
     all_prefix    every worker engine_prefix, behind the SGLang-style cache-aware policy
     duet_fixed    half engine_paged, half engine_prefix, the gateway's own routing
     duet_planner  starts as duet_fixed; the gateway's pool planner sets the split and a pool manager
@@ -14,7 +14,7 @@ documents, open loop, seeded) runs against four stacks of the same size on the s
 
 All go through the real gateway (its config's `routing_policy` runs the baseline in place of Duet's
 routing, the same `sglang_cache_aware` policy `duet bench simulate-routing` replays) and real engine workers with
-identical limits (`loadtests.stack.EngineLimits`, one torch thread per worker), one after the other, at each of
+identical limits (`loadtests.stack.serving.EngineLimits`, one torch thread per worker), one after the other, at each of
 three rates, with repeats, on a random checkpoint of SmolLM2-135M's shape (the shape sets the timing).
 
 Calibrated on the quiet 2-core machine (docs/benchmarks.md, "How rates, SLOs and the KV budget were
@@ -35,8 +35,8 @@ prefill), not cache. The request count per run is what arrives at the rate in `r
 `duet bench compare --json` with no options runs the headline: every rate, three repeats at medium and one at
 light and heavy.
 
-`--pin-cores` (loadtests/experiments/pinning.py) pins worker i of every stack to core i (two workers on this
-machine: 2 paged, 2 prefix, 1 + 1) and judges goodput by per-class SLOs (loadtests/class_slo.py: a chat
+`--pin-cores` (loadtests/stack/pinning.py) pins worker i of every stack to core i (two workers on this
+machine: 2 paged, 2 prefix, 1 + 1) and judges goodput by per-class SLOs (loadtests/load/class_slo.py: a chat
 turn must start within 2 s, a document within 4 s + 4 ms a prompt token) instead of one bound for all.
 
 Per stack and rate: goodput (requests meeting both the TTFT and the TPOT SLO, per second), TTFT per
@@ -54,14 +54,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from duet.model_pull import resolve_model
-from loadtests.class_slo import ClassSlo
 from loadtests.experiments.compare_report import headline, rate_summary
-from loadtests.experiments.pinning import core_plan
-from loadtests.experiments.routing_baselines import SGLANG_ROUTING_POLICY
-from loadtests.experiments.stack import EngineLimits, ServingStack, paged_prefix_caching_flags
+from loadtests.load.class_slo import ClassSlo
 from loadtests.load.client import RequestRecord, arun_benchmark
 from loadtests.load.report import Slo, summarize
 from loadtests.load.workloads import SESSION_TURNS, BenchRequest, TokenSource, mix
+from loadtests.sim.routing.baselines import SGLANG_ROUTING_POLICY
+from loadtests.stack.pinning import core_plan
+from loadtests.stack.serving import EngineLimits, ServingStack, paged_prefix_caching_flags, preset_checkpoint
 
 CONFIGS = {
     # name: (engine kinds of the workers, given the worker count; routing policy; pool planner on)
@@ -140,28 +140,8 @@ class Settings:
         return self
 
 
-def parse_mix(text: str) -> tuple[tuple[str, float], ...]:
-    """'multi_turn=2,agent=1,long_doc=1' -> the shares."""
-    out = []
-    for part in text.split(","):
-        name, _, value = part.partition("=")
-        try:
-            out.append((name.strip(), float(value)))
-        except ValueError:
-            raise CompareError(f"--mix: {part!r} is not class=share") from None
-    return tuple(out)
-
-
 QUICK = Settings(preset="bench", workers=2, num_requests=24, rates=("light",), repeats=1, max_prompt_tokens=512,
                  max_tokens=16)
-
-
-def preset_checkpoint(preset: str) -> Path:
-    """A random checkpoint of the preset's shape (timing depends on the shape, not the weights: the headline
-    uses SmolLM2-135M's), made once under the cache dir (DUET_CACHE_DIR overrides) and reused."""
-    from duet.model_make import cached_model_dir
-
-    return cached_model_dir(preset, "llama")
 
 
 def requests_for(s: Settings, rate: float) -> int:

@@ -194,7 +194,7 @@ def load_requests(path: str | Path, limit: int | None = None) -> list[dict]:
 
 def run_local(requests: list[dict], model: str | Path, repeats: int = 1, log_dir: Path | None = None) -> dict:
     """One worker of each kind on `model` behind a gateway with `ROUTING`, then `run_diff`."""
-    from loadtests.experiments.stack import ADMIN_KEY, ServingStack
+    from loadtests.stack.serving import ADMIN_KEY, ServingStack
 
     with ServingStack(model, list(KINDS), ROUTING, log_dir=log_dir) as stack:
         return run_diff(stack.url, requests, ADMIN_KEY, model=Path(model).name, repeats=repeats)
@@ -247,7 +247,7 @@ def _run(args) -> int:
         report = run_diff(args.url, bodies, admin_key, model=args.served_model_name, repeats=args.repeats)
     else:
         from duet.model_make import default_model_dir
-        from loadtests.experiments.stack import StackError
+        from loadtests.stack.serving import StackError
 
         try:
             report = run_local(bodies, Path(args.model) if args.model else default_model_dir(), args.repeats)

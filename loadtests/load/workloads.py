@@ -184,21 +184,25 @@ def long_doc(src: TokenSource, num_requests: int, max_prompt_tokens: int, max_to
     return out
 
 
-def parse_shares(text: str) -> dict[str, float]:
-    """`"multi_turn=0.4,agent=0.3,long_doc=0.3"` -> shares (normalized later)."""
+def parse_shares(text: str, names=SYNTHETIC, flag: str = "--mix", what: str = "class") -> dict[str, float]:
+    """`"multi_turn=0.4,agent=0.3,long_doc=0.3"` -> shares (normalized later), the one parser of every flag that
+    mixes named parts (`run --mix`, `compare --mix`, the fleet's `--trace source=multiplier`): each NAME one of
+    `names`, each share a number >= 0 (a bare NAME: 1), at least one above 0."""
     shares = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
-        name, _, value = part.partition("=")
-        if name not in SYNTHETIC:
-            raise WorkloadError(f"--mix: unknown class {name!r} (one of {', '.join(SYNTHETIC)})")
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if name not in names:
+            raise WorkloadError(f"{flag}: unknown {what} {name!r} (one of {', '.join(names)})")
         try:
-            shares[name] = float(value)
+            shares[name] = float(value) if sep else 1.0
         except ValueError:
-            raise WorkloadError(f"--mix: {part!r} is not CLASS=SHARE") from None
+            raise WorkloadError(f"{flag}: {part!r} is not {what.upper()}=SHARE") from None
         if shares[name] < 0:
-            raise WorkloadError(f"--mix: share of {name} is negative")
+            raise WorkloadError(f"{flag}: share of {name} is negative")
     if not shares or sum(shares.values()) <= 0:
-        raise WorkloadError("--mix: give at least one positive share, e.g. multi_turn=0.5,long_doc=0.5")
+        example = ",".join(f"{n}=0.5" for n in list(names)[:2])
+        raise WorkloadError(f"{flag}: give at least one positive share, e.g. {example}")
     return shares
 
 

@@ -100,10 +100,10 @@ def shares(samples: list[tuple[list[str], int]]) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     from loadtests.experiments.peer import _default_model, build_requests, duet_limits, duet_threads, figures
-    from loadtests.experiments.stack import ServingStack
     from loadtests.load.client import run_benchmark
     from loadtests.load.report import summarize
     from loadtests.load.workloads import TokenSource
+    from loadtests.stack.serving import ServingStack
 
     beside = Path(sys.executable).parent / "py-spy"  # pip install py-spy into this virtualenv puts it here
     py_spy = str(beside) if beside.exists() else shutil.which("py-spy")

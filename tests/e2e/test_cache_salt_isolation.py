@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from loadtests.experiments.stack import ADMIN_KEY, ServingStack
+from loadtests.stack.serving import ADMIN_KEY, ServingStack
 from tests.support.stack import model_dir
 
 MODEL = model_dir().name

@@ -9,7 +9,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from loadtests.experiments.stack import ServingStack
+from loadtests.stack.serving import ServingStack
 from tests.support.stack import model_dir
 
 MODEL = model_dir().name

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.experiments.advise import recommend
+from loadtests.advise.rule import recommend
 from loadtests.traces import shipped
 from loadtests.traces.formats import detect_format, load_any
 from loadtests.traces.mooncake import TraceError
@@ -98,7 +98,7 @@ def test_advise_simulates_the_shared_traces_and_writes_markdown_json_and_png(tmp
     assert set(result["stacks"]) == {"all_paged", "all_prefix", "duet_1", "duet_2", "duet_3", "prefix_duet_routing"}
     rec = result["recommendation"]
     assert rec["engine"] in ("paged", "prefix", "both") and sum(rec["split"].values()) == 4
-    if name.startswith("Azure"):  # no prefix reuse at all: a second engine kind cannot help
+    if name.startswith("azure"):  # no prefix reuse at all: a second engine kind cannot help
         assert rec["engine"] == "paged" and rec["reuse_share"] == 0
     assert (tmp_path / "advice.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "advice.md").read_text().startswith("# duet bench advise")
@@ -110,3 +110,40 @@ def test_advise_reads_an_openai_log(tmp_path):
     result = json.loads(out.stdout)
     assert result["format"] == "openai" and result["records"] == 12
     assert result["recommendation"]["reuse_share"] > 0.3  # the conversations resend their history
+
+
+def test_a_gain_that_one_kind_gets_behind_duets_router_is_credited_to_the_router():
+    homogeneous = {"all_paged": stack(1.0, 5.0, 4, 0), "all_prefix": stack(1.0, 5.0, 0, 4)}
+    options = {**homogeneous, "duet_1": stack(1.3, 4.0, 1, 3), "prefix_duet_routing": stack(1.3, 4.0, 0, 4)}
+    rec = recommend(options, reuse=0.3)
+    assert (rec["deployment"], rec["engine"], rec["router"]) == ("prefix_duet_routing", "prefix", "duet")
+    assert rec["split"] == {"paged": 0, "prefix": 4} and "routing's" in rec["why"]
+    options["duet_1"] = stack(1.5, 4.0, 1, 3)  # past the margin over one kind behind Duet's router too
+    assert (recommend(options, reuse=0.3)["deployment"], recommend(options, reuse=0.3)["engine"]) == ("duet_1", "both")
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--simulate", "--fleet"), "give --simulate or --fleet, not both"),
+    (("--simulate", "--cost-model", "cpu"), "--cost-model does not apply to --simulate; it is for --fleet"),
+    (("--fleet", "--cache-blocks", "64"),
+     "--cache-blocks does not apply to --fleet; it is for --simulate and the local replay"),
+    (("--simulate", "--model", "m"), "--model does not apply to --simulate; it is for the local replay"),
+    (("--window-s", "60"), "--window-s does not apply to the local replay; it is for --fleet"),
+])
+def test_a_flag_of_another_mode_is_refused_not_ignored(args, message, capsys):
+    from loadtests.cli import main
+
+    assert main(["advise", *args]) == 2
+    assert capsys.readouterr().err.strip() == f"duet bench advise: error: {message}"
+
+
+def test_the_fleet_mode_writes_markdown_json_and_png_too(tmp_path):
+    out = run_cli("--fleet", "--workers", "2", "--window-s", "2", "--class-slo", "chat.ttft=30000,document.ttft=30000",
+                  "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "advice.json").read_text())
+    chosen = result["recommendation"]["deployment"]
+    markdown = (tmp_path / "advice.md").read_text()
+    assert markdown.startswith("# duet bench advise --fleet") and f"**Recommendation: {chosen}**" in markdown
+    assert markdown in out.stdout
+    assert (tmp_path / "advice.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

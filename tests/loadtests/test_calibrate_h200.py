@@ -1,4 +1,4 @@
-"""loadtests/fleet/calibrate_h200.py on a machine without CUDA: it says so and measures nothing; its step shapes
+"""loadtests/sim/calibrate/h200.py on a machine without CUDA: it says so and measures nothing; its step shapes
 fit the 64 GiB of KV it promises; a long prefill is compute-bound and a decode batch memory-bound in the roofline."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loadtests.fleet import calibrate_h200
-from loadtests.fleet.cost_models import RooflineCostModel, shape_of
+from loadtests.sim.calibrate import h200 as calibrate_h200
+from loadtests.sim.fleet.cost_models import RooflineCostModel, shape_of
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible")

@@ -12,18 +12,26 @@ from pathlib import Path
 import pytest
 
 from duet.launcher import WorkerSpec, worker_argv
-from loadtests.class_slo import CLASS_SLOS, DEFAULT_BOUND, FLEET_SLOS, ClassBound, ClassSlo, parse_class_slos
-from loadtests.cli import build_parser, compare_settings
+from loadtests.cli import build_parser
 from loadtests.experiments import classes
 from loadtests.experiments.classes_cli import classes_settings
 from loadtests.experiments.compare import CONFIGS, stack_for
-from loadtests.experiments.pinning import PinError, core_plan
-from loadtests.experiments.stack import EngineLimits, ServingStack
-from loadtests.fleet.workload import CLASSES as FLEET_CLASSES
+from loadtests.experiments.compare_cli import compare_settings
+from loadtests.load.class_slo import (
+    CLASS_SLOS,
+    DEFAULT_BOUND,
+    FLEET_SLOS,
+    ClassBound,
+    ClassSlo,
+    parse_class_slos,
+)
 from loadtests.load.class_workloads import CLASSES, Sizes, class_mix, class_workload, mooncake_think_gaps
 from loadtests.load.client import RequestRecord, run_benchmark
 from loadtests.load.report import summarize
 from loadtests.load.workloads import BenchRequest, TokenSource
+from loadtests.sim.fleet.workload import CLASSES as FLEET_CLASSES
+from loadtests.stack.pinning import PinError, core_plan
+from loadtests.stack.serving import EngineLimits, ServingStack
 from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 TWO_CORES = len(os.sched_getaffinity(0)) >= 2
@@ -87,7 +95,7 @@ def test_a_chat_turn_and_a_document_are_judged_by_their_own_bounds():
 
 
 def test_one_definition_in_ms_covers_every_class_of_both_benchmarks():
-    """loadtests/class_slo.py is the only place bounds live: every class a workload makes has its own, and the
+    """loadtests/load/class_slo.py is the only place bounds live: every class a workload makes has its own, and the
     overrides read the same way for the class benchmarks and the fleet (ms, or seconds with an s)."""
     assert set(CLASSES) <= set(CLASS_SLOS)
     for cost_model, slo in FLEET_SLOS.items():

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from duet.model_make import default_model_dir
-from loadtests.experiments.compare import CONFIGS, CompareError, Settings, parse_mix, run
+from loadtests.experiments.compare import CONFIGS, SHARES, CompareError, Settings, run
+from loadtests.load.workloads import parse_shares
 
 CLASSES = {"multi_turn", "agent", "long_doc"}
 
@@ -73,10 +74,12 @@ def test_bad_settings_are_refused_with_the_setting_named():
     with pytest.raises(CompareError, match="--configs"):
         Settings(configs=("fastest",)).validate()
     with pytest.raises(CompareError, match="--mix"):
-        Settings(shares=parse_mix("sessions=1")).validate()
+        Settings(shares=(("sessions", 1.0),)).validate()
+    with pytest.raises(ValueError, match="--mix: unknown class 'sessions'"):  # the one --mix parser says so first
+        parse_shares("sessions=1", tuple(SHARES))
     with pytest.raises(CompareError, match="--rates"):
         Settings(rates=("brisk",)).validate()
-    assert dict(parse_mix("multi_turn=2,agent=0,long_doc=1")) == {"multi_turn": 2.0, "agent": 0.0, "long_doc": 1.0}
+    assert parse_shares("multi_turn=2,agent=0,long_doc=1", tuple(SHARES)) == {"multi_turn": 2.0, "agent": 0.0, "long_doc": 1.0}
     out = subprocess.run([sys.executable, "-m", "loadtests.cli", "compare", "--workers", "1"],
                          check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2

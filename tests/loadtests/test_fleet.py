@@ -13,10 +13,10 @@ import pytest
 
 from gateway.pool_planner import PlannerConfig
 from loadtests.cli import main
-from loadtests.fleet.cost_models import LinearCostModel, RooflineCostModel, StepShape, shape_of
-from loadtests.fleet.engine import EngineProfile, SimEngine, make_request
-from loadtests.fleet.simulator import FleetSim, SimSettings, StackSpec
-from loadtests.fleet.workload import build
+from loadtests.sim.fleet.cost_models import LinearCostModel, RooflineCostModel, StepShape, shape_of
+from loadtests.sim.fleet.engine import EngineProfile, SimEngine, make_request
+from loadtests.sim.fleet.simulator import FleetSim, SimSettings, StackSpec
+from loadtests.sim.fleet.workload import build
 
 # small enough to preempt: 40 requests of up to 2k tokens on 12k tokens of KV
 SMALL = EngineProfile(kv_cache_tokens=12_288, max_num_seqs=16, max_num_batched_tokens=1024, max_model_len=4096)
@@ -88,7 +88,7 @@ def test_step_shape_and_cost_models():
 
 
 def test_the_70b_model_is_costlier_per_token_and_leaves_a_fifth_of_the_kv():
-    from loadtests.fleet.cost_models import cost_model
+    from loadtests.sim.fleet.cost_models import cost_model
 
     big, small = cost_model("h200-70b"), cost_model("h200")
     prefill = StepShape(8192, 0, 8192, 8192 * 8193 // 2, 1)
@@ -165,13 +165,14 @@ def _option(paged, prefix, goodput, p99=1.0):
 
 
 def test_advise_recommends_a_split_only_past_the_margin():
-    from loadtests.fleet.advise_fleet import default_splits, recommend
+    from loadtests.advise.fleet import default_splits
+    from loadtests.advise.rule import recommend
 
     assert default_splits(32) == ((8, 24), (16, 16), (24, 8))
     assert default_splits(2) == ((1, 1),)
     options = {"all_paged": _option(4, 0, 1.0), "all_prefix": _option(0, 4, 2.0), "duet_2:2": _option(2, 2, 2.05)}
     rec = recommend(options)
-    assert (rec["deployment"], rec["paged"], rec["prefix"]) == ("all_prefix", 0, 4)  # 1.025x is within the margin
+    assert (rec["deployment"], rec["split"]) == ("all_prefix", {"paged": 0, "prefix": 4})  # 1.025x: within the margin
     assert rec["router"] == "sglang-style"
     options["duet_2:2"] = _option(2, 2, 3.0)
     rec = recommend(options)
@@ -179,13 +180,13 @@ def test_advise_recommends_a_split_only_past_the_margin():
 
 
 def test_advise_credits_a_gain_to_the_router_when_one_kind_behind_it_does_as_well():
-    from loadtests.fleet.advise_fleet import recommend
+    from loadtests.advise.rule import recommend
 
     # the split beats the SGLang-style fleets by 1.5x, but all-prefix behind Duet's router serves 2.9 of its 3.0
     options = {"all_paged": _option(4, 0, 1.0), "all_prefix": _option(0, 4, 2.0), "duet_2:2": _option(2, 2, 3.0),
                "paged_duet_routing": _option(4, 0, 1.2), "prefix_duet_routing": _option(0, 4, 2.9)}
     rec = recommend(options)
-    assert (rec["deployment"], rec["router"], rec["paged"], rec["prefix"]) == ("prefix_duet_routing", "duet", 0, 4)
+    assert (rec["deployment"], rec["router"], rec["split"]) == ("prefix_duet_routing", "duet", {"paged": 0, "prefix": 4})
     assert rec["split_ratio_vs_best_one_kind"] == round(3.0 / 2.9, 3) and "routing's" in rec["why"]
     # past the margin over every one-kind fleet, the pairing is what pays
     options["duet_2:2"] = _option(2, 2, 3.5)
@@ -197,7 +198,7 @@ def test_advise_credits_a_gain_to_the_router_when_one_kind_behind_it_does_as_wel
 
 
 def test_advise_fleet_gives_every_option_cost_and_sensitivity():
-    from loadtests.fleet.advise_fleet import recommend
+    from loadtests.advise.fleet import recommend
 
     code, out, _ = _cli("advise", "--fleet", "--trace", "mixed", "--workers", "2", "--window-s", "2",
                         "--class-slo", "chat.ttft=30000,document.ttft=30000", "--json")

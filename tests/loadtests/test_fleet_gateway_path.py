@@ -1,4 +1,4 @@
-"""The fleet simulator's model of the gateway path (loadtests/fleet/gateway_path.py) and the worker step trace
+"""The fleet simulator's model of the gateway path (loadtests/sim/fleet/gateway_path.py) and the worker step trace
 that checks the cost model in the running stack (engine_core/step_trace.py, `duet bench fleet --validate`)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from loadtests.fleet.cost_models import LinearCostModel, shape_of, shape_of_counts
-from loadtests.fleet.engine import EngineProfile, make_request
-from loadtests.fleet.gateway_path import GatewayPath, GatewayQueue
-from loadtests.fleet.simulator import FleetSim, SimSettings, StackSpec
-from loadtests.fleet.workload import FleetRequest
+from loadtests.sim.fleet.cost_models import LinearCostModel, shape_of, shape_of_counts
+from loadtests.sim.fleet.engine import EngineProfile, make_request
+from loadtests.sim.fleet.gateway_path import GatewayPath, GatewayQueue
+from loadtests.sim.fleet.simulator import FleetSim, SimSettings, StackSpec
+from loadtests.sim.fleet.workload import FleetRequest
 from loadtests.traces.mooncake import TraceRecord
 
 CPU = EngineProfile.for_cost_model("cpu")
@@ -107,7 +107,7 @@ def test_the_step_trace_records_what_the_real_step_loop_ran(tmp_path, monkeypatc
     DUET_STEP_TRACE on: one line per step, its chunks the shape the cost model reads."""
     from engine_core.step_loop import StepLoop
     from engine_core.step_trace import STEP_TRACE_ENV, read_traces
-    from loadtests.fleet.engine import CostRunner, build_scheduler
+    from loadtests.sim.fleet.engine import CostRunner, build_scheduler
 
     monkeypatch.setenv(STEP_TRACE_ENV, str(tmp_path))
     shapes = []
@@ -136,7 +136,7 @@ def test_the_step_trace_records_what_the_real_step_loop_ran(tmp_path, monkeypatc
 
 def test_validate_compares_traced_steps_with_the_model(tmp_path):
     """Worker 42's steps took twice the model; its first two ran while worker 43 was mid-step, the third alone."""
-    from loadtests.fleet.step_check import step_cost_check
+    from loadtests.sim.fleet.step_check import step_cost_check
 
     model = LinearCostModel.from_json()
     chunks = [[512, 0, 1]]
@@ -159,8 +159,8 @@ def test_validate_compares_traced_steps_with_the_model(tmp_path):
 
 
 def test_validate_reads_window_and_rate_only_when_given():
-    from loadtests.fleet.cli import validate_settings
-    from loadtests.fleet.validate import ValidateSettings
+    from loadtests.sim.fleet.cli import validate_settings
+    from loadtests.sim.fleet.validate import ValidateSettings
 
     assert validate_settings(argparse.Namespace(window_s=None, rate=None)) == ValidateSettings()
     assert validate_settings(argparse.Namespace(window_s=20.0, rate=None)).window_s == 20.0
@@ -169,8 +169,8 @@ def test_validate_reads_window_and_rate_only_when_given():
 
 
 def test_validate_simulates_through_the_measured_gateway_path():
-    from loadtests.fleet.validate import ValidateSettings, simulated
-    from loadtests.fleet.workload import MIXES, build
+    from loadtests.sim.fleet.validate import ValidateSettings, simulated
+    from loadtests.sim.fleet.workload import MIXES, build
 
     s = ValidateSettings(window_s=12.0)
     requests = build(MIXES["mixed"], s.window_s, s.rate, CPU.max_model_len, max_output_tokens=s.max_output_tokens,
@@ -183,9 +183,9 @@ def test_validate_simulates_through_the_measured_gateway_path():
 
 
 def test_per_request_rows_pair_both_sides_by_id():
-    from loadtests.fleet.validate import ValidateSettings, per_request_rows, simulated_served
-    from loadtests.fleet.workload import MIXES, build
     from loadtests.load.client import RequestRecord
+    from loadtests.sim.fleet.validate import ValidateSettings, per_request_rows, simulated_served
+    from loadtests.sim.fleet.workload import MIXES, build
 
     s = ValidateSettings(window_s=4.0)
     requests = build(MIXES["mixed"], s.window_s, s.rate, CPU.max_model_len, max_output_tokens=s.max_output_tokens,
@@ -220,7 +220,7 @@ def test_a_step_is_slower_while_the_other_worker_is_mid_step():
 
 
 def test_the_shipped_fit_has_a_measured_neighbour_slowdown():
-    from loadtests.fleet.cost_models import CPU_FIT
+    from loadtests.sim.fleet.cost_models import CPU_FIT
 
     assert 0 <= json.loads(CPU_FIT.read_text())["neighbour_slowdown"] < 1
 

@@ -1,5 +1,5 @@
-"""The fleet validation's in-situ step factors (loadtests/fleet/calibrate_in_situ.py), the held-out trace window
-they are measured on, and the simulated gateway poll's phases (loadtests/fleet/validate.py)."""
+"""The fleet validation's in-situ step factors (loadtests/sim/calibrate/in_situ.py), the held-out trace window
+they are measured on, and the simulated gateway poll's phases (loadtests/sim/fleet/validate.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import statistics
 
 import pytest
 
-from loadtests.fleet.calibrate_in_situ import START_S, in_situ_factors
-from loadtests.fleet.cost_models import InSituCostModel, LinearCostModel, StepShape
-from loadtests.fleet.gateway_path import GatewayPath
+from loadtests.sim.calibrate.in_situ import START_S, in_situ_factors
+from loadtests.sim.fleet.cost_models import InSituCostModel, LinearCostModel, StepShape
+from loadtests.sim.fleet.gateway_path import GatewayPath
 
 FIT = LinearCostModel("cpu", intercept_s=0.05, per_prefill_token_s=0.001, per_decode_token_s=0.0,
                       per_attended_pair_s=0.0, per_row_s=0.002)
@@ -50,8 +50,8 @@ def test_the_in_situ_model_scales_each_step_by_its_kind(tmp_path):
 
 
 def test_the_held_out_window_shares_no_request_with_the_validation_and_has_its_shape():
-    from loadtests.fleet.validate import ValidateSettings
-    from loadtests.fleet.workload import MIXES, WorkloadError, build
+    from loadtests.sim.fleet.validate import ValidateSettings
+    from loadtests.sim.fleet.workload import MIXES, WorkloadError, build
 
     s = ValidateSettings()
 
@@ -79,9 +79,9 @@ def test_a_negative_poll_phase_is_a_clear_error():
 
 
 def test_validate_reports_the_median_over_the_poll_phases():
-    from loadtests.fleet.engine import EngineProfile
-    from loadtests.fleet.validate import POLL_PHASES, ValidateSettings, poll_phases, simulated
-    from loadtests.fleet.workload import MIXES, build
+    from loadtests.sim.fleet.engine import EngineProfile
+    from loadtests.sim.fleet.validate import POLL_PHASES, ValidateSettings, poll_phases, simulated
+    from loadtests.sim.fleet.workload import MIXES, build
 
     phases = poll_phases()
     assert len(phases) == POLL_PHASES and phases == sorted(phases) and 0 < phases[0] and phases[-1] < 0.5
@@ -102,7 +102,7 @@ def test_the_shipped_fit_has_measured_in_situ_factors():
 
 
 def test_each_engine_kind_gets_its_own_factors_where_it_ran_enough_steps():
-    from loadtests.fleet.calibrate_in_situ import MIN_STEPS
+    from loadtests.sim.calibrate.in_situ import MIN_STEPS
 
     # the paged worker's decode steps run 1.5x the fit, the prefix worker's 1.0x; only the prefix worker prefills
     rows = {11: [("decode", False, 1.5, 1.0, 1.5)] * MIN_STEPS,
@@ -116,9 +116,9 @@ def test_each_engine_kind_gets_its_own_factors_where_it_ran_enough_steps():
 
 
 def test_a_simulated_worker_steps_by_its_engines_factors():
-    from loadtests.fleet.cost_models import for_engine
-    from loadtests.fleet.engine import EngineProfile
-    from loadtests.fleet.simulator import FleetSim, StackSpec
+    from loadtests.sim.fleet.cost_models import for_engine
+    from loadtests.sim.fleet.engine import EngineProfile
+    from loadtests.sim.fleet.simulator import FleetSim, StackSpec
 
     model = InSituCostModel(FIT, prefill=1.5, decode=1.2, mixed=1.1, by_engine={"paged": {"decode": 2.0}})
     decode = StepShape(0, 16, 16 * 600, 0, 16, 16 * 600)

@@ -9,9 +9,9 @@ import pytest
 
 from loadtests.cli import main as bench_main
 from loadtests.experiments.peer import VLLM_CONFIGS, build_requests, combine, figures, ratios
-from loadtests.experiments.peer_backends import wrapped_side
-from loadtests.experiments.peer_vllm import CONFIGS, config_env, reserved_cpus, write_version_dist_info
 from loadtests.load.workloads import TokenSource
+from loadtests.stack.peer_backends import wrapped_side
+from loadtests.stack.vllm_server import CONFIGS, config_env, reserved_cpus, write_version_dist_info
 
 
 def _summary(tok_s, ttft, tpot, ok=8, errors=0):

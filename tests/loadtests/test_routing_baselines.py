@@ -1,4 +1,4 @@
-"""The SGLang-style cache-aware baseline behind the gateway (loadtests/routing_baselines.py): the policy
+"""The SGLang-style cache-aware baseline behind the gateway (loadtests/sim/routing/baselines.py): the policy
 `duet bench compare` and `advise` run in place of Duet's, the same one `simulate-routing` replays."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import pytest
 from gateway.config import ConfigError, from_dict
 from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.route_types import RouteRequest, RoutingConfig, WorkerView
-from loadtests.experiments.routing_baselines import (
+from loadtests.sim.routing.baselines import (
     SGLANG_REASONS,
     SGLANG_ROUTING_POLICY,
     CacheAwareTrees,
     SGLangCacheAware,
     SGLangRoute,
 )
-from loadtests.experiments.simulate_routing import SimWorker
+from loadtests.sim.routing.simulate import SimWorker
 from loadtests.traces.mooncake import TraceRecord
 from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 
@@ -95,7 +95,7 @@ def test_the_simulator_and_the_gateway_make_the_same_choice():
 def test_the_gateway_config_names_the_policy_and_refuses_what_names_nothing(tmp_path):
     assert from_dict({"routing_policy": SGLANG_ROUTING_POLICY}).routing_policy == SGLANG_ROUTING_POLICY
     with pytest.raises(ConfigError, match="routing_policy"):
-        from_dict({"routing_policy": "loadtests.experiments.routing_baselines:no_such_policy"})
+        from_dict({"routing_policy": "loadtests.sim.routing.baselines:no_such_policy"})
     # the gateway's own routing config has no benchmark policies
     with pytest.raises(ConfigError, match="unknown keys"):
         from_dict({"routing": {"policy": "cache_aware"}})

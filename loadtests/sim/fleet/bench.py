@@ -1,0 +1,174 @@
+"""`duet bench fleet`: the stacks of one fleet size on one workload, in the fleet simulator.
+
+Stacks (each the same N workers, the same engine profile and cost model):
+    all_paged     N engine_paged workers behind the SGLang-style cache-aware router (as `duet bench compare`)
+    all_prefix    N engine_prefix workers behind the same router
+    duet_planner  Duet's routing and pool planner, starting from N/2 + N/2 (the planner may go to zero of a kind)
+    duet_P:Q      a fixed split behind Duet's routing (`--split 16:16`, several allowed)
+    paged_duet_routing, prefix_duet_routing   (on request) one kind behind Duet's routing: the routing's share
+
+Each stack's figures are loadtests/sim/fleet/report.py's (goodput, SLO attainment, TTFT/TPOT p50/p99 per class),
+plus `goodput_ratio_vs_best_homogeneous`. With `--find-rate`, the rate is first set to the one at which the
+best homogeneous stack meets its SLOs for `--attainment` (0.9) of requests (bisection on the rate multiplier),
+and every stack also gets `capacity_rate` (the highest multiplier at which IT meets that attainment) and
+`capacity_ratio_vs_best_homogeneous`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+from gateway.pool_planner import PlannerConfig
+from loadtests.load.class_slo import FLEET_SLOS, ClassSlo
+from loadtests.sim.fleet.cost_models import COST_MODELS, cost_model
+from loadtests.sim.fleet.engine import EngineProfile
+from loadtests.sim.fleet.report import add_ratios, summarize
+from loadtests.sim.fleet.simulator import FleetSim, SimSettings, StackSpec
+from loadtests.sim.fleet.workload import CLASSES, build
+
+STACKS = ("all_paged", "all_prefix", "duet_planner")
+# one kind behind Duet's routing: what the routing alone is worth, without a second engine kind (shown, not
+# counted as a homogeneous baseline: the baselines run behind the SGLang-style router, as in duet bench compare)
+ROUTING_ONLY = ("paged_duet_routing", "prefix_duet_routing")
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    cost_model: str = "h200"
+    workers: int = 32
+    mix: dict = field(default_factory=lambda: {"mooncake": 1.0, "azure_code": 1.0})
+    window_s: float = 300.0  # trace seconds taken from each source
+    rate: float = 1.0  # arrival-rate multiplier
+    stacks: tuple[str, ...] = STACKS
+    splits: tuple[tuple[int, int], ...] = ()
+    slos: ClassSlo | None = None  # None: FLEET_SLOS[cost_model]
+    max_output_tokens: int | None = None
+    switch_s: float | None = None  # None: 20 s (h200) / 3 s (cpu)
+    planner_window_s: float | None = None  # the planner's rate window and cooldown; None: the gateway's 30 s
+    attainment: float = 0.9
+    rate_range: tuple[float, float] = (1.0, 16.0)  # --find-rate searches multipliers in here
+    search_steps: int = 5  # bisections: the bracket ends (hi/lo)^(1/2^steps) wide, 1.09x for the defaults
+
+    def validate(self) -> FleetSettings:
+        if self.cost_model not in COST_MODELS:
+            raise ValueError(f"--cost-model must be one of {', '.join(COST_MODELS)}, got {self.cost_model!r}")
+        if self.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        unknown = [s for s in self.stacks if s not in STACKS + ROUTING_ONLY]
+        if unknown:
+            raise ValueError(f"--stacks: unknown {', '.join(unknown)}; choose from {', '.join(STACKS + ROUTING_ONLY)}")
+        if "duet_planner" in self.stacks and self.workers < 2:
+            raise ValueError("duet_planner needs --workers >= 2 (it starts with one of each kind)")
+        for p, q in self.splits:
+            if p < 0 or q < 0 or p + q != self.workers:
+                raise ValueError(f"--split {p}:{q}: the two counts must be >= 0 and add up to --workers "
+                                 f"{self.workers}")
+        if self.search_steps < 0:
+            raise ValueError(f"--search-steps must be >= 0, got {self.search_steps}")
+        if not 0 < self.attainment <= 1:
+            raise ValueError(f"--attainment must be in (0, 1], got {self.attainment}")
+        return self
+
+
+def parse_split(text: str) -> tuple[int, int]:
+    p, sep, q = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return int(p), int(q)
+    except ValueError:
+        raise ValueError(f"--split {text!r}: expected PAGED:PREFIX worker counts, e.g. 16:16") from None
+
+
+def specs(s: FleetSettings) -> list[StackSpec]:
+    n = s.workers
+    out = []
+    for name in s.stacks:
+        if name == "all_paged":
+            out.append(StackSpec(name, ("paged",) * n, "sglang"))
+        elif name == "all_prefix":
+            out.append(StackSpec(name, ("prefix",) * n, "sglang"))
+        elif name in ROUTING_ONLY:
+            out.append(StackSpec(name, (name.split("_")[0],) * n, "duet"))
+        else:
+            out.append(StackSpec(name, ("paged",) * (n // 2) + ("prefix",) * (n - n // 2), "duet", planner=True))
+    for p, q in s.splits:
+        out.append(StackSpec(f"duet_{p}:{q}", ("paged",) * p + ("prefix",) * q, "duet"))
+    return out
+
+
+def run_stack(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> dict:
+    profile = EngineProfile.for_cost_model(s.cost_model)
+    requests = build(s.mix, s.window_s, s.rate if rate is None else rate, profile.max_model_len,
+                     max_output_tokens=s.max_output_tokens)
+    planner = PlannerConfig()
+    if s.planner_window_s is not None:
+        planner = replace(planner, window_s=s.planner_window_s, cooldown_s=s.planner_window_s).validate()
+    settings = SimSettings(planner=planner,
+                           switch_s=s.switch_s if s.switch_s is not None else (20.0 if s.cost_model.startswith("h200") else 3.0))
+    sim = FleetSim(spec, requests, cost_model(s.cost_model), profile, settings)
+    started = time.perf_counter()
+    served = sim.run()
+    span = max(1e-9, requests[-1].arrival_s - requests[0].arrival_s)
+    out = summarize(served, s.slos or FLEET_SLOS[s.cost_model], span, len(requests))
+    counts = {k: sum(1 for w in sim.workers.values() if w.kind == k) for k in ("paged", "prefix")}
+    out["workers"] = {"start": {k: spec.kinds.count(k) for k in ("paged", "prefix")}, "end": counts}
+    out["rate"] = s.rate if rate is None else rate
+    out["offered_rps"] = round(len(requests) / span, 4)
+    out["virtual_s"] = round(sim.now, 2)
+    out["sim_wall_s"] = round(time.perf_counter() - started, 2)
+    out["steps"] = sum(w.runner.steps for w in sim.workers.values())
+    out["preemptions"] = sum(w.core.scheduler.load().num_preemptions for w in sim.workers.values())
+    if spec.planner:
+        out["planner_switches"] = sim.switches
+    return out
+
+
+def capacity_rate(spec: StackSpec, s: FleetSettings) -> float:
+    """The highest rate multiplier (geometric bisection over `s.rate_range`) at which `spec` meets the
+    attainment (the low end when it misses there too, the high end when it meets it there)."""
+    lo, hi = s.rate_range
+    if run_stack(spec, s, lo)["slo_attainment"] < s.attainment:
+        return lo
+    for _ in range(s.search_steps):
+        mid = (lo * hi) ** 0.5
+        if run_stack(spec, s, mid)["slo_attainment"] >= s.attainment:
+            lo = mid
+        else:
+            hi = mid
+    return round(lo, 3)
+
+
+def run(s: FleetSettings, find_rate: bool = False, progress=None) -> dict:
+    s.validate()
+    all_specs = specs(s)
+    capacities = {}
+    if find_rate:
+        for spec in all_specs:
+            if spec.name not in STACKS:
+                continue  # fixed splits are run at the found rate, not searched
+            capacities[spec.name] = capacity_rate(spec, s)
+            if progress:
+                progress(f"{spec.name}: meets {s.attainment:.0%} of SLOs up to rate x{capacities[spec.name]}")
+        homogeneous = [capacities[k] for k in ("all_paged", "all_prefix") if k in capacities]
+        if homogeneous:
+            s = replace(s, rate=max(homogeneous))
+    stacks = {}
+    for spec in all_specs:
+        stacks[spec.name] = run_stack(spec, s)
+        if progress:
+            r = stacks[spec.name]
+            progress(f"{spec.name}: goodput {r['goodput_rps']} req/s, attainment {r['slo_attainment']}, "
+                     f"{r['sim_wall_s']} s")
+    add_ratios(stacks)
+    if capacities:
+        best = max((capacities[k] for k in ("all_paged", "all_prefix") if k in capacities), default=None)
+        for name, r in stacks.items():
+            if name in capacities:
+                r["capacity_rate"] = capacities[name]
+                r["capacity_ratio_vs_best_homogeneous"] = round(capacities[name] / best, 4) if best else None
+    return {"cost_model": s.cost_model, "workers": s.workers, "mix": s.mix, "window_s": s.window_s,
+            "rate": s.rate, "attainment": s.attainment,
+            "slos": (s.slos or FLEET_SLOS[s.cost_model]).describe(CLASSES),
+            "stacks": stacks}
