@@ -42,6 +42,13 @@ def _run_engine(args: argparse.Namespace) -> int:
         except PullError as exc:
             raise SystemExit(f"duet engine: {exc}") from exc
         config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, model=model))
+        if args.kind != "sim":  # an engine loads the weights: a folder without them stops here, before the port
+            from duet.model_dir import ModelDirError, read_model_dir
+
+            try:
+                read_model_dir(model)
+            except ModelDirError as exc:
+                raise SystemExit(f"duet engine {args.kind}: cannot serve {model}: {exc}") from None
     if args.kind == "paged":
         from engine_paged.worker import main
     elif args.kind == "prefix":

@@ -291,7 +291,7 @@ def spec_for(config: SimConfig) -> SimSpec:
     if engine.model:
         from duet.model_dir import read_model_dir
 
-        md = read_model_dir(engine.model)
+        md = read_model_dir(engine.model, weights=False)  # a sim reads config.json alone
         c = md.config
         special = set(c.eos_token_ids) | ({c.bos_token_id} if c.bos_token_id is not None else set())
         extra = {"model_id": md.model_id, "max_model_len": c.max_position_embeddings,
