@@ -183,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--config", required=True, help="gateway config file (YAML), see docs/operations.md")
     gw.add_argument("--api-keys", default=None, help="comma-separated API keys for /v1 (or DUET_API_KEYS)")
     gw.add_argument("--admin-key", default=None, help="admin API key (or DUET_ADMIN_KEY)")
+    gw.add_argument("--log-level", default="info", choices=["debug", "info", "warning"],
+                    help="info: what changes (workers serving or lost, errors); debug adds every poll")
     gw.set_defaults(func=_run_gateway)
 
     _add_engine_parser(sub)
