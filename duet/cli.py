@@ -169,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="more flags for every engine_prefix worker (--prefix-args=\"--speculative ngram\")")
     up.add_argument("--sim", action="store_true", help="model-free sim workers instead of real engines (tests)")
     up.add_argument("--sim-ms-per-token", type=float, default=20.0, help="with --sim: decode time per token")
+    up.add_argument("--sim-load-s", type=float, default=0.0,
+                    help="with --sim: seconds each sim worker loads (answers NOT_SERVING) before it serves")
     up.add_argument("--gateways", type=int, default=1,
                     help="gateway replicas behind one port (duet lb); >1 shares state in Redis")
     up.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the stack")
