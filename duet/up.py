@@ -48,7 +48,6 @@ from duet.launcher import (
     free_port,
     gateway_config,
     healthy_workers,
-    listening,
 )
 from duet.startup_watch import StartupWatch
 from duet.supervisor import Event, RestartPolicy
@@ -170,9 +169,8 @@ class _Up:
                 self.slots.append((f"{kind}-{i}", kind, port))
                 self.watch.add(f"{kind}-{i}", kind, port)
 
-    def start_gateways(self, redis_url: str | None) -> int | None:
-        """One gateway on the public port, or N replicas on private ports behind `duet lb` on it (started once a
-        replica listens: the public port opens when something answers behind it). None, else the exit code."""
+    def start_gateways(self, redis_url: str | None) -> None:
+        """One gateway on the public port, or N replicas on private ports behind `duet lb` on it."""
         p = self.plan
         extra = {}
         if getattr(self.args, "pool_planner", None):
@@ -187,11 +185,8 @@ class _Up:
         for name, port in zip(p.gateway_names, self.gateway_ports, strict=True):
             self.launcher.start_gateway(name, gateway_config(p.model, addresses, port=port, host=host, **extra),
                                         env={"DUET_ADMIN_KEY": p.admin_key})
-        if p.gateways == 1:
-            return None
-        if (code := self._wait(lambda: any(map(listening, self.gateway_ports)), "no gateway listening")) is None:
+        if p.gateways > 1:
             self.launcher.start_balancer(p.host, p.port, self.gateway_ports)
-        return code
 
     def shared_redis(self) -> str | None:
         """--redis, or a private redis-server when gateway replicas must share state (duet/scale_out.py)."""
@@ -231,12 +226,12 @@ class _Up:
 
     def _wait(self, ready: Callable[[], bool], what: str) -> int | None:
         try:
-            ready = self.launcher.wait_until(ready, self.args.ready_timeout, what,
-                                             abort=lambda: self.stop_signal is not None)
+            done = self.launcher.wait_until(ready, self.args.ready_timeout, what,
+                                            abort=lambda: self.stop_signal is not None)
         except StackError as exc:  # a bad flag or model: fail fast, with its log
             _say(str(exc))
             return 1
-        return None if ready else 130
+        return None if done else 130
 
     def print_urls(self) -> None:
         p = self.plan
@@ -288,7 +283,8 @@ def main(args: argparse.Namespace) -> int:
         up.announce()
         if (code := up.wait_workers()) is not None:
             return code
-        if (code := up.start_gateways(redis_url)) is not None or (code := up.wait_ready()) is not None:
+        up.start_gateways(redis_url)
+        if (code := up.wait_ready()) is not None:
             return code
         up.print_urls()
         return up.serve()
