@@ -136,6 +136,7 @@ class _Up:
         self.gateway_ports: list[int] = []
         self.stop_signal: int | None = None
         self.gateways_down = False
+        self.ready_by: float | None = None  # time.monotonic() by which the stack must be ready (--ready-timeout)
         # the workers' readiness, said on stdout while `duet up` waits
         self.watch = StartupWatch(plan.model.name, bool(args.sim), lambda line: print(f"duet up: {line}", flush=True))
 
@@ -225,8 +226,11 @@ class _Up:
         return self._wait(ready, "not ready")
 
     def _wait(self, ready: Callable[[], bool], what: str) -> int | None:
+        """Wait for `ready` within what is left of --ready-timeout (one budget for every step of the start)."""
+        if self.ready_by is None:
+            self.ready_by = time.monotonic() + self.args.ready_timeout
         try:
-            done = self.launcher.wait_until(ready, self.args.ready_timeout, what,
+            done = self.launcher.wait_until(ready, max(0.0, self.ready_by - time.monotonic()), what,
                                             abort=lambda: self.stop_signal is not None)
         except StackError as exc:  # a bad flag or model: fail fast, with its log
             _say(str(exc))
