@@ -42,6 +42,13 @@ def _run_engine(args: argparse.Namespace) -> int:
         except PullError as exc:
             raise SystemExit(f"duet engine: {exc}") from exc
         config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, model=model))
+        if args.kind != "sim":  # an engine loads the weights: a folder without them stops here, before the port
+            from duet.model_dir import ModelDirError, read_model_dir
+
+            try:
+                read_model_dir(model)
+            except ModelDirError as exc:
+                raise SystemExit(f"duet engine {args.kind}: cannot serve {model}: {exc}") from None
     if args.kind == "paged":
         from engine_paged.worker import main
     elif args.kind == "prefix":
@@ -162,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="more flags for every engine_prefix worker (--prefix-args=\"--speculative ngram\")")
     up.add_argument("--sim", action="store_true", help="model-free sim workers instead of real engines (tests)")
     up.add_argument("--sim-ms-per-token", type=float, default=20.0, help="with --sim: decode time per token")
+    up.add_argument("--sim-load-s", type=float, default=0.0,
+                    help="with --sim: seconds each sim worker loads (answers NOT_SERVING) before it serves")
     up.add_argument("--gateways", type=int, default=1,
                     help="gateway replicas behind one port (duet lb); >1 shares state in Redis")
     up.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the stack")
@@ -176,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--config", required=True, help="gateway config file (YAML), see docs/operations.md")
     gw.add_argument("--api-keys", default=None, help="comma-separated API keys for /v1 (or DUET_API_KEYS)")
     gw.add_argument("--admin-key", default=None, help="admin API key (or DUET_ADMIN_KEY)")
+    gw.add_argument("--log-level", default="info", choices=["debug", "info", "warning"],
+                    help="info: what changes (workers serving or lost, errors); debug adds every poll")
     gw.set_defaults(func=_run_gateway)
 
     _add_engine_parser(sub)

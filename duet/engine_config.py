@@ -138,6 +138,8 @@ class SimConfig:
     sim_prefill_ms_per_token: float = setting(0.05, "prefill time per uncached prompt token (ms)", type=float)
     sim_fail_rate: float = setting(0.0, "fraction of requests that fail before their first token", type=float)
     sim_cache_blocks: int = setting(4096, "simulated prefix cache size, in blocks", type=int)
+    sim_load_s: float = setting(0.0, "seconds it answers NOT_SERVING after it starts listening, as an engine "
+                                     "does while it loads its model", type=float)
     sim_as: str = setting("prefix", "engine kind to pose as", choices=("paged", "prefix"))
     sim_capabilities: tuple[str, ...] | None = setting(None, "comma-separated capabilities (default: the posed "
                                                              "kind's)", type=_names, metavar="CAP,...")

@@ -78,6 +78,7 @@ class SimOptions:
     fail_rate: float | None = None
     cache_blocks: int | None = None
     capabilities: str | None = None
+    load_s: float | None = None  # NOT_SERVING this long after it listens, as an engine loading its model
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def _engine_argv(spec: WorkerSpec) -> list[str]:
         return argv + _flags([("--sim-as", sim.as_kind), ("--sim-ms-per-token", sim.ms_per_token),
                               ("--sim-prefill-ms-per-token", sim.prefill_ms_per_token),
                               ("--sim-fail-rate", sim.fail_rate), ("--sim-cache-blocks", sim.cache_blocks),
-                              ("--sim-capabilities", sim.capabilities)])
+                              ("--sim-capabilities", sim.capabilities), ("--sim-load-s", sim.load_s)])
     assert spec.sim is None, "sim options on a real engine worker"
     argv += _flags([("--device", spec.device), ("--threads", spec.threads),
                     ("--tensor-parallel-size", spec.tensor_parallel_size if spec.tensor_parallel_size > 1 else None),

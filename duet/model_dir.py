@@ -5,6 +5,8 @@
 model.safetensors or as shards listed by model.safetensors.index.json, and Llama, Qwen2 or Qwen3
 models. Anything else — an unknown architecture, a missing file, a feature the engines do not
 implement — raises ModelDirError naming the file or the field, before any weight is read.
+`weights=False` is for readers of config.json alone (the gateway, the sim worker): the folder need not hold
+the weights, and `weight_files` is then empty; the engines, which load them, keep the default.
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ class ModelDir:
     q8_0_file: Path | None = None
 
 
-def read_model_dir(path: str | Path, model_id: str | None = None) -> ModelDir:
-    """Read and validate the checkpoint at `path`. `model_id` defaults to the directory's name."""
+def read_model_dir(path: str | Path, model_id: str | None = None, *, weights: bool = True) -> ModelDir:
+    """Read and validate the checkpoint at `path`. `model_id` defaults to the directory's name; with
+    `weights=False` no weight file is looked for (module doc)."""
     root = Path(path).expanduser()
     if not root.is_dir():
         raise ModelDirError(f"model directory {str(root)!r} does not exist")
@@ -71,7 +74,7 @@ def read_model_dir(path: str | Path, model_id: str | None = None) -> ModelDir:
         path=root.resolve(),
         model_id=model_id or root.resolve().name,
         config=config,
-        weight_files=_weight_files(root),
+        weight_files=_weight_files(root) if weights else (),
         q8_0_file=root / Q8_0_FILE if (root / Q8_0_FILE).is_file() else None,
     )
 

@@ -19,6 +19,7 @@ tests run it where no engine could. `SimSpec` is what one sim worker is (model f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import logging
@@ -68,6 +69,7 @@ class SimSpec:
     prefill_ms_per_token: float = _FLAGS.sim_prefill_ms_per_token
     fail_rate: float = _FLAGS.sim_fail_rate
     cache_blocks: int = _FLAGS.sim_cache_blocks
+    load_s: float = _FLAGS.sim_load_s  # NOT_SERVING this long after it listens, like an engine loading its model
 
 
 class SimCache:
@@ -291,7 +293,7 @@ def spec_for(config: SimConfig) -> SimSpec:
     if engine.model:
         from duet.model_dir import read_model_dir
 
-        md = read_model_dir(engine.model)
+        md = read_model_dir(engine.model, weights=False)  # a sim reads config.json alone
         c = md.config
         special = set(c.eos_token_ids) | ({c.bos_token_id} if c.bos_token_id is not None else set())
         extra = {"model_id": md.model_id, "max_model_len": c.max_position_embeddings,
@@ -300,7 +302,7 @@ def spec_for(config: SimConfig) -> SimSpec:
         engine_kind=kind, version=engine.version, worker_id=engine.worker_label, page_size=engine.page_size,
         capabilities=tuple(capabilities), ms_per_token=config.sim_ms_per_token,
         prefill_ms_per_token=config.sim_prefill_ms_per_token, fail_rate=config.sim_fail_rate,
-        cache_blocks=config.sim_cache_blocks, **extra,
+        cache_blocks=config.sim_cache_blocks, load_s=config.sim_load_s, **extra,
     )
 
 
@@ -316,10 +318,16 @@ async def serve(config: SimSpec, host: str, port: int, ready: asyncio.Event | No
     health = health_async.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     server.add_insecure_port(f"{host}:{port}")
+    stop = stop or asyncio.Event()
+    await health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.start()
+    if config.load_s > 0:
+        log.info("sim worker %s (%s) listening on %s:%d, loading for %.1f s", config.worker_id, config.engine_kind,
+                 host, port, config.load_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), config.load_s)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info("sim worker %s (%s) serving on %s:%d", config.worker_id, config.engine_kind, host, port)
-    stop = stop or asyncio.Event()
     registration = None
     if redis_url:  # heartbeat into the gateways' registry, exactly as the real engines do
         registration = Registration(redis_url, worker_info(

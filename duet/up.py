@@ -2,9 +2,11 @@
 
 Starts N `duet engine paged` and M `duet engine prefix` workers (or `duet engine sim` workers with
 --sim) and one `duet gateway --config` as child processes on the default real model (pulled on first
-use; the tiny random model if that fails) unless --model, waits until the gateway sees every worker it
-started healthy, prints the API and dashboard URLs, and runs until Ctrl-C / SIGTERM. With --gateways N,
-N gateway replicas share Redis behind `duet lb` on the one port (duet/scale_out.py). With --workers N
+use; the tiny random model if that fails) unless --model. The API opens only when a worker of each kind
+it started is ready: the gateway (and `duet lb`) start then, and until then stdout says what it waits for
+(duet/startup_watch.py). It waits until the gateway sees every worker it started healthy, prints the API
+and dashboard URLs, and runs until Ctrl-C / SIGTERM. With --gateways N, N gateway replicas share Redis
+behind `duet lb` on the one port (duet/scale_out.py). With --workers N
 the workers' kinds follow the gateway's pool planner: duet/pool_manager.py drains a worker and `duet up`
 restarts it as the other kind on the same port.
 
@@ -33,6 +35,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +49,7 @@ from duet.launcher import (
     gateway_config,
     healthy_workers,
 )
+from duet.startup_watch import StartupWatch
 from duet.supervisor import Event, RestartPolicy
 
 SHUTDOWN_GRACE_S = 20.0
@@ -132,6 +136,9 @@ class _Up:
         self.gateway_ports: list[int] = []
         self.stop_signal: int | None = None
         self.gateways_down = False
+        self.ready_by: float | None = None  # time.monotonic() by which the stack must be ready (--ready-timeout)
+        # the workers' readiness, said on stdout while `duet up` waits
+        self.watch = StartupWatch(plan.model.name, bool(args.sim), lambda line: print(f"duet up: {line}", flush=True))
 
     def catch_signals(self) -> None:
         def on_signal(signum, frame) -> None:
@@ -145,7 +152,8 @@ class _Up:
         a, model = self.args, self.plan.model
         if a.sim:
             spec = WorkerSpec("sim", model, port, worker_id,
-                              sim=SimOptions(as_kind=kind, ms_per_token=a.sim_ms_per_token))
+                              sim=SimOptions(as_kind=kind, ms_per_token=a.sim_ms_per_token,
+                                             load_s=getattr(a, "sim_load_s", None) or None))
         else:
             metrics_port = self.metrics_ports.setdefault(worker_id, free_port())
             extra = shlex.split(getattr(a, f"{kind}_args", None) or "")
@@ -160,6 +168,7 @@ class _Up:
                 port = free_port()
                 self.start_worker(f"{kind}-{i}", kind, port)
                 self.slots.append((f"{kind}-{i}", kind, port))
+                self.watch.add(f"{kind}-{i}", kind, port)
 
     def start_gateways(self, redis_url: str | None) -> None:
         """One gateway on the public port, or N replicas on private ports behind `duet lb` on it."""
@@ -192,19 +201,41 @@ class _Up:
               f"{p.model.name}" + "".join(f", {b['engine']} {b['url']} as a {b['kind']} pool" for b in p.backends) + (f", {p.gateways} gateways behind duet lb" if p.gateways > 1 else "") +
               f"; logs in {self.launcher.log_dir}", flush=True)
 
+    def wait_workers(self) -> int | None:
+        """None once a worker of each kind started can answer (the API may open), else the exit code."""
+        def each_kind_ready() -> bool:
+            self.watch.poll()  # says on stdout what changed
+            return self.watch.each_kind_ready()
+
+        code = self._wait(each_kind_ready, "no worker of each kind ready")
+        if code is None and self.plan.workers:
+            print("duet up: opening the API", flush=True)
+        return code
+
     def wait_ready(self) -> int | None:
         """None once every gateway (and the balancer's port) sees every worker healthy, else the exit code."""
         p = self.plan
         urls = [p.url] if p.gateways == 1 else [*(f"http://127.0.0.1:{port}" for port in self.gateway_ports), p.url]
+        # an external backend is not waited for past the first (the gateway serves what it has)
+        need = p.workers or (1 if p.backends else 0)
+
+        def ready() -> bool:
+            self.watch.poll()  # the workers still loading, said as they become ready
+            return all(healthy_workers(u) >= need for u in urls)
+
+        return self._wait(ready, "not ready")
+
+    def _wait(self, ready: Callable[[], bool], what: str) -> int | None:
+        """Wait for `ready` within what is left of --ready-timeout (one budget for every step of the start)."""
+        if self.ready_by is None:
+            self.ready_by = time.monotonic() + self.args.ready_timeout
         try:
-            # an external backend is not waited for past the first (the gateway serves what it has)
-            need = p.workers or (1 if p.backends else 0)
-            ready = self.launcher.wait_until(lambda: all(healthy_workers(u) >= need for u in urls),
-                                             self.args.ready_timeout, abort=lambda: self.stop_signal is not None)
+            done = self.launcher.wait_until(ready, max(0.0, self.ready_by - time.monotonic()), what,
+                                            abort=lambda: self.stop_signal is not None)
         except StackError as exc:  # a bad flag or model: fail fast, with its log
             _say(str(exc))
             return 1
-        return None if ready else 130
+        return None if done else 130
 
     def print_urls(self) -> None:
         p = self.plan
@@ -253,12 +284,15 @@ def main(args: argparse.Namespace) -> int:
     try:
         redis_url = up.shared_redis()
         up.start_workers()
-        up.start_gateways(redis_url)
         up.announce()
+        if (code := up.wait_workers()) is not None:
+            return code
+        up.start_gateways(redis_url)
         if (code := up.wait_ready()) is not None:
             return code
         up.print_urls()
         return up.serve()
     finally:
         print("duet up: shutting down", flush=True)
+        up.watch.close()
         launcher.shutdown()

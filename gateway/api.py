@@ -151,8 +151,11 @@ async def _generate(request: Request, parse) -> Response:
 
 
 async def list_models(request: Request) -> Response:
+    """The served models a worker can answer now (healthy, not draining): a client that lists a model can use it;
+    one still loading on every worker is listed once it is ready."""
     gw = request.app.state.gateway
-    data = [model_card(m) for m in gw.models.values()]
+    answering = {v.model_id for v in (gw.views() if gw.pool else ()) if v.healthy and not v.draining}
+    data = [model_card(m) for m in gw.models.values() if m.model_id in answering]
     return JSONResponse({"object": "list", "data": data})
 
 

@@ -1,4 +1,9 @@
-"""`duet gateway --config FILE`: load the config, build the app, serve it with uvicorn."""
+"""`duet gateway --config FILE`: load the config, build the app, serve it with uvicorn.
+
+Logging (`--log-level`, INFO by default) keeps INFO for changes: the worker pool's polls are silent there
+(gateway/workers.py logs what changes), and the lines httpx writes for every request it sends (each HTTP
+backend's health, load and info polls, several a second) are DEBUG, as the gateway's own access lines are off.
+"""
 
 from __future__ import annotations
 
@@ -31,12 +36,27 @@ def setup_tracing(enabled: bool):
     return provider
 
 
+class _AtDebug(logging.Filter):
+    """A logger's INFO lines demoted to DEBUG: shown only when that logger is enabled for DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def setup_logging(level: str = "info") -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").addFilter(_AtDebug())  # one line per request sent: polls (module doc)
+
+
 def main(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import build_app
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging(getattr(args, "log_level", None) or "info")
     try:
         config = load(args.config)
     except ConfigError as e:

@@ -11,6 +11,9 @@ advance, a step running for no longer than `max_step_s` (one long prefill step o
 the first-token deadline, since a whole prefill must fit in it), or the worker with no work at all.
 The stream watchdog (gateway/timeouts.py) takes a worker whose progress stopped while it has work for
 stalled; one that is merely busy keeps stepping.
+
+Logs: a poll is silent; a change of what the polls find is one line (a worker serving, not serving yet,
+stopped answering, serving again, gone from the registry), so the log reads as the pool's history.
 """
 
 from __future__ import annotations
@@ -43,10 +46,17 @@ class Worker:
     healthy: bool = False
     watch_task: asyncio.Task | None = None
     progress_at: float = -math.inf  # time.monotonic() of the last poll that saw progress (module doc)
+    # what the polls found: "" (not polled yet), "waiting" (never served yet), "serving", "lost"; a change is logged
+    poll_state: str = ""
 
     @property
     def worker_id(self) -> str:
         return (self.info.worker_id if self.info is not None else "") or self.address
+
+    @property
+    def name(self) -> str:
+        """How the log names it: its id and address (an HTTP backend's id is its address)."""
+        return self.address if self.worker_id == self.address else f"{self.worker_id} at {self.address}"
 
     def view(self) -> WorkerView | None:
         if self.info is None:
@@ -103,6 +113,8 @@ class WorkerPool:
         return w
 
     async def _remove(self, w: Worker) -> None:
+        if self._workers.get(w.address) is w and not w.static:
+            log.info("worker %s left the registry", w.name)
         self._workers.pop(w.address, None)
         self._by_id.pop(w.worker_id, None)
         if w.watch_task is not None:
@@ -183,12 +195,29 @@ class WorkerPool:
         except EngineCallError:
             ok = False
         w.healthy = ok
+        self._log_change(w, ok)
         engine = w.info.engine_kind if w.info else ""
         self._metrics.worker_healthy.labels(w.worker_id, engine).set(1 if ok else 0)
         if w.load is not None:
             self._metrics.worker_running.labels(w.worker_id).set(w.load.num_running)
             total = w.load.kv_pages_total
             self._metrics.worker_kv_usage.labels(w.worker_id).set(w.load.kv_pages_used / total if total else 0)
+
+    @staticmethod
+    def _log_change(w: Worker, ok: bool) -> None:
+        """One line when what the polls find changes (a failed call's mark_failed is not a poll's finding)."""
+        before = w.poll_state
+        if ok and before != "serving":
+            w.poll_state = "serving"
+            i = w.info
+            log.info("worker %s: %s %s (%s, %s)", w.name, "serving again" if before == "lost" else "serving",
+                     i.model_id, i.engine_kind, i.version)
+        elif not ok and before == "":
+            w.poll_state = "waiting"
+            log.info("worker at %s: not serving yet (starting or loading); polled until it is", w.address)
+        elif not ok and before == "serving":
+            w.poll_state = "lost"
+            log.warning("worker %s stopped answering the gateway's polls: routed around until it is back", w.name)
 
     def _progressed(self, before: pb.EngineLoad, now: pb.EngineLoad) -> bool:
         if now.num_steps != before.num_steps or not (now.num_running or now.num_waiting):

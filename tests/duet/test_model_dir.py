@@ -122,3 +122,12 @@ def test_unreadable_config_is_a_clear_error(tmp_path: Path, tiny_dirs: dict[str,
     (path / "config.json").write_text("{not json")
     with pytest.raises(ModelDirError, match="cannot read .*config.json"):
         read_model_dir(path)
+
+
+def test_a_reader_of_the_config_alone_needs_no_weights(tmp_path: Path, tiny_dirs: dict[str, Path]) -> None:
+    path = _copy(tiny_dirs["llama"], tmp_path / "m")
+    (path / "model.safetensors").unlink()
+    md = read_model_dir(path, weights=False)
+    assert (md.config.architecture, md.weight_files) == ("llama", ())
+    with pytest.raises(ModelDirError, match="missing file model.safetensors"):
+        read_model_dir(path)  # the engines' read: the weights must be there

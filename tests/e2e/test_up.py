@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from duet.launcher import listening
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
 from tests.support import proc_tree
@@ -94,3 +95,32 @@ def _wait(predicate, timeout_s: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_duet_up_opens_the_api_once_a_worker_of_each_kind_is_ready_and_says_what_it_waits_for():
+    """Sim workers that load for 4 s (NOT_SERVING, as an engine loading its model): while they load, stdout says
+    so and nothing listens on the API port; then each is ready, the API opens, and the model it lists answers."""
+    up = Up("--sim", "--paged", "1", "--prefix", "1", "--sim-ms-per-token", "2", "--sim-load-s", "4")
+    try:
+        closed_while_loading = []
+        while not (line := up.proc.stdout.readline()).startswith("Ctrl-C to stop"):
+            assert line or up.proc.poll() is None, "".join(up.out)
+            up.out.append(line)
+            if line.startswith("duet up: waiting for") and "loading" in line:
+                closed_while_loading.append(not listening(up.port))
+        said = [ln.strip() for ln in up.out if ln.startswith("duet up: ")][1:]  # after the one-line summary
+        for worker, kind in (("paged-0", "paged"), ("prefix-0", "prefix")):
+            assert f"duet up: waiting for {worker} (sim as {kind}: loading {MODEL})" in said, said
+            ready = next(ln for ln in said if ln.startswith(f"duet up: ready: {worker} (sim as {kind}) after "))
+            assert float(ready.split(" after ")[1].removesuffix(" s")) >= 4.0
+        assert said[-1] == "duet up: opening the API" and len(closed_while_loading) == 2, said
+        assert all(closed_while_loading)  # no API while the workers load
+        models = [m["id"] for m in httpx.get(up.url + "/v1/models").json()["data"]]
+        assert models == [MODEL]
+        client = openai.OpenAI(base_url=up.url + "/v1", api_key="k", max_retries=0)
+        r = client.chat.completions.create(model=models[0], messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=3)
+        assert r.choices[0].finish_reason == "length"
+    finally:
+        code = up.stop(signal.SIGINT)
+    assert code == 0
