@@ -21,13 +21,10 @@ import torch
 
 from duet.engine_config import EngineConfig
 from duet.model_dir import ModelDir, read_model_dir
+from engine_core.errors import DeviceError
 from engine_core.kv_pool import KVPool, pages_for_budget
 from engine_core.model_runner import ModelRunner
 from engine_core.sampler import Sampler
-
-
-class DeviceError(ValueError):
-    """The device asked for is not there (e.g. `--device cuda` on a machine without CUDA)."""
 
 
 def resolve_device(name: str | torch.device) -> torch.device:

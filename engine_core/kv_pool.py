@@ -1,5 +1,8 @@
 """The KV cache as fixed-size pages, the allocator that hands them out, and the budget that sizes them.
 
+`Allocator` is what both engine kinds' page bookkeeping takes (engine_paged's BlockManager, engine_prefix's
+BlockManager and RadixCache); `PageAllocator` is the one implementation.
+
 A page holds `page_size` consecutive token positions of one sequence for every layer, K and V.
 Token slot = page * page_size + offset; the kernels address the caches through that slot (store_kv)
 and through per-sequence page tables (attention).
@@ -9,6 +12,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
+from typing import Protocol
 
 import torch
 
@@ -63,6 +68,22 @@ class KVPool:
                 cache[dst] = cache[src]
 
 
+class Allocator(Protocol):
+    """Page ids 0..num_total-1 handed out and taken back; the schedulers' only view of the pool's pages."""
+
+    @property
+    def num_free(self) -> int: ...
+
+    @property
+    def num_total(self) -> int: ...
+
+    def alloc(self, n: int) -> list[int]:
+        """n distinct free pages; CapacityError (and nothing taken) when fewer than n are free."""
+
+    def free(self, pages: Iterable[int]) -> None:
+        """Give the pages back (each was allocated and not freed since)."""
+
+
 class PageAllocator:
     """O(1) alloc/free of page ids 0..num_pages-1 from a free list.
 
@@ -91,7 +112,7 @@ class PageAllocator:
             self._in_use[page] = 1
         return pages
 
-    def free(self, pages) -> None:
+    def free(self, pages: Iterable[int]) -> None:
         for page in pages:
             assert self._in_use[page], f"page {page} freed twice or never allocated"
             self._in_use[page] = 0

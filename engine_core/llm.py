@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from duet.engine_config import ENGINE_DEFAULTS
+from duet.engine_config import ENGINE_DEFAULTS, EngineConfig, PagedConfig
 from engine_core.builder import build_runtime, new_pool, resolve_device
 from engine_core.engine_core import EngineCore
 from engine_core.errors import CapacityError, InvalidRequestError
@@ -93,11 +93,12 @@ class LLM:
         # the one upward import of engine_core (see the module docstring): lazy, so no import cycle
         from engine_paged.worker import build_scheduler
 
-        return build_scheduler(self.runner.kv_pool, self.sampler, max_model_len=self.max_model_len,
+        engine = EngineConfig(page_size=self.page_size, max_num_seqs=self.max_num_seqs,
+                              max_num_batched_tokens=self.max_num_batched_tokens)
+        return build_scheduler(PagedConfig(engine, enable_prefix_caching=self.enable_prefix_caching),
+                               self.runner.kv_pool, self.sampler, max_model_len=self.max_model_len,
                                eos_token_ids=tuple(self.config.eos_token_ids), vocab_size=self.config.vocab_size,
-                               max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                               model_id=self.model_dir.model_id, enable_prefix_caching=self.enable_prefix_caching,
-                               watermark=0.0)
+                               model_id=self.model_dir.model_id, watermark=0.0)
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
         """Per prompt (a string or a list of token ids), a RequestOutput with params.n completions."""

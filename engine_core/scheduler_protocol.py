@@ -6,15 +6,17 @@ The step loop drives it from ONE dedicated thread, so implementations need no lo
 
 One step (`engine_core.engine_core.EngineCore.step`, the only place it is written):
 
-    batch = scheduler.schedule()               # admit, allocate pages, pick chunks (may preempt)
+    batch = scheduler.schedule()               # a SchedulerOutput: admit, allocate pages, pick chunks (may preempt)
     logits = runner.forward(batch.chunks)      # the model (engine_core.model_runner.ModelRunner)
     outputs = scheduler.process(batch, logits) # sample, append tokens, detect finish, free pages
     -> outputs are streamed to their callers; finished requests are forgotten
 
-Each engine kind's scheduler is one class; its admission and post-processing are parts it owns
-(engine_paged.postprocess.OutputProcessor, engine_prefix.admission over its `AdmissionHost`), so
-nothing in an engine kind imports its scheduler back. Stopping is `SamplingParams.finish_reason`
-in both. engine_core never imports an engine kind at module level (tests/test_import_cycles.py).
+Both kinds are laid out alike: `<kind>.scheduler` (the class that satisfies `Scheduler`: admission, chunked
+prefill, preemption), `<kind>.postprocess` (`OutputProcessor`, owned by the scheduler: sampling, appending,
+stopping), `<kind>.sequence` (the per-request state and `ScheduledSeq`, one entry of a `SchedulerOutput`) and
+`<kind>.block_manager` (page tables over an engine_core `Allocator`). Nothing in a kind imports its scheduler
+back. Stopping is `SamplingParams.finish_reason` in both. engine_core never imports an engine kind at module
+level (tests/test_import_cycles.py).
 
 `add` and `abort` are called between steps; `abort` must free the request's pages before it
 returns, so a cancelled stream's pages are free by the next step.
@@ -23,15 +25,22 @@ returns, so a cancelled stream's pages are free by the next step.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
 
+from engine_core.forward_batch import SeqChunk
 from engine_core.request import KvEvent, LoadStats, Request, StepOutput
 
+Entry = TypeVar("Entry")
 
-class ScheduledBatch(Protocol):
-    """What `schedule` returns. `chunks` go to ModelRunner.forward; the rest is the scheduler's own."""
 
-    chunks: Sequence[Any]  # engine_core.forward_batch.SeqChunk
+@dataclass
+class SchedulerOutput(Generic[Entry]):
+    """One step's work, what `schedule` returns: `chunks` go to the runner; `entries[i]` is the scheduler's own
+    record of the sequence that made `chunks[i]` (its kind's `ScheduledSeq`), read back by `process`."""
+
+    chunks: list[SeqChunk] = field(default_factory=list)
+    entries: list[Entry] = field(default_factory=list)
 
 
 class Runner(Protocol):
@@ -52,12 +61,12 @@ class Scheduler(Protocol):
     def abort(self, request_id: str) -> bool:
         """Drop the request now and free its pages; False if it is unknown or already finished."""
 
-    def schedule(self) -> ScheduledBatch | None:
+    def schedule(self) -> SchedulerOutput | None:
         """The next batch, or None when there is nothing runnable now. May also return
         immediate outputs through `take_outputs` (e.g. a request that can never fit ends with
         FinishReason.ERROR instead of blocking others)."""
 
-    def process(self, batch: ScheduledBatch, logits: Any) -> list[StepOutput]:
+    def process(self, batch: SchedulerOutput, logits: Any) -> list[StepOutput]:
         """Sample from `logits` (one row per logits position of the batch, in order), update the
         requests, free the pages of finished ones, and return what to stream."""
 

@@ -27,10 +27,10 @@ from opentelemetry import trace
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc
 from duet.tracing import context_from_grpc
-from engine_core.errors import CapacityError, InvalidRequestError
+from engine_core.errors import CapacityError, EngineDrainingError, EngineOverloadedError, InvalidRequestError
 from engine_core.request import EngineSpec, FinishReason, KvEvent, LoadStats, Request, StepOutput
 from engine_core.sampling_params import SamplingParams
-from engine_core.step_loop import EngineDrainingError, EngineOverloadedError, StepLoop
+from engine_core.step_loop import StepLoop
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from engine_core.engine_core import EngineCore
-from engine_core.errors import EngineError, InvalidRequestError
+from engine_core.errors import (
+    EngineDrainingError,
+    EngineOverloadedError,
+    InvalidRequestError,
+    RequestFailedError,
+)
 from engine_core.metrics import EngineMetrics
 from engine_core.request import FinishReason, KvEvent, LoadStats, Request, StepOutput
 from engine_core.scheduler_protocol import Runner, Scheduler
@@ -38,18 +43,6 @@ from engine_core.step_rates import StepRates
 from engine_core.step_trace import StepTrace, TracingRunner
 
 log = logging.getLogger(__name__)
-
-
-class EngineOverloadedError(EngineError):
-    """Too many requests in flight; the caller may retry elsewhere (RESOURCE_EXHAUSTED)."""
-
-
-class EngineDrainingError(EngineError):
-    """The worker is shutting down or not loaded yet and takes no new requests (UNAVAILABLE)."""
-
-
-class RequestFailedError(EngineError):
-    """The engine could not finish a request for a reason other than its input (INTERNAL)."""
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Every sequence (one output of one request, or one beam) owns a block table: the list of pages
 holding its KV, in position order, and `num_tokens`, how many of its positions have a slot.
-Pages come from `engine_core.kv_pool.PageAllocator` (an O(1) free list); this class adds
+Pages come from an engine_core `Allocator` (`engine_core.kv_pool.PageAllocator`, an O(1) free list); this class adds
 reference counts so forks share pages:
 
 - `fork(parent, child)` gives the child the parent's table and increments every page's count.
@@ -28,19 +28,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from duet.hashing import chain_hash
+from engine_core.kv_pool import Allocator
 from engine_paged.prefix_cache import PrefixCache
-
-
-class PageAllocatorLike(Protocol):
-    num_free: int
-    num_total: int
-
-    def alloc(self, n: int) -> list[int]: ...
-
-    def free(self, pages: list[int]) -> None: ...
 
 
 @dataclass
@@ -56,7 +47,7 @@ class BlockManager:
     """`watermark` (fraction of all pages) is kept free when admitting NEW sequences, so a
     just-admitted batch leaves room for running sequences to grow instead of thrashing."""
 
-    def __init__(self, allocator: PageAllocatorLike, page_size: int, watermark: float = 0.01,
+    def __init__(self, allocator: Allocator, page_size: int, watermark: float = 0.01,
                  prefix_cache: PrefixCache | None = None) -> None:
         assert page_size > 0
         assert prefix_cache is None or prefix_cache.page_size == page_size, "cache blocks are pages"

@@ -20,8 +20,9 @@ import torch
 
 from engine_core.request import FinishReason, StepOutput
 from engine_core.sampler import Sampler, SampleRow, prompt_logprobs
+from engine_core.scheduler_protocol import SchedulerOutput
 from engine_paged.block_manager import BlockManager
-from engine_paged.sequence import GroupStatus, PagedBatch, Sequence, SequenceGroup
+from engine_paged.sequence import GroupStatus, ScheduledSeq, Sequence, SequenceGroup
 
 
 class OutputProcessor:
@@ -32,11 +33,12 @@ class OutputProcessor:
         self.eos_token_ids = tuple(eos_token_ids)
         self.max_model_len = max_model_len
 
-    def process(self, batch: PagedBatch, logits: torch.Tensor) -> list[StepOutput]:
+    def process(self, batch: SchedulerOutput[ScheduledSeq], logits: torch.Tensor) -> list[StepOutput]:
         return process(self, batch, logits)
 
 
-def process(proc: OutputProcessor, batch: PagedBatch, logits: torch.Tensor) -> list[StepOutput]:
+def process(proc: OutputProcessor, batch: SchedulerOutput[ScheduledSeq], logits: torch.Tensor
+            ) -> list[StepOutput]:
     outputs: list[StepOutput] = []
     rows: list[tuple[SequenceGroup, Sequence, int]] = []  # plain sampling: (group, seq, logits row)
     beam_groups: dict[int, SequenceGroup] = {}

@@ -31,13 +31,14 @@ from engine_core.errors import CapacityError, InvalidRequestError
 from engine_core.forward_batch import SeqChunk
 from engine_core.request import FinishReason, KvEvent, LoadStats, Request, StepOutput
 from engine_core.sampler import Sampler
+from engine_core.scheduler_protocol import SchedulerOutput
 from engine_paged.block_manager import BlockManager
 from engine_paged.postprocess import OutputProcessor
-from engine_paged.sequence import GroupStatus, PagedBatch, ScheduledSeq, Sequence, SequenceGroup
+from engine_paged.sequence import GroupStatus, ScheduledSeq, Sequence, SequenceGroup
 
 
 @dataclass(frozen=True)
-class SchedulerConfig:
+class PagedSchedulerConfig:
     max_model_len: int
     vocab_size: int
     eos_token_ids: tuple[int, ...]
@@ -50,7 +51,7 @@ class PagedScheduler:
     """Implements engine_core.scheduler_protocol.Scheduler. `copy_pages(pairs)` copies the KV of
     page src into page dst for every layer (copy-on-write); it runs before the step's forward."""
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, sampler: Sampler,
+    def __init__(self, config: PagedSchedulerConfig, block_manager: BlockManager, sampler: Sampler,
                  copy_pages: Callable[[list[tuple[int, int]]], None]) -> None:
         if config.max_num_batched_tokens < 1 or config.max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
@@ -128,15 +129,15 @@ class PagedScheduler:
                          prefix_cache_hits_tokens=self.prompt_tokens_hit, num_preemptions=self.num_preemptions,
                          reused_pages_evicted=self.bm.cache.reused_pages_evicted if self.bm.cache else 0)
 
-    def process(self, batch: PagedBatch, logits) -> list[StepOutput]:
+    def process(self, batch: SchedulerOutput[ScheduledSeq], logits) -> list[StepOutput]:
         outputs = self.outputs.process(batch, logits)
         for group in [g for g in self.running if g.status is GroupStatus.FINISHED]:
             self._finish_group(group)
         return outputs
 
     # -- one step ---------------------------------------------------------------------------
-    def schedule(self) -> PagedBatch | None:
-        batch = PagedBatch()
+    def schedule(self) -> SchedulerOutput[ScheduledSeq] | None:
+        batch = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         preempted = False
         for decode_pass in (True, False):
@@ -160,7 +161,7 @@ class PagedScheduler:
             budget = self._admit(batch, budget)
         return batch if batch.entries else None
 
-    def _schedule_group(self, group: SequenceGroup, batch: PagedBatch, budget: int, decode_pass: bool):
+    def _schedule_group(self, group: SequenceGroup, batch: SchedulerOutput, budget: int, decode_pass: bool):
         """Slots for this pass's sequences of `group`; (budget left, preempted?) or None when the
         group itself must give way (its entries of this step are withdrawn)."""
         mark = len(batch.entries)
@@ -182,7 +183,7 @@ class PagedScheduler:
             budget -= n
         return budget, preempted
 
-    def _admit(self, batch: PagedBatch, budget: int) -> int:
+    def _admit(self, batch: SchedulerOutput, budget: int) -> int:
         num_seqs = sum(g.width for g in self.running)
         while self.waiting and budget > 0:
             group = self.waiting[0]
@@ -221,7 +222,7 @@ class PagedScheduler:
             num_seqs += group.width
         return budget
 
-    def _add_entry(self, batch: PagedBatch, group: SequenceGroup, seq: Sequence, n: int) -> None:
+    def _add_entry(self, batch: SchedulerOutput, group: SequenceGroup, seq: Sequence, n: int) -> None:
         copies = self.bm.append_slots(seq.seq_id, n)
         if copies:
             self.copy_pages(copies)

@@ -1,7 +1,8 @@
 """A request inside the paged engine (`SequenceGroup`) and its sequences (`Sequence`: one output
 index, or one beam). A group starts with one sequence holding the prompt; when the prompt's
 prefill completes, n > 1 and beam search fork it (the block manager shares the pages).
-`PagedBatch` is one step's work: the scheduler makes it, the output processor consumes it."""
+`ScheduledSeq` is one sequence's share of a step: the entries of the engine_core `SchedulerOutput` the
+scheduler makes and the output processor consumes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from enum import Enum
 
 import torch
 
-from engine_core.forward_batch import SeqChunk
 from engine_core.request import FinishReason, Request, TokenLogprob
 
 _seq_ids = itertools.count()
@@ -131,9 +131,3 @@ class ScheduledSeq:
     num_tokens: int
     wants_logits: bool
     prompt_rows: int = 0  # leading logits rows that score prompt tokens (before the sampling row, if any)
-
-
-@dataclass
-class PagedBatch:
-    chunks: list[SeqChunk] = field(default_factory=list)
-    entries: list[ScheduledSeq] = field(default_factory=list)  # entries[i] made chunks[i]

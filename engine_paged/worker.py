@@ -10,36 +10,35 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from duet.engine_config import ENGINE_DEFAULTS, PagedConfig
+from duet.engine_config import PagedConfig
 from engine_core.builder import load_runtime
-from engine_core.kv_pool import KVPool, PageAllocator
+from engine_core.kv_pool import PageAllocator
 from engine_core.request import EngineSpec
 from engine_core.sampler import Sampler
 from engine_core.worker import EngineParts, serve
 from engine_paged.block_manager import BlockManager
 from engine_paged.prefix_cache import PrefixCache
-from engine_paged.scheduler import PagedScheduler, SchedulerConfig
+from engine_paged.scheduler import PagedScheduler, PagedSchedulerConfig
 
 CAPABILITIES = ("n", "beam_search", "logprobs")
 
 
-def build_scheduler(pool: KVPool, sampler: Sampler, *, max_model_len: int, eos_token_ids: tuple[int, ...],
-                    vocab_size: int, model_id: str, max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs,
-                    max_num_batched_tokens: int = ENGINE_DEFAULTS.max_num_batched_tokens,
-                    priority: bool = False, enable_prefix_caching: bool = True,
-                    watermark: float = 0.01,
+def build_scheduler(config: PagedConfig, pool, sampler: Sampler, *, max_model_len: int,
+                    eos_token_ids: tuple[int, ...], vocab_size: int, model_id: str, watermark: float = 0.01,
                     copy_pages: Callable[[list[tuple[int, int]]], None] | None = None) -> PagedScheduler:
-    """The paged scheduler over `pool` (the worker and the offline LLM build it here). `copy_pages` defaults to
-    copying within `pool`; the worker passes its runtime's (tensor parallelism: one that copies on every rank)."""
-    copy_pages = copy_pages or pool.copy_pages
-
-    cache = PrefixCache(model_id, pool.page_size) if enable_prefix_caching else None
+    """The paged scheduler `config` describes over `pool` (a KVPool, or anything with its `num_pages`,
+    `page_size` and `copy_pages`): the worker, the offline LLM and the fleet simulator build it here.
+    `copy_pages` defaults to copying within `pool`; the worker passes its runtime's (tensor parallelism: one
+    that copies on every rank). The scheduler reads no clock (its queue order is the requests' own)."""
+    engine = config.engine
+    cache = PrefixCache(model_id, pool.page_size) if config.enable_prefix_caching else None
     block_manager = BlockManager(PageAllocator(pool.num_pages), pool.page_size, watermark=watermark,
                                  prefix_cache=cache)
-    config = SchedulerConfig(max_model_len=max_model_len, vocab_size=vocab_size, eos_token_ids=tuple(eos_token_ids),
-                             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                             priority=priority)
-    return PagedScheduler(config, block_manager, sampler, copy_pages)
+    sched_config = PagedSchedulerConfig(max_model_len=max_model_len, vocab_size=vocab_size,
+                                        eos_token_ids=tuple(eos_token_ids), max_num_seqs=engine.max_num_seqs,
+                                        max_num_batched_tokens=engine.max_num_batched_tokens,
+                                        priority=config.schedule_policy == "priority")
+    return PagedScheduler(sched_config, block_manager, sampler, copy_pages or pool.copy_pages)
 
 
 def build_engine(config: PagedConfig, seed: int | None = None) -> EngineParts:
@@ -48,12 +47,9 @@ def build_engine(config: PagedConfig, seed: int | None = None) -> EngineParts:
     rt = load_runtime(engine, seed)
     model = rt.model_dir.config
     max_model_len = model.max_position_embeddings
-    scheduler = build_scheduler(rt.pool, rt.sampler, max_model_len=max_model_len,
+    scheduler = build_scheduler(config, rt.pool, rt.sampler, max_model_len=max_model_len,
                                 eos_token_ids=tuple(model.eos_token_ids), vocab_size=model.vocab_size,
-                                model_id=rt.model_dir.model_id, max_num_seqs=engine.max_num_seqs,
-                                max_num_batched_tokens=engine.max_num_batched_tokens,
-                                priority=config.schedule_policy == "priority",
-                                enable_prefix_caching=config.enable_prefix_caching, copy_pages=rt.copy_pages)
+                                model_id=rt.model_dir.model_id, copy_pages=rt.copy_pages)
     num_pages = rt.pool.num_pages
     spec = EngineSpec(engine_kind="paged", model_id=rt.model_dir.model_id, version=engine.version,
                       page_size=engine.page_size, max_model_len=max_model_len, capabilities=CAPABILITIES,

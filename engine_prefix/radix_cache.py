@@ -27,6 +27,8 @@ import itertools
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol
 
+from engine_core.kv_pool import Allocator
+
 
 def common_len(key: tuple[int, ...], tokens: Sequence[int], pos: int, end: int, page_size: int) -> int:
     """Length of the common prefix of ``key`` and ``tokens[pos:end]``, rounded down to whole pages.
@@ -47,18 +49,6 @@ def common_len(key: tuple[int, ...], tokens: Sequence[int], pos: int, end: int, 
         else:
             break
     return n
-
-
-class Allocator(Protocol):
-    """The part of engine_core.kv_pool.PageAllocator the cache uses."""
-
-    def free(self, pages: Iterable[int]) -> None: ...
-
-    @property
-    def num_free(self) -> int: ...
-
-    @property
-    def num_total(self) -> int: ...
 
 
 class CacheListener(Protocol):

@@ -1,8 +1,9 @@
-"""The per-request state of engine_prefix and the batch a step hands to the model runner.
+"""A request inside engine_prefix (`Seq`, n=1) and its share of a step (`ScheduledSeq`: the entries of the
+engine_core `SchedulerOutput` the scheduler makes and the output processor consumes).
 
-Page ownership (the contract scheduler.py and admission.py keep): ``pages`` is the request's page table;
+Page ownership (the contract engine_prefix.block_manager keeps): ``pages`` is the request's page table;
 ``pages[:num_tree_pages]`` belong to the radix tree and are held by a lock on ``node``; the rest are private
-to the request and freed (or inserted into the tree) when it finishes, is retracted or aborted.
+to the request and freed (or inserted into the tree) when it finishes, is preempted or aborted.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine_core.forward_batch import SeqChunk
-from engine_core.request import Request, TokenLogprob
+from engine_core.request import FinishReason, Request, TokenLogprob
 from engine_prefix.radix_cache import Node
 from engine_prefix.structured import Constraint
 
@@ -34,6 +34,7 @@ class Seq:
     draft_misses: int = 0  # drafts in a row with nothing accepted
     draft_cooldown: int = 0  # steps to decode without drafting
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # gathered while the prompt prefills
+    finish_reason: FinishReason | None = None  # set by the output processor; the scheduler then drops it
 
     @property
     def scores_prompt(self) -> bool:
@@ -46,12 +47,20 @@ class Seq:
         return len(self.req.prompt_token_ids)
 
     @property
+    def num_output(self) -> int:
+        return len(self.tokens) - self.num_prompt
+
+    @property
     def output(self) -> list[int]:
         return self.tokens[self.num_prompt :]
 
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
 
 @dataclass
-class Entry:
+class ScheduledSeq:
     """One request's share of a step: a prefill chunk of ``num_tokens``, one decode token, or a decode token
     followed by ``draft`` tokens to verify."""
 
@@ -59,10 +68,4 @@ class Entry:
     num_tokens: int
     draft: list[int] = field(default_factory=list)
     prefill: bool = False
-    prompt_rows: int = 0  # leading logits rows that score prompt tokens (set by admission._chunk)
-
-
-@dataclass
-class PrefixBatch:
-    chunks: list[SeqChunk]
-    entries: list[Entry]  # entries[i] made chunks[i]
+    prompt_rows: int = 0  # leading logits rows that score prompt tokens (set when the scheduler makes the chunk)

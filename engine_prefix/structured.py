@@ -132,7 +132,7 @@ class Constraint:
         return self.matcher.is_terminated()
 
     def reset(self) -> None:
-        """Back to the start (a retracted request replays its output through accept)."""
+        """Back to the start (a preempted request replays its output through accept)."""
         self.matcher.reset()
 
 

@@ -7,7 +7,7 @@ plan (which rows and columns a rank holds), layers (the collectives and the row/
 shard_runner (one rank's model and KV pool), rank_process (ranks 1..N-1), runner (rank 0 and the start).
 """
 
-from engine_core.parallel.plan import TensorParallelError, check_divisible
+from engine_core.parallel.plan import check_divisible
 from engine_core.parallel.runner import TensorParallelRunner, start_tensor_parallel
 
-__all__ = ["TensorParallelError", "TensorParallelRunner", "check_divisible", "start_tensor_parallel"]
+__all__ = ["TensorParallelRunner", "check_divisible", "start_tensor_parallel"]

@@ -21,11 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from engine_core.errors import EngineError
-
-
-class TensorParallelError(EngineError, ValueError):
-    """The model cannot be split this way, or the ranks could not start; the message names the numbers."""
+from engine_core.errors import TensorParallelError
 
 
 @dataclass(frozen=True)

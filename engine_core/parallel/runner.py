@@ -30,9 +30,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from engine_core.errors import TensorParallelError
 from engine_core.forward_batch import SeqChunk
 from engine_core.kv_pool import pages_for_budget
-from engine_core.parallel.plan import TensorParallelError, check_divisible, local_config, shard_plan
+from engine_core.parallel.plan import check_divisible, local_config, shard_plan
 from engine_core.parallel.rank_process import RankArgs, join_group, rank_main
 from engine_core.parallel.shard_runner import ShardRunner
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from duet.engine_config import PREFIX_POLICIES
-from engine_core.builder import DeviceError, resolve_device
+from engine_core.builder import resolve_device
+from engine_core.errors import DeviceError
 from engine_prefix.policy import Policy
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,10 +14,11 @@ import torch
 
 from duet.model_dir import read_model_dir
 from duet.model_make import cached_model_dir, make_checkpoint
+from engine_core.errors import TensorParallelError
 from engine_core.forward_batch import SeqChunk
 from engine_core.kv_pool import KVPool
 from engine_core.model_runner import ModelRunner
-from engine_core.parallel import TensorParallelError, check_divisible, start_tensor_parallel
+from engine_core.parallel import check_divisible, start_tensor_parallel
 from engine_core.parallel.plan import ShardPlan, local_config, shard_plan
 
 DEVICE = os.environ.get("DUET_TP_TEST_DEVICE", "cpu")

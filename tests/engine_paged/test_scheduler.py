@@ -16,7 +16,7 @@ from engine_core.sampler import Sampler
 from engine_core.sampling_params import SamplingParams
 from engine_paged.block_manager import BlockManager
 from engine_paged.prefix_cache import PrefixCache
-from engine_paged.scheduler import PagedScheduler, SchedulerConfig
+from engine_paged.scheduler import PagedScheduler, PagedSchedulerConfig
 
 VOCAB = 512
 EOS = 511
@@ -42,8 +42,8 @@ class CountingRunner:
 def make(num_pages=64, page=4, max_seqs=16, budget=64, priority=False, watermark=0.0, cache=False):
     bm = BlockManager(PageAllocator(num_pages), page, watermark=watermark,
                       prefix_cache=PrefixCache("model", page) if cache else None)
-    config = SchedulerConfig(max_model_len=4096, vocab_size=VOCAB, eos_token_ids=(EOS,), max_num_seqs=max_seqs,
-                             max_num_batched_tokens=budget, priority=priority)
+    config = PagedSchedulerConfig(max_model_len=4096, vocab_size=VOCAB, eos_token_ids=(EOS,), max_num_seqs=max_seqs,
+                                  max_num_batched_tokens=budget, priority=priority)
     return PagedScheduler(config, bm, Sampler(VOCAB, (EOS,), seed=0), copy_pages=lambda pairs: None)
 
 

@@ -1,5 +1,5 @@
 """The cache-aware scheduler, stepped by hand over the real tiny model: admission order, in-batch
-de-duplication, chunked prefill sharing its partial prefix, retraction under memory pressure, and the lone
+de-duplication, chunked prefill sharing its partial prefix, preemption under memory pressure, and the lone
 request that cannot fit. check_integrity() after every step."""
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def test_chunked_prefill_shares_its_partial_prefix_and_moves_its_lock(tiny_check
     assert d.s.cache.protected_pages == 0
 
 
-def test_retraction_under_memory_pressure_keeps_outputs_exact(tiny_checkpoint):
+def test_preemption_under_memory_pressure_keeps_outputs_exact(tiny_checkpoint):
     rng = random.Random(4)
     prompts = [rand_tokens(rng, rng.randint(5, 40)) for _ in range(10)]
     params = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)

@@ -29,25 +29,27 @@ def _workload():
 
 def _direct(kind: str, requests, cost):
     """The same requests into one real EngineCore + scheduler, stepped by hand: arrivals up to the clock
-    are added, then one step; an idle engine jumps to the next arrival."""
-    w = SimEngine.build("w", kind, SMALL, cost, keep_log=True)
+    are added (stamped with their arrival time, as the simulator stamps them), then one step; an idle engine
+    jumps to the next arrival. The scheduler reads the same virtual clock (engine_prefix's aging)."""
+    clock = {"t": 0.0}
+    w = SimEngine.build("w", kind, SMALL, cost, keep_log=True, clock=lambda: clock["t"])
     pending = list(requests)
-    t, costs, done = 0.0, [], {}
+    costs, done = [], {}
     while pending or w.core.has_unfinished():
-        while pending and pending[0].arrival_s <= t:
+        while pending and pending[0].arrival_s <= clock["t"]:
             r = pending.pop(0)
-            w.core.add(make_request(r.request_id, r.prompt(SMALL.max_model_len), r.max_tokens))
+            w.core.add(make_request(r.request_id, r.prompt(SMALL.max_model_len), r.max_tokens, r.arrival_s))
         if not w.core.has_unfinished():
-            t = pending[0].arrival_s
+            clock["t"] = pending[0].arrival_s
             continue
         result, seconds = w.step()
-        t += seconds
+        clock["t"] += seconds
         costs.append(seconds)
         for out in result.outputs:
             if out.cached_tokens is not None:
                 done.setdefault(out.request_id, {})["cached"] = out.cached_tokens
             if out.finish_reason is not None:
-                done.setdefault(out.request_id, {})["end"] = t
+                done.setdefault(out.request_id, {})["end"] = clock["t"]
     return w, costs, done
 
 

@@ -1,29 +1,35 @@
 """One simulated worker: the REAL scheduler of its kind driven by the real `EngineCore`, with the model runner
 replaced by `CostRunner`, which returns cheap logits and advances a virtual clock by the step's modelled cost.
 
-- engine_paged: `engine_paged.worker.build_scheduler` (its BlockManager, automatic prefix cache, FCFS
-  chunked-prefill admission, preemption by recompute), exactly as `duet engine paged` builds it.
-- engine_prefix: `engine_prefix.scheduler.PrefixScheduler` (its RadixCache, LPM admission, retraction),
-  with the parameters `engine_prefix.worker.build_engine` passes.
+Each kind's scheduler is built by its worker's own builder (`engine_paged.worker.build_scheduler`,
+`engine_prefix.worker.build_scheduler`) from `worker_config`: the worker's default config (`duet engine
+paged|prefix` with no flags) given only the deployment's KV budget, batch limits and page size. So engine_prefix
+runs reuse-aware eviction and 2 s aging as a worker does, and a test (tests/loadtests/test_fleet_engine.py)
+fails if a simulated scheduler's settings ever differ from the worker's defaults. Scheduler time is the
+engine's clock, here the simulation's virtual time (`SimEngine.build(clock=...)`), and a request's
+`arrival_time` is when it reached the worker on that clock, so aging runs under virtual time as it does live.
 
 The runner's logits are [rows, VOCAB] zeros with one hot column, so the real `Sampler` (greedy: argmax) picks
 `OUTPUT_TOKEN` every time: the sampling path, stop rule and output processing all run for real, on a
 vocabulary small enough that a step's logits cost nothing. Requests use `ignore_eos` and `max_tokens` from
-the trace. No KV tensors exist: the pool is a `PagePool`, page bookkeeping only (copy-on-write is a no-op,
-since no KV is stored). `EngineProfile` is the deployment both kinds share (the KV budget, batch limits and
-context length of the hardware the cost model describes).
+the trace, and turn n-gram drafting off (`speculative=False`; the worker's drafter stays configured): an output
+of one token repeated is text prompt lookup would always guess, which no real answer is, and the cost models
+price a step by its tokens, not by drafts accepted. No KV tensors exist: the pool is a `PagePool`, page
+bookkeeping only (copy-on-write is a no-op, since no KV is stored). `EngineProfile` is the deployment both
+kinds share (the KV budget, batch limits and context length of the hardware the cost model describes).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from duet.engine_config import ENGINE_DEFAULTS
+from duet.engine_config import ENGINE_DEFAULTS, EngineConfig, PagedConfig, PrefixConfig
 from duet.launcher import EngineLimits
 from engine_core.engine_core import EngineCore, StepResult
-from engine_core.kv_pool import PageAllocator
 from engine_core.request import Request
 from engine_core.sampler import Sampler
 from engine_core.sampling_params import SamplingParams
@@ -33,7 +39,6 @@ VOCAB = 256  # token ids stay small ints (cached by CPython); prompts use ids 1.
 EOS = 0
 OUTPUT_TOKEN = VOCAB - 1
 MODEL_ID = "fleet-sim"
-PREFIX_HASH_BLOCK = 16  # engine_prefix.worker.HASH_BLOCK_SIZE
 
 
 @dataclass(frozen=True)
@@ -45,8 +50,6 @@ class EngineProfile:
     max_num_batched_tokens: int
     max_model_len: int
     page_size: int = ENGINE_DEFAULTS.page_size
-    prefix_policy: str = "lpm"  # engine_prefix's default --schedule-policy
-    paged_prefix_caching: bool = True
 
     @classmethod
     def for_cost_model(cls, name: str) -> EngineProfile:
@@ -96,32 +99,39 @@ class CostRunner:
         return self._hot.expand(shape.rows, VOCAB)
 
 
-def build_scheduler(kind: str, profile: EngineProfile, seed: int = 0):
-    sampler = Sampler(VOCAB, (EOS,), "cpu", seed)
-    num_pages = -(-profile.kv_cache_tokens // profile.page_size)
+def worker_config(kind: str, profile: EngineProfile) -> PagedConfig | PrefixConfig:
+    """What `duet engine KIND` is started with on this deployment: its KV budget, batch limits and page size;
+    every other setting (schedule policy, prefix caching, eviction, aging, speculation) the worker's default."""
+    engine = EngineConfig(page_size=profile.page_size, kv_cache_tokens=profile.kv_cache_tokens,
+                          max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=profile.max_num_batched_tokens)
     if kind == "paged":
-        from engine_paged.worker import build_scheduler as paged_scheduler
-
-        return paged_scheduler(PagePool(num_pages, profile.page_size), sampler, max_model_len=profile.max_model_len,
-                               eos_token_ids=(EOS,), vocab_size=VOCAB, model_id=MODEL_ID,
-                               max_num_seqs=profile.max_num_seqs,
-                               max_num_batched_tokens=profile.max_num_batched_tokens,
-                               enable_prefix_caching=profile.paged_prefix_caching)
+        return PagedConfig(engine)
     if kind == "prefix":
-        from engine_prefix.policy import Policy
-        from engine_prefix.scheduler import PrefixScheduler, PrefixSchedulerConfig
-
-        config = PrefixSchedulerConfig(page_size=profile.page_size, max_num_seqs=profile.max_num_seqs,
-                                       max_num_batched_tokens=profile.max_num_batched_tokens,
-                                       max_model_len=profile.max_model_len, policy=Policy.parse(profile.prefix_policy))
-        return PrefixScheduler(config, PageAllocator(num_pages), sampler, model_id=MODEL_ID, vocab_size=VOCAB,
-                               eos_token_ids=(EOS,), hash_block_size=PREFIX_HASH_BLOCK)
+        return PrefixConfig(engine)
     raise ValueError(f"unknown engine kind {kind!r}; expected paged or prefix")
 
 
-def make_request(request_id: str, prompt: list[int], max_tokens: int) -> Request:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    return Request(request_id, prompt, params, arrival_time=0.0)
+def build_scheduler(kind: str, profile: EngineProfile, seed: int = 0, clock: Callable[[], float] = time.monotonic):
+    """The scheduler a `kind` worker runs on this deployment, built by the worker's own builder; `clock` is the
+    engine's (the simulator passes its virtual time)."""
+    config = worker_config(kind, profile)
+    sampler = Sampler(VOCAB, (EOS,), "cpu", seed)
+    pool = PagePool(-(-profile.kv_cache_tokens // profile.page_size), profile.page_size)
+    model = {"max_model_len": profile.max_model_len, "eos_token_ids": (EOS,), "vocab_size": VOCAB,
+             "model_id": MODEL_ID}
+    if kind == "paged":
+        from engine_paged.worker import build_scheduler as paged_scheduler
+
+        return paged_scheduler(config, pool, sampler, **model)  # reads no clock
+    from engine_prefix.worker import build_scheduler as prefix_scheduler
+
+    return prefix_scheduler(config, pool, sampler, **model, clock=clock)
+
+
+def make_request(request_id: str, prompt: list[int], max_tokens: int, arrival_s: float = 0.0) -> Request:
+    """A trace request as it reaches the worker at `arrival_s` on the engine's clock."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, speculative=False)
+    return Request(request_id, prompt, params, arrival_time=arrival_s)
 
 
 @dataclass
@@ -139,9 +149,12 @@ class SimEngine:
     pending: StepResult | None = field(default=None, repr=False)  # the in-flight step's result, delivered at its end
 
     @classmethod
-    def build(cls, worker_id: str, kind: str, profile: EngineProfile, cost_model, keep_log: bool = False) -> SimEngine:
+    def build(cls, worker_id: str, kind: str, profile: EngineProfile, cost_model, keep_log: bool = False, *,
+              clock: Callable[[], float]) -> SimEngine:
+        """`clock` is the virtual time the driver runs on: the scheduler's time (aging), and the one requests'
+        `arrival_s` must be given on."""
         runner = CostRunner(cost_model)
-        return cls(worker_id, kind, EngineCore(build_scheduler(kind, profile), runner), runner,
+        return cls(worker_id, kind, EngineCore(build_scheduler(kind, profile, clock=clock), runner), runner,
                    [] if keep_log else None)
 
     def step(self) -> tuple[StepResult, float]:

@@ -127,7 +127,8 @@ class FleetSim:
 
     def _add_worker(self, kind: str, slot: int) -> SimEngine:
         wid = f"{kind}-{slot}-{next(self.generation)}"
-        w = SimEngine.build(wid, kind, self.profile, for_engine(self.cost_model, kind), self.s.keep_step_log)
+        w = SimEngine.build(wid, kind, self.profile, for_engine(self.cost_model, kind), self.s.keep_step_log,
+                            clock=lambda: self.now)
         self.workers[wid] = w
         return w
 
@@ -207,7 +208,7 @@ class FleetSim:
         w = self.workers[decision.worker_id]
         self.served[req.request_id] = Served(req, self.sent_at.pop(req.request_id, self.now), len(prompt),
                                              w.worker_id, w.kind, decision.reason, decision)
-        w.core.add(make_request(req.request_id, prompt, req.max_tokens))
+        w.core.add(make_request(req.request_id, prompt, req.max_tokens, arrival_s=self.now))
         if not w.stepping:
             w.stepping = True
             self._push(self.now, STEP, w.worker_id)
