@@ -1,4 +1,4 @@
-"""The fleet simulator runs the engine a user runs (loadtests/fleet/engine.py): each kind's scheduler is built by
+"""The fleet simulator runs the engine a user runs (loadtests/sim/fleet/engine.py): each kind's scheduler is built by
 its worker's builder with the settings `duet engine KIND` starts with when given only the deployment's KV budget,
 batch limits and page size, and engine_prefix's aging runs on the simulation's virtual clock."""
 
@@ -11,8 +11,8 @@ import pytest
 from duet.engine_config import KINDS, PrefixConfig, add_flags, from_args
 from engine_core.sampler import Sampler
 from engine_prefix.policy import Policy
-from loadtests.fleet.cost_models import RooflineCostModel
-from loadtests.fleet.engine import EOS, MODEL_ID, VOCAB, EngineProfile, PagePool, SimEngine, make_request
+from loadtests.sim.fleet.cost_models import RooflineCostModel
+from loadtests.sim.fleet.engine import EOS, MODEL_ID, VOCAB, EngineProfile, PagePool, SimEngine, make_request
 
 COST = RooflineCostModel()
 
