@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from duet.contract import PAGED, PREFIX, SIM
+
 ENGINE_KIND_HELP = {
-    "paged": "engine_paged: paged KV, continuous batching, automatic prefix caching",
-    "prefix": "engine_prefix: radix cache, cache-aware scheduling, structured output, n-gram speculation",
-    "sim": "a model-free worker with configurable timing and a simulated prefix cache (load tests)",
+    PAGED: "engine_paged: paged KV, continuous batching, automatic prefix caching",
+    PREFIX: "engine_prefix: radix cache, cache-aware scheduling, structured output, n-gram speculation",
+    SIM: "a model-free worker with configurable timing and a simulated prefix cache (load tests)",
 }
 
 
@@ -17,7 +19,7 @@ def _add_engine_parser(sub: argparse._SubParsersAction) -> None:
     from duet.engine_config import KINDS, add_flags
 
     p = sub.add_parser("engine", help="run one engine worker (gRPC)")
-    kinds = p.add_subparsers(dest="kind", required=True, metavar="{paged,prefix,sim}")
+    kinds = p.add_subparsers(dest="kind", required=True, metavar="{" + ",".join(KINDS) + "}")
     for kind, config_class in KINDS.items():
         kp = kinds.add_parser(kind, help=ENGINE_KIND_HELP[kind], description=ENGINE_KIND_HELP[kind],
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -42,19 +44,24 @@ def _run_engine(args: argparse.Namespace) -> int:
         except PullError as exc:
             raise SystemExit(f"duet engine: {exc}") from exc
         config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, model=model))
-        if args.kind != "sim":  # an engine loads the weights: a folder without them stops here, before the port
+        if args.kind != SIM:  # an engine loads the weights: a folder without them stops here, before the port
             from duet.model_dir import ModelDirError, read_model_dir
 
             try:
                 read_model_dir(model)
             except ModelDirError as exc:
                 raise SystemExit(f"duet engine {args.kind}: cannot serve {model}: {exc}") from None
-    if args.kind == "paged":
-        from engine_paged.worker import main
-    elif args.kind == "prefix":
-        from engine_prefix.worker import main
-    else:
+    if args.kind == SIM:
         from duet.sim_worker import main
+    else:
+        # the worker's start: MKL's fast kernels on an AMD CPU, which must come before anything imports torch
+        from engine_core.mkl_on_amd import unlock_mkl_on_amd
+
+        unlock_mkl_on_amd()
+        if args.kind == PAGED:
+            from engine_paged.worker import main
+        else:
+            from engine_prefix.worker import main
     return main(config) or 0
 
 

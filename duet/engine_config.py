@@ -18,6 +18,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from duet.contract import ENGINE_KINDS, PAGED, PREFIX, SIM
+
 PAGED_POLICIES = ("fcfs", "priority")
 PREFIX_POLICIES = ("lpm", "dfs-weight", "fcfs")  # engine_prefix.policy.Policy (a test keeps them equal)
 DTYPES = ("float32", "bfloat16")
@@ -140,7 +142,7 @@ class SimConfig:
     sim_cache_blocks: int = setting(4096, "simulated prefix cache size, in blocks", type=int)
     sim_load_s: float = setting(0.0, "seconds it answers NOT_SERVING after it starts listening, as an engine "
                                      "does while it loads its model", type=float)
-    sim_as: str = setting("prefix", "engine kind to pose as", choices=("paged", "prefix"))
+    sim_as: str = setting(PREFIX, "engine kind to pose as", choices=ENGINE_KINDS)
     sim_capabilities: tuple[str, ...] | None = setting(None, "comma-separated capabilities (default: the posed "
                                                              "kind's)", type=_names, metavar="CAP,...")
 
@@ -149,7 +151,7 @@ class SimConfig:
 
 
 KindConfig = PagedConfig | PrefixConfig | SimConfig
-KINDS: dict[str, type[KindConfig]] = {"paged": PagedConfig, "prefix": PrefixConfig, "sim": SimConfig}
+KINDS: dict[str, type[KindConfig]] = {PAGED: PagedConfig, PREFIX: PrefixConfig, SIM: SimConfig}
 
 
 def _check_choices(config) -> None:

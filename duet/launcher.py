@@ -34,6 +34,7 @@ from typing import Self
 import yaml
 
 from duet import scale_out
+from duet.contract import PAGED, SIM, WORKER_KINDS
 from duet.engine_config import ENGINE_DEFAULTS
 from duet.supervisor import Event, RestartPolicy, Supervisor
 
@@ -85,7 +86,7 @@ class SimOptions:
 class WorkerSpec:
     """One `duet engine KIND` process. None: the worker's own default for that flag."""
 
-    kind: str  # "paged" | "prefix" | "sim"
+    kind: str  # one of duet.contract.WORKER_KINDS
     model: Path
     port: int
     worker_id: str | None = None  # None: host:port
@@ -116,11 +117,11 @@ def worker_argv(spec: WorkerSpec) -> list[str]:
 
 
 def _engine_argv(spec: WorkerSpec) -> list[str]:
-    if spec.kind not in ("paged", "prefix", "sim"):
+    if spec.kind not in WORKER_KINDS:
         raise ValueError(f"unknown engine kind {spec.kind!r}")
     argv = duet_argv("engine", spec.kind, "--model", str(spec.model), "--port", str(spec.port))
     argv += _flags([("--worker-id", spec.worker_id), ("--version", spec.version), ("--redis", spec.redis)])
-    if spec.kind == "sim":
+    if spec.kind == SIM:
         assert spec.limits is None and spec.device is None and spec.threads is None and \
             spec.tensor_parallel_size == 1 and spec.metrics_port is None and not spec.extra_args, \
             "a sim reads no engine limits"
@@ -140,14 +141,14 @@ def _engine_argv(spec: WorkerSpec) -> list[str]:
                         ("--max-num-batched-tokens", lim.max_num_batched_tokens)])
         if lim.quantization != "none":
             argv += ["--quantization", lim.quantization]
-        if spec.kind == "paged":
+        if spec.kind == PAGED:
             argv.append("--enable-prefix-caching" if lim.paged_prefix_caching else "--no-enable-prefix-caching")
     return argv + list(spec.extra_args)
 
 
 def worker_env(spec: WorkerSpec) -> dict[str, str] | None:
     """One torch thread count for every BLAS pool of the worker, when its limits set one."""
-    if spec.limits is None or spec.kind == "sim":
+    if spec.limits is None or spec.kind == SIM:
         return None
     n = str(spec.limits.torch_threads)
     return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}

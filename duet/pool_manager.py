@@ -25,9 +25,10 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from duet.contract import ENGINE_KINDS as KINDS
+
 log = logging.getLogger("duet.pool_manager")
 
-KINDS = ("paged", "prefix")
 SwitchWorker = Callable[[int, str], str]  # (slot, new kind) -> new worker id; stops, then starts
 
 

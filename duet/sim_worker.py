@@ -34,6 +34,7 @@ from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry import trace
 
+from duet.contract import KIND_CAPABILITIES
 from duet.engine_config import SimConfig
 from duet.hashing import block_hashes
 from duet.registry import Registration, advertised_address, worker_info
@@ -44,11 +45,6 @@ from duet.tracing import context_from_grpc
 log = logging.getLogger("duet.sim")
 
 PREFILL_TICK_S = 0.05  # a long simulated prefill advances the step counter this often
-
-DEFAULT_CAPABILITIES = {
-    "prefix": ("logprobs", "structured_output", "speculative"),
-    "paged": ("n", "beam_search", "logprobs"),
-}
 
 
 _FLAGS = SimConfig()  # the defaults of `duet engine sim`'s flags
@@ -64,7 +60,7 @@ class SimSpec:
     max_model_len: int = 4096
     vocab_size: int = 256
     excluded_ids: frozenset[int] = frozenset()  # special tokens the sim never samples
-    capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES[_FLAGS.sim_as]
+    capabilities: tuple[str, ...] = KIND_CAPABILITIES[_FLAGS.sim_as]
     ms_per_token: float = _FLAGS.sim_ms_per_token
     prefill_ms_per_token: float = _FLAGS.sim_prefill_ms_per_token
     fail_rate: float = _FLAGS.sim_fail_rate
@@ -288,7 +284,7 @@ def spec_for(config: SimConfig) -> SimSpec:
     """The sim worker `duet engine sim`'s flags describe; with a model, its vocabulary, context and ids."""
     engine = config.engine
     kind = config.sim_as
-    capabilities = config.sim_capabilities if config.sim_capabilities is not None else DEFAULT_CAPABILITIES[kind]
+    capabilities = config.sim_capabilities if config.sim_capabilities is not None else KIND_CAPABILITIES[kind]
     extra = {}
     if engine.model:
         from duet.model_dir import read_model_dir

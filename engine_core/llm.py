@@ -23,12 +23,13 @@ from pathlib import Path
 
 import torch
 
+from duet.contract import FinishReason
 from duet.engine_config import ENGINE_DEFAULTS, EngineConfig, PagedConfig
 from engine_core.builder import build_runtime, new_pool, resolve_device
 from engine_core.engine_core import EngineCore
 from engine_core.errors import CapacityError, InvalidRequestError
 from engine_core.kv_pool import KVPool, pages_for_budget, torch_dtype
-from engine_core.request import FinishReason, Request, StepOutput, TokenLogprob
+from engine_core.request import Request, StepOutput, TokenLogprob
 from engine_core.sampling_params import SamplingParams
 
 

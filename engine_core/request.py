@@ -1,6 +1,6 @@
 """The serving-side data types every engine shares: what comes in (`Request`), what goes out
-(`StepOutput`, one message of one output index), and what the engine reports (`LoadStats`,
-`EngineSpec`, `KvEvent`).
+(`StepOutput`, one message of one output index; its finish reason is a duet.contract.FinishReason), and what
+the engine reports (`LoadStats`, `EngineSpec`, `KvEvent`).
 
 Plain dataclasses: the servicer converts protobuf to these at the boundary (`engine_core.servicer`),
 so schedulers never see protobuf. Token ids only; text lives in the gateway.
@@ -10,18 +10,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING
+
+from duet.contract import FinishReason
 
 if TYPE_CHECKING:
     from engine_core.sampling_params import SamplingParams
-
-
-class FinishReason(str, Enum):
-    STOP = "stop"  # EOS or a stop token id
-    LENGTH = "length"  # max_tokens or the model's context
-    ABORT = "abort"  # client gone, Abort RPC, or drain timeout
-    ERROR = "error"  # the engine could not finish it (StepOutput.error says why)
 
 
 @dataclass
@@ -92,12 +86,12 @@ class LoadStats:
 class EngineSpec:
     """What GetInfo reports; fixed once the worker has loaded."""
 
-    engine_kind: str  # "paged" | "prefix"
+    engine_kind: str  # duet.contract.PAGED | PREFIX
     model_id: str
     version: str
     page_size: int
     max_model_len: int
-    capabilities: tuple[str, ...]  # "n", "beam_search", "logprobs", "structured_output", "speculative"
+    capabilities: tuple[str, ...]  # duet.contract.Capability names
     kv_capacity_tokens: int
     kv_total_pages: int
     vocab_size: int

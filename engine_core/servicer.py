@@ -24,22 +24,18 @@ import uuid
 import grpc
 from opentelemetry import trace
 
+from duet import contract as c
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc
 from duet.tracing import context_from_grpc
 from engine_core.errors import CapacityError, EngineDrainingError, EngineOverloadedError, InvalidRequestError
-from engine_core.request import EngineSpec, FinishReason, KvEvent, LoadStats, Request, StepOutput
+from engine_core.request import EngineSpec, KvEvent, LoadStats, Request, StepOutput
 from engine_core.sampling_params import SamplingParams
 from engine_core.step_loop import StepLoop
 
 log = logging.getLogger(__name__)
 
-_FINISH = {
-    None: pb.FINISH_REASON_UNSPECIFIED,
-    FinishReason.STOP: pb.FINISH_REASON_STOP,
-    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
-    FinishReason.ABORT: pb.FINISH_REASON_ABORT,
-}
+_FINISH = {None: pb.FINISH_REASON_UNSPECIFIED, **c.FINISH_TO_PB}
 _KV_KIND = {"stored": pb.KvEvent.STORED, "evicted": pb.KvEvent.EVICTED, "cleared": pb.KvEvent.CLEARED}
 
 
@@ -80,30 +76,31 @@ def _mapped(method):
 
 # -- protobuf <-> dataclasses --------------------------------------------------------------
 def sampling_from_pb(s: pb.SamplingParams, default_max_tokens: int) -> SamplingParams:
+    """An unset optional field takes the contract's default (duet/contract.py), as SamplingParams() does."""
     constraint = s.WhichOneof("constraint")
     return SamplingParams(
         max_tokens=s.max_tokens or default_max_tokens,  # 0: up to the model's context
-        temperature=s.temperature if s.HasField("temperature") else 1.0,
-        top_p=s.top_p if s.HasField("top_p") else 1.0,
-        top_k=s.top_k if s.HasField("top_k") and s.top_k > 0 else None,
-        min_p=s.min_p if s.HasField("min_p") else 0.0,
+        temperature=s.temperature if s.HasField("temperature") else c.TEMPERATURE.default,
+        top_p=s.top_p if s.HasField("top_p") else c.TOP_P.default,
+        top_k=s.top_k if s.HasField("top_k") and s.top_k > 0 else c.TOP_K.default,
+        min_p=s.min_p if s.HasField("min_p") else c.MIN_P.default,
         presence_penalty=s.presence_penalty,
         frequency_penalty=s.frequency_penalty,
-        repetition_penalty=s.repetition_penalty if s.HasField("repetition_penalty") else 1.0,
-        seed=s.seed if s.HasField("seed") else None,
-        logprobs=s.logprobs if s.HasField("logprobs") else None,
+        repetition_penalty=s.repetition_penalty if s.HasField("repetition_penalty") else c.REPETITION_PENALTY.default,
+        seed=s.seed if s.HasField("seed") else c.SEED.default,
+        logprobs=s.logprobs if s.HasField("logprobs") else c.LOGPROBS.default,
         stop_token_ids=tuple(s.stop_token_ids),
         min_tokens=s.min_tokens,
         ignore_eos=s.ignore_eos,
-        n=max(1, s.n),
-        beam_width=max(1, s.beam_width),
-        length_penalty=s.length_penalty if s.HasField("length_penalty") else 1.0,
+        n=max(c.N.default, s.n),  # 0: unset
+        beam_width=max(c.BEAM_WIDTH.default, s.beam_width),
+        length_penalty=s.length_penalty if s.HasField("length_penalty") else c.LENGTH_PENALTY.default,
         json_schema=s.json_schema if constraint == "json_schema" else None,
         json_object=constraint == "json_object" and s.json_object,
         regex=s.regex if constraint == "regex" else None,
         speculative=s.speculative if s.HasField("speculative") else None,
         logit_bias=tuple(sorted(s.logit_bias.items())),
-        prompt_logprobs=s.prompt_logprobs if s.HasField("prompt_logprobs") else None,
+        prompt_logprobs=s.prompt_logprobs if s.HasField("prompt_logprobs") else c.PROMPT_LOGPROBS.default,
     )
 
 

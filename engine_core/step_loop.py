@@ -29,6 +29,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from duet.contract import FinishReason
 from engine_core.engine_core import EngineCore
 from engine_core.errors import (
     EngineDrainingError,
@@ -37,7 +38,7 @@ from engine_core.errors import (
     RequestFailedError,
 )
 from engine_core.metrics import EngineMetrics
-from engine_core.request import FinishReason, KvEvent, LoadStats, Request, StepOutput
+from engine_core.request import KvEvent, LoadStats, Request, StepOutput
 from engine_core.scheduler_protocol import Runner, Scheduler
 from engine_core.step_rates import StepRates
 from engine_core.step_trace import StepTrace, TracingRunner

@@ -26,10 +26,11 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from duet.contract import FinishReason
 from duet.engine_config import ENGINE_DEFAULTS
 from engine_core.errors import CapacityError, InvalidRequestError
 from engine_core.forward_batch import SeqChunk
-from engine_core.request import FinishReason, KvEvent, LoadStats, Request, StepOutput
+from engine_core.request import KvEvent, LoadStats, Request, StepOutput
 from engine_core.sampler import Sampler
 from engine_core.scheduler_protocol import SchedulerOutput
 from engine_paged.block_manager import BlockManager

@@ -14,7 +14,8 @@ from enum import Enum
 
 import torch
 
-from engine_core.request import FinishReason, Request, TokenLogprob
+from duet.contract import FinishReason
+from engine_core.request import Request, TokenLogprob
 
 _seq_ids = itertools.count()
 

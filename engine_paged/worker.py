@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from duet.contract import KIND_CAPABILITIES, PAGED
 from duet.engine_config import PagedConfig
 from engine_core.builder import load_runtime
 from engine_core.kv_pool import PageAllocator
@@ -19,8 +20,6 @@ from engine_core.worker import EngineParts, serve
 from engine_paged.block_manager import BlockManager
 from engine_paged.prefix_cache import PrefixCache
 from engine_paged.scheduler import PagedScheduler, PagedSchedulerConfig
-
-CAPABILITIES = ("n", "beam_search", "logprobs")
 
 
 def build_scheduler(config: PagedConfig, pool, sampler: Sampler, *, max_model_len: int,
@@ -51,8 +50,8 @@ def build_engine(config: PagedConfig, seed: int | None = None) -> EngineParts:
                                 eos_token_ids=tuple(model.eos_token_ids), vocab_size=model.vocab_size,
                                 model_id=rt.model_dir.model_id, copy_pages=rt.copy_pages)
     num_pages = rt.pool.num_pages
-    spec = EngineSpec(engine_kind="paged", model_id=rt.model_dir.model_id, version=engine.version,
-                      page_size=engine.page_size, max_model_len=max_model_len, capabilities=CAPABILITIES,
+    spec = EngineSpec(engine_kind=PAGED, model_id=rt.model_dir.model_id, version=engine.version,
+                      page_size=engine.page_size, max_model_len=max_model_len, capabilities=KIND_CAPABILITIES[PAGED],
                       kv_capacity_tokens=num_pages * engine.page_size, kv_total_pages=num_pages,
                       vocab_size=model.vocab_size, worker_id=engine.worker_label,
                       hash_block_size=engine.page_size if config.enable_prefix_caching else 0)

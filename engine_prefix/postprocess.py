@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from engine_core.request import FinishReason, StepOutput
+from duet.contract import FinishReason
+from engine_core.request import StepOutput
 from engine_core.sampler import Sampler, SampleRow, prompt_logprobs
 from engine_core.scheduler_protocol import SchedulerOutput
 from engine_prefix import speculative

@@ -29,11 +29,12 @@ from dataclasses import dataclass
 
 import torch
 
+from duet.contract import HASH_BLOCK_TOKENS, FinishReason
 from duet.engine_config import ENGINE_DEFAULTS
 from engine_core.errors import CapacityError, InvalidRequestError
 from engine_core.forward_batch import SeqChunk
 from engine_core.kv_pool import Allocator
-from engine_core.request import FinishReason, KvEvent, LoadStats, Request, StepOutput
+from engine_core.request import KvEvent, LoadStats, Request, StepOutput
 from engine_core.sampler import Sampler
 from engine_core.scheduler_protocol import SchedulerOutput
 from engine_prefix import speculative
@@ -66,7 +67,7 @@ class PrefixSchedulerConfig:
 class PrefixScheduler:
     def __init__(self, config: PrefixSchedulerConfig, allocator: Allocator, sampler: Sampler, *, model_id: str,
                  vocab_size: int, eos_token_ids: tuple[int, ...], grammars: GrammarCache | None = None,
-                 hash_block_size: int = 16, clock: Callable[[], float] = time.monotonic) -> None:
+                 hash_block_size: int = HASH_BLOCK_TOKENS, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.sampler = sampler
         self.vocab_size = vocab_size

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine_core.request import FinishReason, Request, TokenLogprob
+from duet.contract import FinishReason
+from engine_core.request import Request, TokenLogprob
 from engine_prefix.radix_cache import Node
 from engine_prefix.structured import Constraint
 

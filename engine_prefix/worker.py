@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from duet.contract import HASH_BLOCK_TOKENS, PREFIX, Capability
 from duet.engine_config import PrefixConfig
 from engine_core.builder import load_runtime
 from engine_core.kv_pool import PageAllocator
@@ -22,9 +23,6 @@ from engine_prefix.policy import Policy
 from engine_prefix.scheduler import PrefixScheduler, PrefixSchedulerConfig
 from engine_prefix.speculative import NgramConfig
 from engine_prefix.structured import GrammarCache, tokenizer_info
-
-# KV events hash blocks of this many tokens: the gateway's block size (duet.hashing), reported in GetInfo.
-HASH_BLOCK_SIZE = 16
 
 
 def build_scheduler(config: PrefixConfig, pool, sampler: Sampler, *, max_model_len: int,
@@ -43,7 +41,7 @@ def build_scheduler(config: PrefixConfig, pool, sampler: Sampler, *, max_model_l
                                          aging_s=config.aging_s)
     return PrefixScheduler(sched_config, PageAllocator(pool.num_pages), sampler, model_id=model_id,
                            vocab_size=vocab_size, eos_token_ids=eos_token_ids, grammars=grammars,
-                           hash_block_size=HASH_BLOCK_SIZE, clock=clock)
+                           hash_block_size=HASH_BLOCK_TOKENS, clock=clock)  # KV events in the gateway's blocks
 
 
 def build_engine(config: PrefixConfig, seed: int | None = None) -> EngineParts:
@@ -58,12 +56,12 @@ def build_engine(config: PrefixConfig, seed: int | None = None) -> EngineParts:
     scheduler = build_scheduler(config, rt.pool, rt.sampler, max_model_len=max_model_len,
                                 eos_token_ids=cfg.eos_token_ids, vocab_size=cfg.vocab_size,
                                 model_id=model_dir.model_id, grammars=grammars)
-    capabilities = (["logprobs"] + (["structured_output"] if grammars else [])
-                    + (["speculative"] if config.draft_tokens else []))
+    capabilities = ([Capability.LOGPROBS] + ([Capability.STRUCTURED_OUTPUT] if grammars else [])
+                    + ([Capability.SPECULATIVE] if config.draft_tokens else []))
     num_pages = rt.pool.num_pages
-    spec = EngineSpec("prefix", model_dir.model_id, engine.version, engine.page_size, max_model_len,
+    spec = EngineSpec(PREFIX, model_dir.model_id, engine.version, engine.page_size, max_model_len,
                       tuple(capabilities), num_pages * engine.page_size, num_pages, cfg.vocab_size,
-                      engine.worker_label, hash_block_size=HASH_BLOCK_SIZE)
+                      engine.worker_label, hash_block_size=HASH_BLOCK_TOKENS)
     return EngineParts(scheduler, rt.runner, spec)
 
 

@@ -1,5 +1,5 @@
-"""The OpenAI (and vLLM) request bodies as pydantic models: the one description of every field,
-type and range. They validate (gateway/validation.py turns their errors into 400s naming the
+"""The OpenAI (and vLLM) request bodies as pydantic models: the one description of every field and
+type, with the sampling ranges of duet/contract.py (which the engines enforce too). They validate (gateway/validation.py turns their errors into 400s naming the
 field) and /openapi.json is generated from them (gateway/openapi.py). What one field cannot say
 alone (top_logprobs needs logprobs, a tool_choice naming a listed tool, which engine kind can serve
 the combination) is gateway/protocol.py's, which makes the validated model an `ApiRequest`.
@@ -16,18 +16,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from duet import contract as c
+from duet.contract import MAX_LOGIT_BIAS_TOKENS, MAX_STOP_STRINGS
 from gateway.validation import PATTERN_PHRASES
 
 MAX_TOKEN_ID = 1 << 31  # token ids travel as uint32; no vocabulary comes near this
-MAX_STOP_STRINGS = 16
-MAX_N = 64
-MAX_BEAM_WIDTH = 64
 MAX_CHOICES = 256
 MAX_TOOLS = 128
 MAX_BATCH_PROMPTS = 256
-MAX_LOGIT_BIAS_TOKENS = 1024
 PRIORITY_RANGE = (-(1 << 31), (1 << 31) - 1)  # GenerateRequest.priority is an int32
-INT31 = 1 << 31
 FUNCTION_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
 TOKEN_KEY = r"^[0-9]{1,9}$"
 PATTERN_PHRASES[FUNCTION_NAME] = "must be 1-64 letters, digits, '_', '.' or '-'"
@@ -43,14 +40,20 @@ def Int(lo: int, hi: int):
     return Annotated[int, Field(ge=lo, le=hi), BeforeValidator(_integral)]
 
 
+def Real(bound: c.Bound):
+    """A number in the contract's range for this setting."""
+    return Annotated[float, Field(**bound.field_bounds())]
+
+
 TokenId = Int(0, MAX_TOKEN_ID - 1)
 Text = Annotated[str, Field(min_length=1)]
 Name = Annotated[str, Field(pattern=FUNCTION_NAME)]
 Schema = dict[str, Any]  # a JSON schema, passed to the engine's grammar compiler as it is
-MaxTokens = Int(1, INT31)
-Temperature = Annotated[float, Field(ge=0, le=2)]
-TopP = Annotated[float, Field(ge=1e-9, le=1)]
-TopK = Int(0, 1 << 20)  # 0: no top-k
+MaxTokens = Int(c.MAX_TOKENS.lo, c.MAX_TOKENS.hi)
+Temperature = Real(c.TEMPERATURE)
+TopP = Real(c.TOP_P)
+TopK = Int(0, c.TOP_K.hi)  # 0: no top-k
+Logprobs = Int(c.LOGPROBS.lo, c.LOGPROBS.hi)
 StopList = Annotated[list[Text], Field(max_length=MAX_STOP_STRINGS)]
 ToolChoiceMode = Literal["none", "auto", "required"]
 
@@ -127,25 +130,25 @@ class _Sampling(Strict):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     top_k: TopK | None = None
-    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    repetition_penalty: Annotated[float, Field(ge=0.001, le=10)] | None = None
-    seed: Int(-(1 << 63), (1 << 64) - 1) | None = None
-    n: Int(1, MAX_N) | None = None
+    min_p: Real(c.MIN_P) | None = None
+    presence_penalty: Real(c.PRESENCE_PENALTY) | None = None
+    frequency_penalty: Real(c.FREQUENCY_PENALTY) | None = None
+    repetition_penalty: Real(c.REPETITION_PENALTY) | None = None
+    seed: Int(c.SEED_API_LOWEST, c.SEED.hi) | None = None
+    n: Int(c.N.lo, c.N.hi) | None = None
     stop: Text | StopList | None = None
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = None
-    min_tokens: Int(0, INT31) | None = None
+    min_tokens: Int(c.MIN_TOKENS.lo, c.MIN_TOKENS.hi) | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
     response_format: Annotated[ResponseFormatPlain | ResponseFormatSchema, Field(discriminator="type")] | None = None
-    logit_bias: Annotated[dict[Annotated[str, Field(pattern=TOKEN_KEY)], Annotated[float, Field(ge=-100, le=100)]],
+    logit_bias: Annotated[dict[Annotated[str, Field(pattern=TOKEN_KEY)], Real(c.LOGIT_BIAS)],
                           Field(max_length=MAX_LOGIT_BIAS_TOKENS)] | None = None
-    prompt_logprobs: Int(0, 20) | None = None
+    prompt_logprobs: Int(c.PROMPT_LOGPROBS.lo, c.PROMPT_LOGPROBS.hi) | None = None
     use_beam_search: bool | None = None
-    best_of: Int(1, MAX_BEAM_WIDTH) | None = None
+    best_of: Int(c.BEAM_WIDTH.lo, c.BEAM_WIDTH.hi) | None = None
     length_penalty: float | None = None
     regex: Text | None = None
     guided_regex: Text | None = None
@@ -162,7 +165,7 @@ class ChatCompletionRequest(_Sampling):
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool | None = None
-    top_logprobs: Int(0, 20) | None = None
+    top_logprobs: Logprobs | None = None
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoiceMode | NamedToolChoice | None = None
 
@@ -173,9 +176,9 @@ class CompletionRequest(_Sampling):
              | Annotated[list[str], Field(min_length=1, max_length=MAX_BATCH_PROMPTS)]
              | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]],
                          Field(min_length=1, max_length=MAX_BATCH_PROMPTS)])
-    max_tokens: Int(0, INT31) | None = None  # 0 with echo: score the prompt only
+    max_tokens: Int(0, c.MAX_TOKENS.hi) | None = None  # 0 with echo: score the prompt only
     echo: bool | None = None
-    logprobs: Int(0, 20) | None = None
+    logprobs: Logprobs | None = None
 
 
 # -- vLLM's tokenizer endpoints --------------------------------------------------------------

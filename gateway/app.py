@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
+from duet.contract import HASH_BLOCK_TOKENS
 from gateway import api, messages_api, responses_api, timeouts, tokenize_api
 from gateway.admin import admin_routes
 from gateway.circuit_breaker import CircuitBreakers
@@ -51,8 +52,6 @@ from gateway.workers import WorkerPool
 
 log = logging.getLogger("duet.gateway")
 
-DEFAULT_BLOCK_SIZE = 16
-
 
 class Gateway:
     def __init__(self, config: GatewayConfig, models: dict[str, ServedModel] | None = None, state=None,
@@ -76,7 +75,7 @@ class Gateway:
         self._client_factory = with_backends(client_factory or functools.partial(
             GrpcEngineClient, keepalive_time_s=t.keepalive_time_s, keepalive_timeout_s=t.keepalive_timeout_s,
             request_timeout_s=t.request_s, rpc_timeout_s=t.rpc_s),
-            config.backends, self.models, DEFAULT_BLOCK_SIZE, t)  # external servers: gateway/http_backend.py
+            config.backends, self.models, HASH_BLOCK_TOKENS, t)  # external servers: gateway/http_backend.py
         self.breakers = CircuitBreakers(t.breaker_failures, t.breaker_open_s)
         self.limiter = KeyLimiter(config.key_limits, config.redis)
         self.watchdog = StreamWatchdog(t, on_outcome=self._call_outcome, progress_at=self._progress_at)
@@ -167,8 +166,8 @@ class Gateway:
     def block_size(self, model_id: str) -> int:
         for w in self.pool.workers():
             if w.info is not None and w.info.model_id == model_id:
-                return w.info.hash_block_size or w.info.page_size or DEFAULT_BLOCK_SIZE
-        return DEFAULT_BLOCK_SIZE
+                return w.info.hash_block_size or w.info.page_size or HASH_BLOCK_TOKENS
+        return HASH_BLOCK_TOKENS
 
     def route(self, req, *args):
         """The routing policy, after noting the capability demand of `req` for the pool planner: a

@@ -25,12 +25,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from duet.contract import ENGINE_KINDS, HASH_BLOCK_TOKENS, PAGED, PREFIX, Capability
+
 ENGINES = ("vllm", "sglang", "openai")
-DEFAULT_KIND = {"vllm": "paged", "sglang": "prefix", "openai": "paged"}
+DEFAULT_KIND = {"vllm": PAGED, "sglang": PREFIX, "openai": PAGED}
 # what each engine does through the path Duet speaks to it (gateway/backend_wire.py)
-CAPABILITIES = {"vllm": ("n", "logprobs", "structured_output"), "sglang": ("n", "structured_output"),
-                "openai": ("n",)}
-DEFAULT_BLOCK_SIZE = {"vllm": 128, "sglang": 1, "openai": 16}
+CAPABILITIES = {"vllm": (Capability.N, Capability.LOGPROBS, Capability.STRUCTURED_OUTPUT),
+                "sglang": (Capability.N, Capability.STRUCTURED_OUTPUT), "openai": (Capability.N,)}
+# tokens per KV block of each server (a backend's block_size overrides); a plain OpenAI server's: the gateway's
+DEFAULT_BLOCK_SIZE = {"vllm": 128, "sglang": 1, "openai": HASH_BLOCK_TOKENS}
 
 
 class BackendSpecError(ValueError):
@@ -99,7 +102,7 @@ def parse_backend(raw, index: int = 0) -> BackendSpec:
     if engine not in ENGINES:
         raise BackendSpecError(f"{where}: 'engine' must be one of {list(ENGINES)}, got {engine!r}")
     kind = raw.get("kind") or DEFAULT_KIND[engine]
-    if kind not in ("paged", "prefix"):
+    if kind not in ENGINE_KINDS:
         raise BackendSpecError(f"{where}: 'kind' must be 'paged' or 'prefix', got {kind!r}")
     block_size = raw.get("block_size", DEFAULT_BLOCK_SIZE[engine])
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:

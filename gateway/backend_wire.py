@@ -24,9 +24,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from duet.contract import FINISH_TO_PB
 from duet.rpc import engine_pb2 as pb
-
-_FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}
 
 
 class WireError(Exception):
@@ -151,7 +150,7 @@ class ChunkReader:
                                       logprobs=_logprobs(choice.get("logprobs"), self.top_logprobs))
             reason = choice.get("finish_reason")
             if reason is not None:
-                msg.finish_reason = _FINISH.get(reason, pb.FINISH_REASON_STOP)
+                msg.finish_reason = FINISH_TO_PB.get(reason, pb.FINISH_REASON_STOP)
                 self.held.append(msg)
                 continue
             if msg.token_ids:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
+from duet.contract import FINISH_FROM_PB
 from duet.detokenizer import IncrementalDetokenizer
 from duet.rpc import engine_pb2 as pb
 from duet.tokenizer import ChatTemplateError, TokenizerError
@@ -30,8 +31,6 @@ from gateway.route_types import RouteDecision
 from gateway.stops import StopMatcher
 from gateway.timeouts import ClientDeadline
 from gateway.tools import render_chat
-
-_FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
 
 
 @dataclass(frozen=True)
@@ -227,7 +226,7 @@ def _step(c: _Choice, msg: pb.GenerateResponse) -> Delta:
         if msg.finish_reason == pb.FINISH_REASON_ABORT:
             raise errors.EngineFailure("the engine aborted the request")
         text += c.stops.push(c.detok.flush())
-        finish = "stop" if c.stops.stopped else _FINISH.get(msg.finish_reason, "stop")
+        finish = "stop" if c.stops.stopped else FINISH_FROM_PB.get(msg.finish_reason, "stop")
         text += c.stops.flush()
     c.done = finish is not None
     return Delta(c.index, text, ids, list(msg.logprobs), finish, c.stops.matched if c.stops.stopped else None)

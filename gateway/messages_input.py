@@ -22,8 +22,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from duet.contract import MAX_STOP_STRINGS
 from gateway.api_models import (
-    MAX_STOP_STRINGS,
     MAX_TOOLS,
     MaxTokens,
     Name,

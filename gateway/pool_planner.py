@@ -37,7 +37,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-KINDS = ("paged", "prefix")
+from duet.contract import ENGINE_KINDS as KINDS
+
 _NEEDED_WORK = 1e-6  # a needed kind without work weighs next to nothing: it gets one worker, no more
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from duet import contract as c
+from duet.contract import PAGED_CAPABILITIES, PREFIX_CAPABILITIES, Capability
 from gateway.api_models import ChatCompletionRequest, CompletionRequest
 from gateway.errors import InvalidRequest
 from gateway.extra_params import extra_sampling
@@ -22,34 +24,35 @@ from gateway.validation import refuse_unsupported, validate
 
 @dataclass(frozen=True)
 class Sampling:
-    """The sampling fields of either endpoint; `max_tokens` None means "fill the context"."""
+    """The sampling fields of either endpoint, with duet/contract.py's defaults; `max_tokens` None means
+    "fill the context" (the engine's own default is 16: the contract says why they differ)."""
 
     max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    n: int = 1
+    temperature: float = c.TEMPERATURE.default
+    top_p: float = c.TOP_P.default
+    top_k: int | None = c.TOP_K.default
+    min_p: float = c.MIN_P.default
+    presence_penalty: float = c.PRESENCE_PENALTY.default
+    frequency_penalty: float = c.FREQUENCY_PENALTY.default
+    repetition_penalty: float = c.REPETITION_PENALTY.default
+    seed: int | None = c.SEED.default
+    n: int = c.N.default
     logprobs: bool = False
     top_logprobs: int = 0  # alternatives per token; 0 with logprobs=True still returns the chosen token's
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: int = c.MIN_TOKENS.default
     json_object: bool = False
     json_schema: str | None = None
     # vLLM's extra parameters (gateway/extra_params.py)
-    beam_width: int = 1
-    length_penalty: float = 1.0
+    beam_width: int = c.BEAM_WIDTH.default
+    length_penalty: float = c.LENGTH_PENALTY.default
     regex: str | None = None
     speculative: bool | None = None
     priority: int = 0  # lower is admitted first by an engine scheduling by priority
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]); ids checked in prepare()
-    prompt_logprobs: int | None = None  # alternatives per prompt token (echo + logprobs, or vLLM's field)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); ids checked in prepare()
+    prompt_logprobs: int | None = c.PROMPT_LOGPROBS.default  # alternatives per prompt token (echo + logprobs, or vLLM's field)
 
 
 @dataclass(frozen=True)
@@ -74,13 +77,13 @@ class ApiRequest:
         s = self.sampling
         caps = set()
         if s.n > 1 and s.beam_width == 1:
-            caps.add("n")
+            caps.add(Capability.N)
         if s.beam_width > 1:
-            caps.add("beam_search")
+            caps.add(Capability.BEAM_SEARCH)
         if s.json_object or s.json_schema is not None or s.regex is not None or (self.tools and self.tools.active):
-            caps.add("structured_output")  # tool requests route like structured output
+            caps.add(Capability.STRUCTURED_OUTPUT)  # tool requests route like structured output
         if s.speculative:
-            caps.add("speculative")
+            caps.add(Capability.SPECULATIVE)
         return frozenset(caps)
 
 
@@ -115,26 +118,27 @@ def _sampling(req: ChatCompletionRequest | CompletionRequest) -> Sampling:
     if not chat and req.echo and logprobs and prompt_logprobs is None:
         prompt_logprobs = top  # OpenAI's legacy shape: echo with logprobs scores the prompt's tokens too
     json_object, json_schema = _response_format(req.response_format)
-    n = req.n or 1
+    n = req.n or c.N.default
     extra = extra_sampling(req, n)
     if extra.get("regex") is not None and (json_object or json_schema is not None):
         raise InvalidRequest("regex: give one of response_format (json) and regex/guided_choice, not both", "regex")
     stop = req.stop if req.stop is not None else ()
     return Sampling(
         max_tokens=max_tokens,
-        temperature=_or(req.temperature, 1.0), top_p=_or(req.top_p, 1.0), top_k=req.top_k or None,
-        min_p=_or(req.min_p, 0.0), presence_penalty=_or(req.presence_penalty, 0.0),
-        frequency_penalty=_or(req.frequency_penalty, 0.0), repetition_penalty=_or(req.repetition_penalty, 1.0),
-        seed=req.seed, n=n, logprobs=logprobs, top_logprobs=top,
+        temperature=_or(req.temperature, c.TEMPERATURE), top_p=_or(req.top_p, c.TOP_P),
+        top_k=req.top_k or c.TOP_K.default,  # the API's 0 is "no cut" too
+        min_p=_or(req.min_p, c.MIN_P), presence_penalty=_or(req.presence_penalty, c.PRESENCE_PENALTY),
+        frequency_penalty=_or(req.frequency_penalty, c.FREQUENCY_PENALTY),
+        repetition_penalty=_or(req.repetition_penalty, c.REPETITION_PENALTY), seed=req.seed, n=n, logprobs=logprobs, top_logprobs=top,
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
         stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=bool(req.ignore_eos),
-        min_tokens=req.min_tokens or 0, json_object=json_object, json_schema=json_schema,
+        min_tokens=req.min_tokens or c.MIN_TOKENS.default, json_object=json_object, json_schema=json_schema,
         logit_bias=_logit_bias(req.logit_bias), prompt_logprobs=prompt_logprobs, **extra,
     )
 
 
-def _or(value: float | None, default: float) -> float:
-    return default if value is None else float(value)
+def _or(value: float | None, bound: c.Bound) -> float:
+    return bound.default if value is None else float(value)
 
 
 def chat_messages(messages: list) -> list[dict]:
@@ -203,9 +207,10 @@ def parse_completion(body: object) -> ApiRequest:
 
 # What only one engine kind does (gateway/routing.py routes by the same split): a request that needs one
 # of each can never be served, whatever the fleet's health, so it is the client's error, not a 503.
-_PAGED_ONLY = {"n": "n > 1", "beam_search": "beam search"}
-_PREFIX_ONLY = {"structured_output": "response_format / regex / guided_choice / tools",
-                "speculative": "speculative"}
+_PAGED_ONLY = {Capability.N: "n > 1", Capability.BEAM_SEARCH: "beam search"}
+_PREFIX_ONLY = {Capability.STRUCTURED_OUTPUT: "response_format / regex / guided_choice / tools",
+                Capability.SPECULATIVE: "speculative"}
+assert set(_PAGED_ONLY) == PAGED_CAPABILITIES and set(_PREFIX_ONLY) == PREFIX_CAPABILITIES
 
 
 def _servable(api: ApiRequest) -> ApiRequest:

@@ -7,6 +7,8 @@ Four values, so the label's cardinality stays bounded; docs/operations.md lists 
 
 from __future__ import annotations
 
+from duet.contract import Capability
+
 CLASSES = ("structured", "session", "document", "oneshot")
 DOCUMENT_PROMPT_TOKENS = 1024  # a one-shot prompt this long is a document: its prefill dominates TTFT
 
@@ -17,7 +19,7 @@ def request_class(api, session_key: str | None, prompt_tokens: int,
     Responses conversation / previous_response_id). Structured output wins over the rest: its grammar
     shapes the latency whatever the prompt; then a conversation (a session key or more than one user
     turn, whose prefix is usually cached); then a long one-shot prompt; else a plain one-shot."""
-    if "structured_output" in api.required_capabilities:
+    if Capability.STRUCTURED_OUTPUT in api.required_capabilities:
         return "structured"
     if session_key or (api.kind == "chat" and api.turn_count > 1):
         return "session"

@@ -12,13 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
-PAGED = "paged"
-PREFIX = "prefix"
-ENGINE_KINDS = (PAGED, PREFIX)
-
-# capability name (as workers advertise it in GetInfo) -> the engine kind that serves it best
-PREFIX_CAPABILITIES = frozenset({"structured_output", "speculative"})
-PAGED_CAPABILITIES = frozenset({"n", "beam_search"})
+from duet.contract import ENGINE_KINDS, HASH_BLOCK_TOKENS
 
 # the route reasons of Duet's policy (a metric label; docs/routing.md explains each)
 REASONS = (
@@ -142,7 +136,7 @@ class RouteRequest:
     variant_override: str | None = None
     turn_count: int = 1  # user messages in the chat; > 1 means multi-turn
     sequence: int = 0  # the caller's count of routed requests (ties between equal workers rotate with it)
-    block_tokens: int = 16  # tokens per hashed block (cached blocks -> cached tokens in duet's cost)
+    block_tokens: int = HASH_BLOCK_TOKENS  # tokens per hashed block (cached blocks -> cached tokens in duet's cost)
 
 
 @dataclass(frozen=True)

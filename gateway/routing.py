@@ -32,13 +32,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from duet.contract import PAGED, PAGED_CAPABILITIES, PREFIX, PREFIX_CAPABILITIES
 from gateway.canary import pick_variant
 from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.route_types import (
-    PAGED,
-    PAGED_CAPABILITIES,
-    PREFIX,
-    PREFIX_CAPABILITIES,
     NoCapableWorker,
     RouteDecision,
     RouteRequest,

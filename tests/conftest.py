@@ -24,11 +24,13 @@ from pathlib import Path
 
 import pytest
 
-# engine_core first of anything that imports torch: it unlocks MKL's fast kernels on an AMD CPU, which works only
+from duet.launcher import free_port
+from engine_core.mkl_on_amd import unlock_mkl_on_amd
+
+# first of anything that imports torch, as a worker's start does: MKL's fast kernels on an AMD CPU, which work only
 # before torch loads (engine_core/mkl_on_amd.py), so the parity references transformers computes in this
 # process run the same MKL path as the workers they check
-import engine_core  # noqa: F401
-from duet.launcher import free_port
+unlock_mkl_on_amd()
 
 
 def _redis_binary() -> str | None:

@@ -33,6 +33,7 @@ from torch import Tensor
 from engine_core.errors import TensorParallelError
 from engine_core.forward_batch import SeqChunk
 from engine_core.kv_pool import pages_for_budget
+from engine_core.mkl_on_amd import run_unlocked
 from engine_core.parallel.plan import check_divisible, local_config, shard_plan
 from engine_core.parallel.rank_process import RankArgs, join_group, rank_main
 from engine_core.parallel.shard_runner import ShardRunner
@@ -187,7 +188,9 @@ def start_tensor_parallel(model_dir, tp_size: int, *, device: str | torch.device
         ours, theirs = ctx.Pipe()
         args = RankArgs(str(model_dir.path), model_dir.model_id, tp_size, rank, num_pages, page_size,
                         str(devices[rank]), dtype, store.port, timeout_s, threads, os.getpid())
-        p = ctx.Process(target=rank_main, args=(args, theirs), name=f"duet-tp-rank{rank}", daemon=True)
+        # the rank unlocks MKL before it imports torch, as this worker did at its start (mkl_on_amd.py)
+        p = ctx.Process(target=run_unlocked, args=(pickle.dumps((rank_main, args)), theirs),
+                        name=f"duet-tp-rank{rank}", daemon=True)
         p.start()
         theirs.close()
         processes.append(p)

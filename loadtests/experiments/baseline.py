@@ -29,8 +29,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from duet.contract import ENGINE_KINDS as KINDS
+
 FORMAT = 1
-KINDS = ("paged", "prefix")
 NOISE_FACTOR = 3.0  # a regression must exceed three standard deviations of the run-to-run noise
 # the narrowest band of a timing or rate, a factor of 1.15: seven steady repeats can measure a spread far below
 # what the same machine drifts between sittings minutes apart (an unchanged checkout once failed its band in

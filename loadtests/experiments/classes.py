@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from duet.contract import ENGINE_KINDS as KINDS
 from loadtests.load.class_slo import ClassSlo
 from loadtests.load.class_workloads import CLASSES, PREFIX_ONLY, QUICK_SIZES, Sizes, class_mix, class_workload
 from loadtests.load.client import arun_benchmark
@@ -36,7 +37,6 @@ from loadtests.load.report import summarize
 from loadtests.load.workloads import BenchRequest, TokenSource
 from loadtests.stack.serving import EngineLimits, ServingStack
 
-KINDS = ("paged", "prefix")
 WORKLOADS = (*CLASSES, "mixed")
 COUNTERS = ("num_preemptions", "reused_pages_evicted")
 

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import httpx
 
-KINDS = ("paged", "prefix")
+from duet.contract import ENGINE_KINDS as KINDS
+
 # one variant per kind, so that `x-duet-variant: paged|prefix` forces the engine kind
 ROUTING = {"variants": [{"name": kind, "weight": 1, "pools": [{"engine_kind": kind}]} for kind in KINDS]}
 LOGPROB_ATOL = 1e-3  # fp32 logprobs of one model through two batchings; observed differences are ~1e-6

@@ -34,6 +34,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from duet.contract import ENGINE_KINDS as ENGINES
 from duet.engine_config import ENGINE_DEFAULTS
 from loadtests.load.workloads import BenchRequest, TokenSource
 from loadtests.stack.peer_backends import STACKS as BACKEND_STACKS
@@ -48,7 +49,6 @@ class Load:
 
 
 LOADS = {"unique": Load(0, 512, 128), "shared_prefix": Load(768, 64, 64)}
-ENGINES = ("paged", "prefix")
 VLLM_CONFIGS = ("vllm", "vllm_all_cores")  # vllm_server.CONFIGS (a test keeps them equal; no import at CLI load)
 # the same limits for both sides (Duet's workers get them through duet.launcher.EngineLimits)
 MAX_NUM_SEQS = ENGINE_DEFAULTS.max_num_seqs

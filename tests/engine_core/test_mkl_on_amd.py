@@ -1,4 +1,5 @@
-"""MKL dispatches by CPU features on an AMD CPU once engine_core is imported before torch (engine_core/mkl_on_amd.py).
+"""MKL dispatches by CPU features on an AMD CPU once a worker's start unlocks it before torch loads
+(engine_core/mkl_on_amd.py; importing engine_core alone does not: tests/engine_core/test_import_does_no_io.py).
 
 MKL's own view is read through its exported service function `mkl_serv_get_cpu_type()`: 0 is its generic code
 path, what it runs on an AMD CPU by default; a positive value is an instruction-set path (AVX2, AVX-512)."""
@@ -32,7 +33,10 @@ print(json.dumps({{"status": sys.modules["engine_core.mkl_on_amd"].STATUS, "cpu_
 """
 
 
-def _probe(first: str = "import engine_core", **env: str) -> dict:
+WORKER_START = "from engine_core.mkl_on_amd import unlock_mkl_on_amd; unlock_mkl_on_amd()"  # as duet/cli.py does
+
+
+def _probe(first: str = WORKER_START, **env: str) -> dict:
     out = subprocess.run([sys.executable, "-c", _PROBE.format(first=first)], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, env={**os.environ, **env}, check=True)
     return json.loads(out.stdout.splitlines()[-1])
@@ -65,7 +69,7 @@ def test_the_parity_references_in_this_process_run_the_workers_mkl_path():
 
 @amd_only
 def test_too_late_or_no_compiler_says_why_and_changes_nothing(tmp_path):
-    late = _probe(first="import torch, engine_core")
+    late = _probe(first="import torch; " + WORKER_START)
     assert "torch was imported before engine_core" in late["status"] and late["cpu_type"] == 0
     bare = _probe(CC=str(tmp_path / "no-such-cc"), DUET_CACHE_DIR=str(tmp_path))
     assert "no C compiler" in bare["status"] and bare["cpu_type"] == 0

@@ -10,10 +10,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from duet.contract import FinishReason
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc
 from engine_core.errors import CapacityError, InvalidRequestError
-from engine_core.request import EngineSpec, FinishReason, KvEvent, LoadStats, Request, StepOutput
+from engine_core.request import EngineSpec, KvEvent, LoadStats, Request, StepOutput
 from engine_core.worker import EngineParts, Worker
 
 SPEC = EngineSpec("fake", "fake-model", "v1", 4, 64, ("n",), 256, 64, 100, "w0")

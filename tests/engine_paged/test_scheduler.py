@@ -8,10 +8,11 @@ import random
 import pytest
 import torch
 
+from duet.contract import FinishReason
 from engine_core.engine_core import EngineCore
 from engine_core.errors import CapacityError
 from engine_core.kv_pool import PageAllocator
-from engine_core.request import FinishReason, Request
+from engine_core.request import Request
 from engine_core.sampler import Sampler
 from engine_core.sampling_params import SamplingParams
 from engine_paged.block_manager import BlockManager

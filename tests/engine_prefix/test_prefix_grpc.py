@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 from tokenizers import Tokenizer
 
+from duet.contract import HASH_BLOCK_TOKENS
 from duet.engine_config import EngineConfig, PagedConfig, PrefixConfig
 from duet.hashing import block_hashes
 from duet.rpc import engine_pb2 as pb
@@ -18,7 +19,7 @@ from duet.rpc import engine_pb2_grpc
 from engine_core.llm import LLM
 from engine_core.sampling_params import SamplingParams
 from engine_core.worker import Worker
-from engine_prefix.worker import HASH_BLOCK_SIZE, build_engine
+from engine_prefix.worker import build_engine
 
 
 async def _start(build):
@@ -221,7 +222,7 @@ async def test_cancellation_frees_pages_and_unlocks_nodes(engine):
 
 async def test_kv_events_carry_the_gateway_block_hashes(engine, tiny_checkpoint):
     info = await engine.GetInfo(pb.GetInfoRequest())
-    assert info.engine_kind == "prefix" and info.hash_block_size == HASH_BLOCK_SIZE
+    assert info.engine_kind == "prefix" and info.hash_block_size == HASH_BLOCK_TOKENS
     assert "structured_output" in info.capabilities
     events = engine.WatchKvEvents(pb.WatchKvEventsRequest())
     prompt = list(range(300, 340))
@@ -232,4 +233,4 @@ async def test_kv_events_carry_the_gateway_block_hashes(engine, tiny_checkpoint)
         if len(stored) >= 2:
             break
     events.cancel()
-    assert stored[:2] == block_hashes(prompt, HASH_BLOCK_SIZE, info.model_id, "t1")
+    assert stored[:2] == block_hashes(prompt, HASH_BLOCK_TOKENS, info.model_id, "t1")

@@ -9,10 +9,11 @@ import random
 
 import pytest
 
+from duet.contract import FinishReason
 from duet.engine_config import EngineConfig, PrefixConfig
 from engine_core.kv_pool import PageAllocator
 from engine_core.llm import LLM
-from engine_core.request import FinishReason, Request
+from engine_core.request import Request
 from engine_core.sampling_params import SamplingParams
 from engine_prefix.policy import Candidate, Policy, order
 from engine_prefix.radix_cache import RadixCache

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
+from duet.contract import ENGINE_KINDS
 from gateway.pool_planner import PlannerConfig
 from loadtests.load.class_slo import FLEET_SLOS, ClassSlo
 from loadtests.sim.fleet.cost_models import COST_MODELS, cost_model
@@ -112,8 +113,8 @@ def run_stack(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> d
     served = sim.run()
     span = max(1e-9, requests[-1].arrival_s - requests[0].arrival_s)
     out = summarize(served, s.slos or FLEET_SLOS[s.cost_model], span, len(requests))
-    counts = {k: sum(1 for w in sim.workers.values() if w.kind == k) for k in ("paged", "prefix")}
-    out["workers"] = {"start": {k: spec.kinds.count(k) for k in ("paged", "prefix")}, "end": counts}
+    counts = {k: sum(1 for w in sim.workers.values() if w.kind == k) for k in ENGINE_KINDS}
+    out["workers"] = {"start": {k: spec.kinds.count(k) for k in ENGINE_KINDS}, "end": counts}
     out["rate"] = s.rate if rate is None else rate
     out["offered_rps"] = round(len(requests) / span, 4)
     out["virtual_s"] = round(sim.now, 2)

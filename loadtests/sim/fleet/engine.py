@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from duet.contract import PAGED, PREFIX
 from duet.engine_config import ENGINE_DEFAULTS, EngineConfig, PagedConfig, PrefixConfig
 from duet.launcher import EngineLimits
 from engine_core.engine_core import EngineCore, StepResult
@@ -104,9 +105,9 @@ def worker_config(kind: str, profile: EngineProfile) -> PagedConfig | PrefixConf
     every other setting (schedule policy, prefix caching, eviction, aging, speculation) the worker's default."""
     engine = EngineConfig(page_size=profile.page_size, kv_cache_tokens=profile.kv_cache_tokens,
                           max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=profile.max_num_batched_tokens)
-    if kind == "paged":
+    if kind == PAGED:
         return PagedConfig(engine)
-    if kind == "prefix":
+    if kind == PREFIX:
         return PrefixConfig(engine)
     raise ValueError(f"unknown engine kind {kind!r}; expected paged or prefix")
 
@@ -119,7 +120,7 @@ def build_scheduler(kind: str, profile: EngineProfile, seed: int = 0, clock: Cal
     pool = PagePool(-(-profile.kv_cache_tokens // profile.page_size), profile.page_size)
     model = {"max_model_len": profile.max_model_len, "eos_token_ids": (EOS,), "vocab_size": VOCAB,
              "model_id": MODEL_ID}
-    if kind == "paged":
+    if kind == PAGED:
         from engine_paged.worker import build_scheduler as paged_scheduler
 
         return paged_scheduler(config, pool, sampler, **model)  # reads no clock

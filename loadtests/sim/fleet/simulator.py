@@ -7,7 +7,7 @@ loadtests/sim/fleet/gateway_path.py; at once when that is 0), a worker's step bo
 (every `GatewayPath.poll_interval_s`, when set), the pool planner's tick (every `tick_s`, as the gateway's
 pool loop) and the end of a worker's kind switch. A token reaches the client `GatewayPath.token_s` after the
 step that made it. When it reaches the gateway's routing the request is routed exactly as gateway/generation.py routes it: its prompt's chained block
-hashes (duet.hashing, 16-token blocks, at most 256), a `RouteRequest` with the session key and turn count,
+hashes (duet.hashing, blocks of duet.contract.HASH_BLOCK_TOKENS, at most 256), a `RouteRequest` with the session key and turn count,
 worker views (running, waiting, KV usage: live, or as the last poll saw them; the gateway's own
 queued-prefill count from gateway/pool_tracker.PoolTracker), the policy (`gateway.routing.route`, or the SGLang-style baseline
 `routing_baselines.SGLangRoute` for the homogeneous stacks, as `duet bench compare` runs them), then the
@@ -30,6 +30,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
+from duet.contract import ENGINE_KINDS, HASH_BLOCK_TOKENS, PAGED, PREFIX
 from duet.hashing import block_hashes
 from gateway.metrics import GatewayMetrics
 from gateway.pool_planner import PlannerConfig
@@ -43,7 +44,6 @@ from loadtests.sim.fleet.gateway_path import GatewayPath, GatewayQueue
 from loadtests.sim.fleet.workload import FleetRequest
 from loadtests.sim.routing.baselines import SGLangRoute
 
-HASH_BLOCK = 16  # the gateway's block size: both kinds report 16-token hash blocks at page size 16
 MAX_HASH_BLOCKS = 256  # gateway/config.py max_hash_blocks
 ARRIVE, STEP, TICK, BACK, ROUTE, POLL = 0, 1, 2, 3, 4, 5
 
@@ -107,7 +107,7 @@ class FleetSim:
             self._add_worker(kind, i)
         self.policy = route if spec.policy == "duet" else SGLangRoute()
         self.seen = SeenBlocks()
-        self.index = WorkerBlockIndex(max(1, profile.kv_cache_tokens // HASH_BLOCK))
+        self.index = WorkerBlockIndex(max(1, profile.kv_cache_tokens // HASH_BLOCK_TOKENS))
         self.tracker = PoolTracker(GatewayMetrics(), self.s.planner)
         self.affinity: dict[str, str] = {}
         self.served: dict[str, Served] = {}
@@ -193,9 +193,9 @@ class FleetSim:
 
     def _dispatch(self, req: FleetRequest) -> None:
         prompt = req.prompt(self.profile.max_model_len)
-        hashes = tuple(block_hashes(prompt, HASH_BLOCK, MODEL_ID, max_blocks=MAX_HASH_BLOCKS))
+        hashes = tuple(block_hashes(prompt, HASH_BLOCK_TOKENS, MODEL_ID, max_blocks=MAX_HASH_BLOCKS))
         rr = RouteRequest(model=MODEL_ID, block_hashes=hashes, num_prompt_tokens=len(prompt), session_key=req.session,
-                          turn_count=req.turn, sequence=next(self.sequence), block_tokens=HASH_BLOCK)
+                          turn_count=req.turn, sequence=next(self.sequence), block_tokens=HASH_BLOCK_TOKENS)
         decision = self.policy(rr, self.views(), self.s.routing, self.affinity.get(req.session), self.seen,
                                self.index)
         self.tracker.routed(self.now, decision)
@@ -204,7 +204,7 @@ class FleetSim:
         if req.session is not None:
             self.affinity[req.session] = decision.worker_id
         self.tracker.prefill_started(req.request_id, decision.worker_id,
-                                     len(prompt) - min(decision.cached_blocks * HASH_BLOCK, len(prompt) - 1))
+                                     len(prompt) - min(decision.cached_blocks * HASH_BLOCK_TOKENS, len(prompt) - 1))
         w = self.workers[decision.worker_id]
         self.served[req.request_id] = Served(req, self.sent_at.pop(req.request_id, self.now), len(prompt),
                                              w.worker_id, w.kind, decision.reason, decision)
@@ -257,7 +257,7 @@ class FleetSim:
             s.first_s = s.last_s = self.now
             self.tracker.prefill_done(s.req.request_id)
         self.unfinished -= 1
-        self.tracker.finished(self.now, s.decision, HASH_BLOCK, s.prompt_tokens, s.cached_tokens, s.tokens)
+        self.tracker.finished(self.now, s.decision, HASH_BLOCK_TOKENS, s.prompt_tokens, s.cached_tokens, s.tokens)
         session = s.req.session
         if session is not None and self.s.chain_sessions:
             queue = self.backlog.get(session)
@@ -270,14 +270,14 @@ class FleetSim:
     def _tick(self) -> None:
         views = self.views()
         target = self.tracker.tick(self.now, views)
-        counts = {k: sum(1 for w in self.workers.values() if w.kind == k) for k in ("paged", "prefix")}
-        self.kind_timeline.append((self.now, counts["paged"], counts["prefix"]))
+        counts = {k: sum(1 for w in self.workers.values() if w.kind == k) for k in ENGINE_KINDS}
+        self.kind_timeline.append((self.now, counts[PAGED], counts[PREFIX]))
         if self.switching is not None:
             return
-        surplus = next((k for k in ("paged", "prefix") if counts[k] > target.get(k, 0)), None)
+        surplus = next((k for k in ENGINE_KINDS if counts[k] > target.get(k, 0)), None)
         if surplus is None:
             return
-        other = "prefix" if surplus == "paged" else "paged"
+        other = PREFIX if surplus == PAGED else PAGED
         if counts[other] >= target.get(other, 0) and sum(counts.values()) <= sum(target.values()):
             return
         w = min((w for w in self.workers.values() if w.kind == surplus),

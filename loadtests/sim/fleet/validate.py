@@ -34,6 +34,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from duet.contract import ENGINE_KINDS
 from loadtests.load.class_slo import FLEET_SLOS
 from loadtests.sim.fleet.report import met
 
@@ -44,7 +45,7 @@ class ValidateSettings:
     rate: float = 0.5
     max_prompt_tokens: int = 512
     max_output_tokens: int = 32
-    kinds: tuple[str, ...] = ("paged", "prefix")
+    kinds: tuple[str, ...] = ENGINE_KINDS
 
 
 @dataclass
