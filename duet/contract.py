@@ -88,7 +88,9 @@ FINISH_FROM_PB = {number: reason.value for reason, number in FINISH_TO_PB.items(
 @dataclass(frozen=True)
 class Bound:
     """One numeric setting: its default and its closed range [lo, hi]; None on a side means unbounded there.
-    A value must be a finite number (an int where `integer`; never a bool)."""
+    A value must be a finite number (an int where `integer`; never a bool). A float edge must survive the wire's
+    float32 on its own side (float32(lo) >= lo, float32(hi) <= hi), so that what the gateway accepts still
+    passes the engine's check after the trip."""
 
     name: str
     default: float | int | None
@@ -137,8 +139,8 @@ INT31 = 1 << 31
 MAX_TOKENS = Bound("max_tokens", 16, 1, INT31, integer=True)  # the engine's default; see the docstring
 MIN_TOKENS = Bound("min_tokens", 0, 0, INT31, integer=True)  # the engine also needs it <= max_tokens
 TEMPERATURE = Bound("temperature", 1.0, 0.0, 2.0)  # 0: greedy
-# 1: no cut. Above 0 (no token at all), and by a margin: the wire carries a float32, in which 1e-50 is 0
-TOP_P = Bound("top_p", 1.0, 1e-9, 1.0)
+# 1: no cut. Above 0 (no token at all) by a margin the wire's float32 keeps (1e-50 would arrive as 0): 2**-30
+TOP_P = Bound("top_p", 1.0, 2.0**-30, 1.0)
 TOP_K = Bound("top_k", None, 1, 1 << 20, integer=True)  # None: no cut (the API's 0 too)
 MIN_P = Bound("min_p", 0.0, 0.0, 1.0)  # 0: no cut
 PRESENCE_PENALTY = Bound("presence_penalty", 0.0, -2.0, 2.0)
