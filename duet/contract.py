@@ -4,7 +4,7 @@ its default and range. Plain Python (the protobuf stubs aside), so the gateway, 
 simulators import it without torch.
 
     HASH_BLOCK_TOKENS           tokens per routing/hash block (duet.hashing): the gateway's fallback block size
-    PAGED, PREFIX, SIM          engine kinds; ENGINE_KINDS serve models, WORKER_KINDS are what `duet engine` starts
+    PAGED, PREFIX, SIM          engine kinds; ENGINE_KINDS serve models, WORKER_KINDS `duet engine` starts
     Capability.*                the names workers advertise in GetInfo and requests require
     FinishReason                stop | length | abort (| error, engine-internal), FINISH_TO_PB / FINISH_FROM_PB
     Bound, TEMPERATURE, ...     each sampling setting's default and range
@@ -30,14 +30,14 @@ from enum import Enum
 
 from duet.rpc import engine_pb2 as pb
 
-# -- routing --------------------------------------------------------------------------------------------------
+# -- routing --------------------------------------------------------------------------------
 # Tokens per hashed block of a prompt (duet.hashing.block_hashes). engine_prefix hashes its KV events at this
 # size; engine_paged and the sim worker hash at their page size (16 by default, so the same); the gateway uses
 # what a worker reports in GetInfo (hash_block_size, else page_size) and this when a model has no worker yet;
 # the fleet simulator routes with it.
 HASH_BLOCK_TOKENS = 16
 
-# -- engine kinds ---------------------------------------------------------------------------------------------
+# -- engine kinds ---------------------------------------------------------------------------
 PAGED = "paged"  # engine_paged: paged KV, continuous batching, automatic prefix caching
 PREFIX = "prefix"  # engine_prefix: radix cache, cache-aware scheduling, structured output, speculation
 SIM = "sim"  # duet/sim_worker.py: model-free, poses as PAGED or PREFIX in GetInfo
@@ -45,10 +45,10 @@ ENGINE_KINDS = (PAGED, PREFIX)  # what GetInfo reports, routing chooses between 
 WORKER_KINDS = (PAGED, PREFIX, SIM)  # what `duet engine KIND` and the launcher start
 
 
-# -- capabilities ---------------------------------------------------------------------------------------------
+# -- capabilities ---------------------------------------------------------------------------
 class Capability:
     """The names a worker lists in GetInfo `capabilities`; a request requires some of them
-    (gateway/protocol.py `ApiRequest.required_capabilities`) and routing sends it only to workers that have them."""
+    (gateway/protocol.py `ApiRequest.required_capabilities`); routing sends it only to workers that have them."""
 
     N = "n"  # several samples of one prompt
     BEAM_SEARCH = "beam_search"
@@ -68,12 +68,12 @@ KIND_CAPABILITIES = {
 }
 
 
-# -- finish reasons -------------------------------------------------------------------------------------------
+# -- finish reasons -------------------------------------------------------------------------
 class FinishReason(str, Enum):
     STOP = "stop"  # EOS or a stop token id (the gateway also ends a choice with "stop" at a stop string)
     LENGTH = "length"  # max_tokens or the model's context
     ABORT = "abort"  # client gone, Abort RPC, or drain timeout
-    ERROR = "error"  # the engine could not finish it (StepOutput.error says why): never on the wire, an error status
+    ERROR = "error"  # the engine failed it (StepOutput.error says why): never on the wire, an error status
 
 
 FINISH_TO_PB = {
@@ -84,7 +84,7 @@ FINISH_TO_PB = {
 FINISH_FROM_PB = {number: reason.value for reason, number in FINISH_TO_PB.items()}  # UNSPECIFIED: not done
 
 
-# -- sampling settings ----------------------------------------------------------------------------------------
+# -- sampling settings ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Bound:
     """One numeric setting: its default and its closed range [lo, hi]; None on a side means unbounded there.
@@ -101,7 +101,7 @@ class Bound:
     def admits(self, value: object) -> bool:
         if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
             return False
-        if not math.isfinite(value):
+        if not self.integer and not math.isfinite(value):  # (an int is finite; a huge one overflows a float)
             return False
         if self.lo is not None and value < self.lo:
             return False

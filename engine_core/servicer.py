@@ -86,7 +86,8 @@ def sampling_from_pb(s: pb.SamplingParams, default_max_tokens: int) -> SamplingP
         min_p=s.min_p if s.HasField("min_p") else c.MIN_P.default,
         presence_penalty=s.presence_penalty,
         frequency_penalty=s.frequency_penalty,
-        repetition_penalty=s.repetition_penalty if s.HasField("repetition_penalty") else c.REPETITION_PENALTY.default,
+        repetition_penalty=(s.repetition_penalty if s.HasField("repetition_penalty")
+                            else c.REPETITION_PENALTY.default),
         seed=s.seed if s.HasField("seed") else c.SEED.default,
         logprobs=s.logprobs if s.HasField("logprobs") else c.LOGPROBS.default,
         stop_token_ids=tuple(s.stop_token_ids),

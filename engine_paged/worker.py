@@ -51,7 +51,8 @@ def build_engine(config: PagedConfig, seed: int | None = None) -> EngineParts:
                                 model_id=rt.model_dir.model_id, copy_pages=rt.copy_pages)
     num_pages = rt.pool.num_pages
     spec = EngineSpec(engine_kind=PAGED, model_id=rt.model_dir.model_id, version=engine.version,
-                      page_size=engine.page_size, max_model_len=max_model_len, capabilities=KIND_CAPABILITIES[PAGED],
+                      page_size=engine.page_size, max_model_len=max_model_len,
+                      capabilities=KIND_CAPABILITIES[PAGED],
                       kv_capacity_tokens=num_pages * engine.page_size, kv_total_pages=num_pages,
                       vocab_size=model.vocab_size, worker_id=engine.worker_label,
                       hash_block_size=engine.page_size if config.enable_prefix_caching else 0)

@@ -41,7 +41,7 @@ def build_scheduler(config: PrefixConfig, pool, sampler: Sampler, *, max_model_l
                                          aging_s=config.aging_s)
     return PrefixScheduler(sched_config, PageAllocator(pool.num_pages), sampler, model_id=model_id,
                            vocab_size=vocab_size, eos_token_ids=eos_token_ids, grammars=grammars,
-                           hash_block_size=HASH_BLOCK_TOKENS, clock=clock)  # KV events in the gateway's blocks
+                           hash_block_size=HASH_BLOCK_TOKENS, clock=clock)  # KV events: the gateway's blocks
 
 
 def build_engine(config: PrefixConfig, seed: int | None = None) -> EngineParts:

@@ -1,8 +1,9 @@
 """The OpenAI (and vLLM) request bodies as pydantic models: the one description of every field and
-type, with the sampling ranges of duet/contract.py (which the engines enforce too). They validate (gateway/validation.py turns their errors into 400s naming the
-field) and /openapi.json is generated from them (gateway/openapi.py). What one field cannot say
-alone (top_logprobs needs logprobs, a tool_choice naming a listed tool, which engine kind can serve
-the combination) is gateway/protocol.py's, which makes the validated model an `ApiRequest`.
+type, with the sampling ranges of duet/contract.py (which the engines enforce too). They validate
+(gateway/validation.py turns their errors into 400s naming the field) and /openapi.json is generated
+from them (gateway/openapi.py). What one field cannot say alone (top_logprobs needs logprobs, a
+tool_choice naming a listed tool, which engine kind can serve the combination) is gateway/protocol.py's,
+which makes the validated model an `ApiRequest`.
 
 The Responses and Anthropic Messages bodies are in gateway/responses_input.py and
 gateway/messages_input.py, the response shapes in gateway/answer_models.py. Every model is strict

@@ -52,7 +52,8 @@ class Sampling:
     speculative: bool | None = None
     priority: int = 0  # lower is admitted first by an engine scheduling by priority
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); ids checked in prepare()
-    prompt_logprobs: int | None = c.PROMPT_LOGPROBS.default  # alternatives per prompt token (echo + logprobs, or vLLM's field)
+    # alternatives per prompt token (echo + logprobs, or vLLM's field)
+    prompt_logprobs: int | None = c.PROMPT_LOGPROBS.default
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,8 @@ def _sampling(req: ChatCompletionRequest | CompletionRequest) -> Sampling:
         top_k=req.top_k or c.TOP_K.default,  # the API's 0 is "no cut" too
         min_p=_or(req.min_p, c.MIN_P), presence_penalty=_or(req.presence_penalty, c.PRESENCE_PENALTY),
         frequency_penalty=_or(req.frequency_penalty, c.FREQUENCY_PENALTY),
-        repetition_penalty=_or(req.repetition_penalty, c.REPETITION_PENALTY), seed=req.seed, n=n, logprobs=logprobs, top_logprobs=top,
+        repetition_penalty=_or(req.repetition_penalty, c.REPETITION_PENALTY), seed=req.seed, n=n,
+        logprobs=logprobs, top_logprobs=top,
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
         stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=bool(req.ignore_eos),
         min_tokens=req.min_tokens or c.MIN_TOKENS.default, json_object=json_object, json_schema=json_schema,

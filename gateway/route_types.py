@@ -136,7 +136,7 @@ class RouteRequest:
     variant_override: str | None = None
     turn_count: int = 1  # user messages in the chat; > 1 means multi-turn
     sequence: int = 0  # the caller's count of routed requests (ties between equal workers rotate with it)
-    block_tokens: int = HASH_BLOCK_TOKENS  # tokens per hashed block (cached blocks -> cached tokens in duet's cost)
+    block_tokens: int = HASH_BLOCK_TOKENS  # tokens per hashed block (cached blocks -> tokens in duet's cost)
 
 
 @dataclass(frozen=True)

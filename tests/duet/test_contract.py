@@ -103,7 +103,8 @@ def test_the_gateway_and_the_engine_take_a_value_iff_the_contract_does(bound, en
 
 
 def test_what_the_api_means_by_its_own_edges():
-    assert gateway_accepts(parse_chat, {**CHAT, "top_k": 0}) and parse_chat({**CHAT, "top_k": 0}).sampling.top_k is None
+    assert gateway_accepts(parse_chat, {**CHAT, "top_k": 0})
+    assert parse_chat({**CHAT, "top_k": 0}).sampling.top_k is None
     assert not gateway_accepts(parse_chat, {**CHAT, "top_k": -1})
     assert gateway_accepts(parse_chat, {**CHAT, "seed": -1})  # sent as 2**64 - 1
     assert gateway_accepts(parse_chat, {**CHAT, "seed": c.SEED_API_LOWEST})
@@ -159,7 +160,8 @@ def test_the_sampling_defaults_are_the_contracts_everywhere():
     bounds = [c.TEMPERATURE, c.TOP_P, c.TOP_K, c.MIN_P, c.PRESENCE_PENALTY, c.FREQUENCY_PENALTY,
               c.REPETITION_PENALTY, c.SEED, c.N, c.BEAM_WIDTH, c.LENGTH_PENALTY, c.MIN_TOKENS, c.PROMPT_LOGPROBS]
     for bound in bounds:
-        for name, params in (("engine", engine), ("gateway", gateway), ("rpc", over_the_wire), ("api", from_a_body)):
+        for name, params in (("engine", engine), ("gateway", gateway), ("rpc", over_the_wire),
+                             ("api", from_a_body)):
             assert getattr(params, bound.name) == bound.default, f"{name} {bound.name}"
     assert engine.logprobs == over_the_wire.logprobs == c.LOGPROBS.default
     # max_tokens: the engine's own default, "fill the context" in the gateway (duet/contract.py says why)

@@ -7,7 +7,7 @@ loadtests/sim/fleet/gateway_path.py; at once when that is 0), a worker's step bo
 (every `GatewayPath.poll_interval_s`, when set), the pool planner's tick (every `tick_s`, as the gateway's
 pool loop) and the end of a worker's kind switch. A token reaches the client `GatewayPath.token_s` after the
 step that made it. When it reaches the gateway's routing the request is routed exactly as gateway/generation.py routes it: its prompt's chained block
-hashes (duet.hashing, blocks of duet.contract.HASH_BLOCK_TOKENS, at most 256), a `RouteRequest` with the session key and turn count,
+hashes (duet.hashing, HASH_BLOCK_TOKENS each, at most 256), a `RouteRequest` with the session key and turn count,
 worker views (running, waiting, KV usage: live, or as the last poll saw them; the gateway's own
 queued-prefill count from gateway/pool_tracker.PoolTracker), the policy (`gateway.routing.route`, or the SGLang-style baseline
 `routing_baselines.SGLangRoute` for the homogeneous stacks, as `duet bench compare` runs them), then the
@@ -203,8 +203,8 @@ class FleetSim:
         self.index.add(decision.worker_id, hashes)
         if req.session is not None:
             self.affinity[req.session] = decision.worker_id
-        self.tracker.prefill_started(req.request_id, decision.worker_id,
-                                     len(prompt) - min(decision.cached_blocks * HASH_BLOCK_TOKENS, len(prompt) - 1))
+        cached = min(decision.cached_blocks * HASH_BLOCK_TOKENS, len(prompt) - 1)
+        self.tracker.prefill_started(req.request_id, decision.worker_id, len(prompt) - cached)
         w = self.workers[decision.worker_id]
         self.served[req.request_id] = Served(req, self.sent_at.pop(req.request_id, self.now), len(prompt),
                                              w.worker_id, w.kind, decision.reason, decision)
