@@ -36,8 +36,9 @@ prefill), not cache. The request count per run is what arrives at the rate in `r
 light and heavy.
 
 `--pin-cores` (loadtests/stack/pinning.py) pins worker i of every stack to core i (two workers on this
-machine: 2 paged, 2 prefix, 1 + 1) and judges goodput by per-class SLOs (duet/traffic_classes.py, the cpu profile: a chat
-turn must start within 2 s, a document within 4 s + 4 ms a prompt token) instead of one bound for all.
+machine: 2 paged, 2 prefix, 1 + 1) and judges goodput by per-class SLOs (duet/traffic_classes.py, the cpu
+profile: a chat turn must start within 2 s, a document within 4 s + 4 ms a prompt token) instead of one bound for
+all.
 
 Per stack and rate: goodput (requests meeting both the TTFT and the TPOT SLO, per second), TTFT per
 class, engine and route-reason split, worker loads; `goodput_ratio_vs_best_homogeneous` and
