@@ -10,8 +10,8 @@
 Aging (``aging_s``, `--aging-s`, default 2 s): under lpm and dfs-weight a request that has waited ``aging_s``
 or longer goes ahead of the cache-aware order, oldest first. Cache-ordered admission otherwise starves a
 zero-match prompt (a one-shot document) for as long as requests with cached prefixes keep arriving; 2 s is the
-interactive TTFT bound of loadtests/load/class_slo.py - a request that has waited that long is late for any class,
-so from then on arrival order is fairer than cache order. 0 turns aging off.
+interactive TTFT bound on the bench machine (duet/traffic_classes.py: `session` at the cpu profile) - a request
+that has waited that long is late for any class, so from then on arrival order is fairer than cache order. 0 turns aging off.
 
 Within any order, ``InBatchDedup`` holds back a request whose not-yet-cached prefix is being computed by one
 admitted earlier in the same step: one goes first, the rest hit the cache a step later instead of each

@@ -16,12 +16,15 @@ import argparse
 import json
 import sys
 
+from duet.traffic_classes import CPU, bound_of
+
 SIMULATE, LOCAL, FLEET = "--simulate", "the local replay", "--fleet"
 # flag -> (argparse dest, the modes it applies to, its default there); every other flag applies to every mode
 MODE_FLAGS = {
     "--cache-blocks": ("cache_blocks", (SIMULATE, LOCAL), 2048),
     "--time-scale": ("time_scale", (SIMULATE, LOCAL), 1.0),
-    "--slo-ttft-s": ("slo_ttft_s", (SIMULATE, LOCAL), 2.0),
+    # a replayed conversation is the table's session class, on the bench machine's profile
+    "--slo-ttft-s": ("slo_ttft_s", (SIMULATE, LOCAL), bound_of("session", CPU).ttft_ms / 1000),
     "--limit": ("limit", (SIMULATE, LOCAL), None),
     "--model": ("model", (LOCAL,), None),
     "--cost-model": ("cost_model", (FLEET,), "h200"),
@@ -56,14 +59,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-scale", type=float, default=None,
                    help="--simulate and local: multiplies arrival times (0.5: twice the load; default 1)")
     p.add_argument("--slo-ttft-s", type=float, default=None,
-                   help="--simulate and local: TTFT bound of goodput, seconds (default 2)")
+                   help="--simulate and local: TTFT bound of goodput, seconds (default 2: the session "
+                   "class on the cpu profile of duet/traffic_classes.py)")
     p.add_argument("--limit", type=int, default=None,
                    help="--simulate and local: replay only the first N records (local default 200)")
     p.add_argument("--model", default=None, help="local: model directory (default: the bench checkpoint)")
     p.add_argument("--cost-model", default=None, help="--fleet: h200 (the default), h200-70b or cpu")
     p.add_argument("--rate", type=float, default=None, help="--fleet: arrival-rate multiplier (default 1)")
     p.add_argument("--window-s", type=float, default=None, help="--fleet: trace seconds replayed (default 300)")
-    p.add_argument("--class-slo", default=None, help="--fleet: per-class SLOs in ms, e.g. chat.ttft=3000,document.ttft=6s")
+    p.add_argument("--class-slo", default=None, help="--fleet: per-class SLOs in ms, e.g. chat.ttft=3000,"
+                   "document.ttft=6s (defaults: duet/traffic_classes.py, the cost model's profile)")
     p.add_argument("--worker-hour-usd", type=float, default=None, help="--fleet: price of one worker-hour")
     p.set_defaults(func=_run)
 

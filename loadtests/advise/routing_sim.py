@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from duet.traffic_classes import CPU, bound_of
 from loadtests.advise.rule import recommend
 from loadtests.sim.routing.baselines import SGLangCacheAware
 from loadtests.sim.routing.simulate import DuetPolicy, ServiceModel, global_cache_hit_rate, simulate
@@ -28,7 +29,7 @@ class AdviseSettings:
     workers: int = 8
     cache_blocks: int = 2048  # per worker, in 512-token trace blocks
     time_scale: float = 1.0
-    slo_ttft_s: float = 2.0
+    slo_ttft_s: float = bound_of("session", CPU).ttft_ms / 1000  # a conversation trace's turns: 2 s
     limit: int | None = None
     service: ServiceModel = field(default_factory=ServiceModel)
 

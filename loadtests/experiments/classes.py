@@ -12,8 +12,8 @@ sent at once, completed requests per second. Then the measured run: Poisson arri
 alike. A class the kind cannot serve (structured output on paged) is reported as unsupported, not run, and
 left out of that kind's mix.
 
-Per run and per class: goodput against per-class SLOs (loadtests/load/class_slo.py), TTFT and TPOT p50 / p99,
-the hit rate (cached / prompt tokens, as the engine reported them to the client), and per run the worker's
+Per run and per class: goodput against per-class SLOs (duet/traffic_classes.py, cpu profile), TTFT and TPOT
+p50 / p99, the hit rate (cached / prompt tokens, as the engine reported them to the client), and per run the worker's
 preemptions and evictions of reused KV pages (GetLoad's counters through the gateway's /admin/workers,
 after minus before the measured run). `--engine-args KIND="FLAGS"` passes flags to the workers of a kind
 (e.g. prefix="--cache-eviction lru" measures the old eviction rule against the new default).
@@ -176,7 +176,7 @@ def format_table(result: dict) -> str:
     head = ["kind", "workload", "class", "goodput req/s", "good/n", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
             "hit rate", "preempt.", "reused evicted"]
     title = (f"duet bench classes on {result['model']}: one worker on core {result['core']}, KV "
-             f"{result['kv_cache_tokens']} tokens; ms; per-class SLOs (loadtests/load/class_slo.py)")
+             f"{result['kv_cache_tokens']} tokens; ms; per-class SLOs (duet/traffic_classes.py, cpu profile)")
     lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for kind, by_w in result["runs"].items():
         for w, r in by_w.items():

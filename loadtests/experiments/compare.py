@@ -36,8 +36,9 @@ prefill), not cache. The request count per run is what arrives at the rate in `r
 light and heavy.
 
 `--pin-cores` (loadtests/stack/pinning.py) pins worker i of every stack to core i (two workers on this
-machine: 2 paged, 2 prefix, 1 + 1) and judges goodput by per-class SLOs (loadtests/load/class_slo.py: a chat
-turn must start within 2 s, a document within 4 s + 4 ms a prompt token) instead of one bound for all.
+machine: 2 paged, 2 prefix, 1 + 1) and judges goodput by per-class SLOs (duet/traffic_classes.py, the cpu
+profile: a chat turn must start within 2 s, a document within 4 s + 4 ms a prompt token) instead of one bound for
+all.
 
 Per stack and rate: goodput (requests meeting both the TTFT and the TPOT SLO, per second), TTFT per
 class, engine and route-reason split, worker loads; `goodput_ratio_vs_best_homogeneous` and
@@ -54,6 +55,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from duet.model_pull import resolve_model
+from duet.traffic_classes import UNCLASSIFIED
 from loadtests.experiments.compare_report import headline, rate_summary
 from loadtests.load.class_slo import ClassSlo
 from loadtests.load.client import RequestRecord, arun_benchmark
@@ -102,8 +104,8 @@ class Settings:
     max_prompt_tokens: int = 1024
     max_tokens: int = 32
     seed: int = 0
-    ttft_slo_ms: float = 5000.0
-    itl_slo_ms: float = 250.0  # bound on each request's mean inter-token latency (TPOT)
+    ttft_slo_ms: float = UNCLASSIFIED.ttft_ms  # one bound for every class: duet/traffic_classes.py, 5 s
+    itl_slo_ms: float = UNCLASSIFIED.itl_ms  # bound on each request's mean inter-token latency (TPOT), 250 ms
     limits: EngineLimits = field(default_factory=lambda: EngineLimits(kv_cache_tokens=4096))
     configs: tuple[str, ...] = tuple(CONFIGS)
     shares: tuple[tuple[str, float], ...] = tuple(SHARES.items())

@@ -12,19 +12,13 @@ from pathlib import Path
 import pytest
 
 from duet.launcher import WorkerSpec, worker_argv
+from duet.traffic_classes import GPU, UNCLASSIFIED, ClassBound, bound_of
 from loadtests.cli import build_parser
 from loadtests.experiments import classes
 from loadtests.experiments.classes_cli import classes_settings
 from loadtests.experiments.compare import CONFIGS, stack_for
 from loadtests.experiments.compare_cli import compare_settings
-from loadtests.load.class_slo import (
-    CLASS_SLOS,
-    DEFAULT_BOUND,
-    FLEET_SLOS,
-    ClassBound,
-    ClassSlo,
-    parse_class_slos,
-)
+from loadtests.load.class_slo import CLASS_SLOS, FLEET_SLOS, ClassSlo, parse_class_slos
 from loadtests.load.class_workloads import CLASSES, Sizes, class_mix, class_workload, mooncake_think_gaps
 from loadtests.load.client import RequestRecord, run_benchmark
 from loadtests.load.report import summarize
@@ -95,7 +89,7 @@ def test_a_chat_turn_and_a_document_are_judged_by_their_own_bounds():
 
 
 def test_one_definition_in_ms_covers_every_class_of_both_benchmarks():
-    """loadtests/load/class_slo.py is the only place bounds live: every class a workload makes has its own, and the
+    """duet/traffic_classes.py is the only place bounds live: every class a workload makes has its own, and the
     overrides read the same way for the class benchmarks and the fleet (ms, or seconds with an s)."""
     assert set(CLASSES) <= set(CLASS_SLOS)
     for cost_model, slo in FLEET_SLOS.items():
@@ -103,9 +97,10 @@ def test_one_definition_in_ms_covers_every_class_of_both_benchmarks():
     s = parse_class_slos("agent.tpot=100, long_doc=9s,chat.ttft=1500ms")
     assert (s.bound("agent").ttft_ms, s.bound("agent").itl_ms) == (2000.0, 100.0)
     assert s.bound("long_doc").describe() == {"ttft_ms": 9000.0, "ttft_ms_per_prompt_token": 4.0, "itl_ms": 250.0}
-    assert s.bound("chat").ttft_ms == 1500.0 and s.bound("trace_replay") == DEFAULT_BOUND
+    assert s.bound("chat").ttft_ms == 1500.0 and s.bound("trace_replay") == UNCLASSIFIED
     fleet = parse_class_slos("document.tpot=0.2s", FLEET_SLOS["h200"], FLEET_CLASSES, "--slo")
-    assert fleet.bound("document") == ClassBound(6000.0, 200.0) and fleet.bound("chat") == ClassBound(3000.0, 100.0)
+    assert fleet.bound("document") == ClassBound(bound_of("document", GPU).ttft_ms, 200.0)  # only the TPOT changed
+    assert fleet.bound("chat") == bound_of("chat", GPU)
     for bad, message in (("chat=0", "must be > 0"), ("chat.itl=5", "expected CLASS=TTFT_MS"),
                          ("=5", "expected"), ("chat", "expected")):
         with pytest.raises(ValueError, match=message):

@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stacks", default="all_paged,all_prefix,duet_planner")
     p.add_argument("--split", action="append", default=[], help="a fixed Duet split PAGED:PREFIX (repeatable)")
     p.add_argument("--slo", default=None, help="per-class bounds in ms, e.g. chat.ttft=3000,document.ttft=6s,"
-                   "chat.tpot=100 (defaults: FLEET_SLOS in loadtests/load/class_slo.py)")
+                   "chat.tpot=100 (defaults: duet/traffic_classes.py at the cost model's profile)")
     p.add_argument("--max-output-tokens", type=int, default=None, help="cap each request's output")
     p.add_argument("--switch-s", type=float, default=None, help="planner: seconds a worker is away switching kind")
     p.add_argument("--planner-window-s", type=float, default=None, help="planner: rate window and cooldown "

@@ -1,8 +1,10 @@
-"""Per-class service figures of one simulated stack, judged by the per-class SLOs of loadtests/load/class_slo.py.
+"""Per-class service figures of one simulated stack, judged by the per-class SLOs of the traffic-class table.
 
 A request meets its SLO when its TTFT and its TPOT (mean time per output token after the first) are both
-within its class's bounds (`FLEET_SLOS[cost_model]` there: chat and document, each cost model's own, with
-the reasons; `--slo chat.ttft=2000,document.tpot=200` overrides, ms). Goodput is requests that met their SLO
+within its class's bounds (loadtests/load/class_slo.py's `FLEET_SLOS[cost_model]`: chat and document, the
+table's session and document at the profile of the hardware the cost model models, gpu for h200 and h200-70b,
+cpu for cpu; duet/traffic_classes.py gives the reasons; `--slo chat.ttft=2000,document.tpot=200` overrides,
+ms). Goodput is requests that met their SLO
 per second of offered traffic (the workload's arrival span, the same for every stack). Each class's row
 carries the bound it was judged by (`slo`: ttft_ms, ttft_ms_per_prompt_token, itl_ms); the measured figures
 stay in seconds.

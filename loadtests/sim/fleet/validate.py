@@ -13,7 +13,7 @@ at five phases of that poll, each figure their median: the real poll's phase is 
 seconds times the factor of its kind measured in the running stack on another window of the trace, the worker's
 engine kind's own factor where that was measured (`fleet-calibrate --in-situ`, cpu_cost.json's `in_situ`; the
 fit alone where none was).
-Both are judged by the cpu SLOs of loadtests/load/class_slo.py (FLEET_SLOS) over the same arrival span. Error =
+Both are judged by the cpu profile's SLOs (duet/traffic_classes.py; FLEET_SLOS["cpu"]) over the same arrival span. Error =
 |simulated - local| / local. The local workers trace their steps (engine_core/step_trace.py), and
 `local_steps_vs_cpu_model` compares each traced step with the cpu model of its shape: the check that says whether
 the machine was as quiet as when the fit was measured, and so whether the errors are the simulator's.

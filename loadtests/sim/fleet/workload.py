@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from duet.traffic_classes import FLEET_CLASSES
 from loadtests.load.workloads import WorkloadError, parse_shares
 from loadtests.sim.fleet.engine import VOCAB
 from loadtests.traces import shipped
@@ -31,7 +32,7 @@ from loadtests.traces.mooncake import TraceRecord, prompt_token_ids, session_key
 
 SOURCES = {"mooncake": "chat", "azure_code": "document", "azure_conv": "document"}  # shipped name -> class
 MIXES = {"mixed": {"mooncake": 1.0, "azure_code": 1.0}, "chat": {"mooncake": 1.0}, "documents": {"azure_code": 1.0}}
-CLASSES = ("chat", "document")
+CLASSES = tuple(FLEET_CLASSES)  # chat, document: duet/traffic_classes.py says which table class each is
 
 
 @dataclass(frozen=True)
