@@ -9,7 +9,7 @@ simulators import it without torch.
     FinishReason                stop | length | abort (| error, engine-internal), FINISH_TO_PB / FINISH_FROM_PB
     Bound, TEMPERATURE, ...     each sampling setting's default and range
 
-The ranges are enforced twice, from this one table: by the gateway's request models (gateway/api_models.py:
+The ranges are enforced twice, from this one table: by the gateway's request models (gateway/api/request_models.py:
 a 400 naming the field, and the bounds /openapi.json shows) and by every engine before any work starts
 (engine_core/sampling_params.py `SamplingParams.validate`: INVALID_ARGUMENT to a gRPC caller that skipped the
 gateway). tests/duet/test_contract.py probes each edge on both sides.
@@ -48,7 +48,7 @@ WORKER_KINDS = (PAGED, PREFIX, SIM)  # what `duet engine KIND` and the launcher 
 # -- capabilities ---------------------------------------------------------------------------
 class Capability:
     """The names a worker lists in GetInfo `capabilities`; a request requires some of them
-    (gateway/protocol.py `ApiRequest.required_capabilities`); routing sends it only to workers that have them."""
+    (gateway/api/protocol.py `ApiRequest.required_capabilities`); routing sends it only to workers that have them."""
 
     N = "n"  # several samples of one prompt
     BEAM_SEARCH = "beam_search"

@@ -3,7 +3,7 @@
 `Gateway` holds the running state every handler shares (models, worker pool, state store, prefix
 tables, metrics, stats, decision log, canary rollback) and its lifespan starts and stops the
 background work (worker polling, Redis subscriber, rollback ticks). It is also the `AdminBackend`
-of gateway/admin.py.
+of gateway/control/admin.py.
 """
 
 from __future__ import annotations
@@ -23,15 +23,20 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from duet.contract import HASH_BLOCK_TOKENS
-from gateway import api, messages_api, responses_api, timeouts, tokenize_api
-from gateway.admin import admin_routes
-from gateway.circuit_breaker import CircuitBreakers
+from gateway.api import completions as api
+from gateway.api import messages as messages_api
+from gateway.api import responses as responses_api
+from gateway.api import tokenize as tokenize_api
+from gateway.backends.engine_client import GrpcEngineClient
+from gateway.backends.fleet import WorkerPool
+from gateway.backends.http_backend import with_backends
 from gateway.config import GatewayConfig, load_routing_policy
-from gateway.decision_log import DecisionLog
-from gateway.engine_client import GrpcEngineClient
+from gateway.control.admin import admin_routes
+from gateway.control.limits import KeyLimiter, LeaseMiddleware
+from gateway.control.pool_tracker import PoolTracker
+from gateway.control.rollback import RollbackController
+from gateway.control.stats import RequestStats
 from gateway.errors import QueueFull, http_exception_response
-from gateway.http_backend import with_backends
-from gateway.limits import KeyLimiter, LeaseMiddleware
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import (
     ApiKeyMiddleware,
@@ -42,13 +47,12 @@ from gateway.middleware import (
 )
 from gateway.models import ServedModel, load_models
 from gateway.openapi import openapi_json
-from gateway.pool_tracker import PoolTracker
-from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
-from gateway.rollback import RollbackController
-from gateway.routing import route
-from gateway.stats import RequestStats
-from gateway.timeouts import StreamWatchdog
-from gateway.workers import WorkerPool
+from gateway.routing.decision_log import DecisionLog
+from gateway.routing.policy import route
+from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
+from gateway.serving import timeouts
+from gateway.serving.circuit_breaker import CircuitBreakers
+from gateway.serving.timeouts import StreamWatchdog
 
 log = logging.getLogger("duet.gateway")
 
@@ -75,7 +79,7 @@ class Gateway:
         self._client_factory = with_backends(client_factory or functools.partial(
             GrpcEngineClient, keepalive_time_s=t.keepalive_time_s, keepalive_timeout_s=t.keepalive_timeout_s,
             request_timeout_s=t.request_s, rpc_timeout_s=t.rpc_s),
-            config.backends, self.models, HASH_BLOCK_TOKENS, t)  # external servers: gateway/http_backend.py
+            config.backends, self.models, HASH_BLOCK_TOKENS, t)  # external servers: gateway/backends/http_backend.py
         self.breakers = CircuitBreakers(t.breaker_failures, t.breaker_open_s)
         self.limiter = KeyLimiter(config.key_limits, config.redis)
         self.watchdog = StreamWatchdog(t, on_outcome=self._call_outcome, progress_at=self._progress_at)
@@ -94,12 +98,12 @@ class Gateway:
         self._loop = asyncio.get_running_loop()
         if self._state is None:
             if self.config.redis:
-                from gateway.state.redis_store import RedisStore
+                from gateway.control.state.redis_store import RedisStore
 
                 self._state = RedisStore(self.config.redis)
                 await self._state.start()
             else:
-                from gateway.state.memory import MemoryStore
+                from gateway.control.state.memory import MemoryStore
 
                 self._state = MemoryStore()
         self.metrics.state_healthy.set_function(lambda: 1.0 if self._state.healthy else 0.0)
@@ -153,7 +157,7 @@ class Gateway:
         return self.pool.progress_at(worker_id) if self.pool is not None else -math.inf
 
     def _call_outcome(self, worker_id: str, outcome: str) -> None:
-        """How a call went (gateway/timeouts.py): only errors and stalls count against the breaker."""
+        """How a call went (gateway/serving/timeouts.py): only errors and stalls count against the breaker."""
         if outcome in (timeouts.STALL, timeouts.FIRST_TOKEN):
             self.metrics.stream_timeouts.labels(worker_id).inc()
         if outcome == timeouts.OK:

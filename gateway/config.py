@@ -8,25 +8,25 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
       - path: /models/qwen3-0.6b  # model directory; its id (dir name) is the API "model"
     workers:                      # static workers (more may register themselves in Redis)
       - address: 10.0.0.5:50051
-    backends:                     # external vLLM / SGLang / OpenAI servers as pools (gateway/backend_spec.py)
+    backends:                     # external vLLM / SGLang / OpenAI servers as pools (gateway/backends/backend_spec.py)
       - {engine: vllm, url: http://10.0.0.7:8000, kv_events: {endpoint: tcp://10.0.0.7:5557}}
     redis: redis://redis:6379/0   # optional; default: in-process state (one gateway)
     auth:
       api_keys: [sk-a, {key: sk-b, cache_salt: tenant-b}]   # optional; none: /v1 is open
                                   # an entry may add requests_per_minute, tokens_per_minute, max_concurrent,
-                                  # models (gateway/limits.py); default_key_limits applies to every key
+                                  # models (gateway/control/limits.py); default_key_limits applies to every key
       admin_key: adm-secret
     limits: {max_body_bytes: 4194304, max_pending_requests: 4096, max_attempts: 3, default_max_tokens: null,
-             max_queue_wait_s: 900}   # admission control (gateway/admission.py); null: never refuse on wait
+             max_queue_wait_s: 900}   # admission control (gateway/serving/admission.py); null: never refuse on wait
     health: {poll_interval_s: 1.0}
     hashing: {max_blocks: 256}
     affinity_ttl_s: 600
-    routing: {reuse_threshold: 0.5, ...}    # defaults of gateway.route_types.RoutingConfig
+    routing: {reuse_threshold: 0.5, ...}    # defaults of gateway.routing.route_types.RoutingConfig
     routing_policy: null          # "module:factory" of a policy run instead of Duet's (the benchmarks'
                                   # baselines, loadtests/sim/routing/baselines.py; docs/routing.md)
-    pool_planner: {cooldown_s: 30, ...}     # defaults of gateway.pool_planner.PlannerConfig
+    pool_planner: {cooldown_s: 30, ...}     # defaults of gateway.control.pool_planner.PlannerConfig
     tracing: {enabled: false}
-    timeouts: {first_token_s: 120, stall_s: 30, ...}   # gateway.timeouts.Timeouts (null: no limit)
+    timeouts: {first_token_s: 120, stall_s: 30, ...}   # gateway.serving.timeouts.Timeouts (null: no limit)
 
 Environment `DUET_API_KEYS` (comma separated) and `DUET_ADMIN_KEY` add to / override `auth`;
 `DUET_REDIS_URL` overrides `redis` (a URL with a password can then come from a Secret).
@@ -42,11 +42,11 @@ from pathlib import Path
 
 import yaml
 
-from gateway.backend_spec import BackendSpec, BackendSpecError, parse_backends
-from gateway.limits import KeyLimits, parse_key_limits
-from gateway.pool_planner import PlannerConfig
-from gateway.route_types import Pool, RoutingConfig, RoutingConfigError, Variant
-from gateway.timeouts import Timeouts
+from gateway.backends.backend_spec import BackendSpec, BackendSpecError, parse_backends
+from gateway.control.limits import KeyLimits, parse_key_limits
+from gateway.control.pool_planner import PlannerConfig
+from gateway.routing.route_types import Pool, RoutingConfig, RoutingConfigError, Variant
+from gateway.serving.timeouts import Timeouts
 
 
 class ConfigError(ValueError):
@@ -75,7 +75,7 @@ class GatewayConfig:
     port: int = 8000
     model_paths: tuple[str, ...] = ()
     workers: tuple[str, ...] = ()
-    backends: tuple[BackendSpec, ...] = ()  # external engine servers (gateway/http_backend.py)
+    backends: tuple[BackendSpec, ...] = ()  # external engine servers (gateway/backends/http_backend.py)
     redis: str | None = None
     api_keys: dict[str, str] = field(default_factory=dict)  # key -> cache_salt ("" = shared cache)
     key_limits: dict[str, KeyLimits] = field(default_factory=dict)  # key id (limits.api_key_id) -> limits
@@ -85,7 +85,7 @@ class GatewayConfig:
     max_hash_blocks: int = 256
     affinity_ttl_s: float = 600.0  # a session sticks to its worker this long after its last request
     routing: RoutingConfig = field(default_factory=RoutingConfig)
-    routing_policy: str | None = None  # None: gateway.routing.route; else "module:factory" (load_routing_policy)
+    routing_policy: str | None = None  # None: gateway.routing.policy.route; else "module:factory" (load_routing_policy)
     tracing: bool = False
     timeouts: Timeouts = field(default_factory=Timeouts)
     pool_planner: PlannerConfig = field(default_factory=PlannerConfig)
@@ -134,7 +134,7 @@ def routing_from_dict(d: dict) -> RoutingConfig:
 
 def load_routing_policy(spec: str) -> Callable[[], Callable]:
     """The factory `spec` ("module:name") names. Called once per gateway, it returns a callable with the
-    signature of gateway.routing.route, which the gateway then calls in its place: the seam through which
+    signature of gateway.routing.policy.route, which the gateway then calls in its place: the seam through which
     `duet bench` runs its baseline policies (loadtests/sim/routing/baselines.py) behind a real gateway, while
     the gateway itself holds Duet's policy alone. Raises ConfigError when `spec` names nothing callable."""
     module, _, name = spec.partition(":")

@@ -1,7 +1,7 @@
 """`duet gateway --config FILE`: load the config, build the app, serve it with uvicorn.
 
 Logging (`--log-level`, INFO by default) keeps INFO for changes: the worker pool's polls are silent there
-(gateway/workers.py logs what changes), and the lines httpx writes for every request it sends (each HTTP
+(gateway/backends/fleet.py logs what changes), and the lines httpx writes for every request it sends (each HTTP
 backend's health, load and info polls, several a second) are DEBUG, as the gateway's own access lines are off.
 """
 

@@ -6,9 +6,9 @@ their links; a file that moved without its docs leaves all three pointing nowher
 README, docs/*.md and docs/history/*.md; docs/architecture.md has its own test (tests/test_architecture_doc.py).
 
 What counts as a repository path: a word that starts with one of the project's top-level folders and a slash
-(`gateway/routing.py`, `docs/data/`); `{a,b}` in it is expanded as the shell would, `*` is a glob. A path with a
+(`gateway/routing/policy.py`, `docs/data/`); `{a,b}` in it is expanded as the shell would, `*` is a glob. A path with a
 placeholder in capitals (`docs/data/compile-DATE-t1.json`) is a template, not a file. A dotted name that starts
-with one of the Python packages (`gateway.routing.route`, `loadtests.load.workloads.mix`) must name a module or
+with one of the Python packages (`gateway.routing.policy.route`, `loadtests.load.workloads.mix`) must name a module or
 package in its first two parts at least (what follows may be an attribute). A relative link must resolve from
 its page, and its `#anchor`, if any, must be a heading of the target page (GitHub's anchors).
 """
@@ -161,6 +161,6 @@ def test_the_checks_see_what_they_must():
     assert PATH_RE.findall("see `loadtests/experiments/peer.py`, docs/data/ and tok/s") == [
         "loadtests/experiments/peer.py", "docs/data/"]
     assert PLACEHOLDER_RE.search("docs/data/compile-DATE-t1.json") and not PLACEHOLDER_RE.search("docs/history/README.md")
-    assert DOTTED_RE.findall("`gateway.routing.route` in duet.json") == ["gateway.routing.route", "duet.json"]
+    assert DOTTED_RE.findall("`gateway.routing.policy.route` in duet.json") == ["gateway.routing.policy.route", "duet.json"]
     assert github_anchor("Duet's engines: `duet bench peer` (2026-12-02)") == "duets-engines-duet-bench-peer-2026-12-02"
     assert ROOT / "docs" / "benchmarks.md" in pages() and ROOT / "docs" / "architecture.md" not in pages()

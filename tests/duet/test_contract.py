@@ -20,11 +20,11 @@ from duet.rpc import engine_pb2 as pb
 from engine_core.errors import InvalidRequestError
 from engine_core.sampling_params import SamplingParams
 from engine_core.servicer import sampling_from_pb
+from gateway.api.messages_input import parse_messages
+from gateway.api.protocol import Sampling, parse_chat, parse_completion
 from gateway.errors import InvalidRequest
-from gateway.generation import Prepared, to_pb
-from gateway.messages_input import parse_messages
 from gateway.openapi import DOCUMENT
-from gateway.protocol import Sampling, parse_chat, parse_completion
+from gateway.serving.generation import Prepared, to_pb
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 4096  # more than MAX_LOGIT_BIAS_TOKENS ids

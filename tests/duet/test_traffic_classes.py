@@ -27,8 +27,8 @@ from duet.traffic_classes import (
     classify,
     markdown,
 )
-from gateway.protocol import parse_chat, parse_completions
-from gateway.request_class import request_class
+from gateway.api.protocol import parse_chat, parse_completions
+from gateway.serving.request_class import request_class
 from loadtests.load.class_slo import COST_MODEL_PROFILES, FLEET_SLOS, ClassSlo, parse_class_slos
 from loadtests.load.class_workloads import CLASSES as BENCH_WORKLOAD_CLASSES
 from loadtests.sim.fleet.cost_models import COST_MODELS

@@ -8,8 +8,8 @@ import time
 import httpx
 from starlette.applications import Starlette
 
-from gateway.admin import admin_routes, key_id
-from gateway.state.redis_store import RedisStore
+from gateway.control.admin import admin_routes, key_id
+from gateway.control.state.redis_store import RedisStore
 from tests.gateway.test_admin import AUTH, GOOD, KEY, Backend
 from tests.support.stack import LiveStack, Sim, chat_body
 

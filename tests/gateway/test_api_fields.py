@@ -12,15 +12,15 @@ from __future__ import annotations
 import pytest
 from starlette.testclient import TestClient
 
+from gateway.api.messages import parse_request as parse_messages_chat
+from gateway.api.messages_input import CountTokensRequest
+from gateway.api.protocol import parse_chat, parse_completions
+from gateway.api.responses_input import parse_responses
 from gateway.app import build_app
 from gateway.config import from_dict
 from gateway.errors import InvalidRequest
-from gateway.messages_api import parse_request as parse_messages_chat
-from gateway.messages_input import CountTokensRequest
 from gateway.openapi import DOCUMENT
-from gateway.protocol import parse_chat, parse_completions
-from gateway.responses_input import parse_responses
-from gateway.timeouts import client_timeout_s
+from gateway.serving.timeouts import client_timeout_s
 from tests.support.stack import model_dir
 
 WIRED, REFUSED = "wired", "refused"
@@ -41,7 +41,7 @@ SAMPLING = {  # field: (value, extra base fields, expectation)
     "prompt_logprobs": (1, {}, WIRED), "use_beam_search": (True, {"n": 2}, WIRED), "best_of": (3, {"n": 2, "use_beam_search": True}, WIRED),
     "length_penalty": (0.5, {}, WIRED), "regex": ("a+", {}, WIRED), "guided_regex": ("a+", {}, WIRED),
     "guided_choice": (["a", "b"], {}, WIRED), "speculative": (True, {}, WIRED), "priority": (3, {}, WIRED),
-    "timeout": (30, {}, WIRED),  # the client's deadline: read beside the parse (gateway.timeouts.client_timeout_s)
+    "timeout": (30, {}, WIRED),  # the client's deadline: read beside the parse (gateway.serving.timeouts.client_timeout_s)
 }
 SAMPLES = {
     "ChatCompletionRequest": ({"model": "m", "messages": MSGS}, {

@@ -11,7 +11,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from gateway import answer_models
+from gateway.api import answer_models
 from gateway.openapi import DOCUMENT
 from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 

@@ -8,9 +8,9 @@ import time
 import httpx
 import pytest
 
+from gateway.control.pool_tracker import PoolTracker
 from gateway.metrics import GatewayMetrics
-from gateway.pool_tracker import PoolTracker
-from gateway.route_types import RouteDecision
+from gateway.routing.route_types import RouteDecision
 from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 MODEL = model_dir().name

@@ -1,4 +1,4 @@
-"""The traffic class (gateway/request_class.py): the pure rule on parsed requests, and the `class` label a
+"""The traffic class (gateway/serving/request_class.py): the pure rule on parsed requests, and the `class` label a
 request leaves on the gateway's TTFT, inter-token and e2e histograms (a live gateway over sim workers)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import re
 import httpx
 import openai
 
-from gateway.protocol import parse_chat, parse_completions
-from gateway.request_class import CLASSES, DOCUMENT_PROMPT_TOKENS, request_class
+from gateway.api.protocol import parse_chat, parse_completions
+from gateway.serving.request_class import CLASSES, DOCUMENT_PROMPT_TOKENS, request_class
 from tests.support.stack import model_dir
 
 MODEL = model_dir().name

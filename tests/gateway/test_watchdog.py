@@ -10,8 +10,8 @@ import pytest
 
 from duet.rpc import engine_pb2 as pb
 from gateway import errors
-from gateway.engine_client import EngineCallError
-from gateway.timeouts import (
+from gateway.backends.engine_client import EngineCallError
+from gateway.serving.timeouts import (
     DEADLINE,
     ERROR,
     FIRST_TOKEN,

@@ -12,7 +12,7 @@ import math
 import pytest
 
 from duet.traffic_classes import GPU, bound_of
-from gateway.pool_planner import PlannerConfig
+from gateway.control.pool_planner import PlannerConfig
 from loadtests.cli import main
 from loadtests.sim.fleet.cost_models import LinearCostModel, RooflineCostModel, StepShape, shape_of
 from loadtests.sim.fleet.engine import EngineProfile, SimEngine, make_request

@@ -1,5 +1,5 @@
 """A fake engine worker for gateway tests: no process, no gRPC, the gateway's own EngineClient seam
-(gateway/engine_client.py) answered in this process.
+(gateway/backends/engine_client.py) answered in this process.
 
 `FakeEngine(kind)` is one worker; `engine.client` is the EngineClient the gateway's worker pool gets for its
 address (tests/support/fake_gateway.py wires them). Unscripted, a Generate call is answered by
@@ -31,7 +31,7 @@ from duet.engine_config import EngineConfig, SimConfig
 from duet.model_make import default_model_dir
 from duet.rpc import engine_pb2 as pb
 from duet.sim_worker import SimEngine, spec_for
-from gateway.engine_client import EngineCallError, to_call_error
+from gateway.backends.engine_client import EngineCallError, to_call_error
 
 FINISH = {None: pb.FINISH_REASON_UNSPECIFIED, "stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH,
           "abort": pb.FINISH_REASON_ABORT}
@@ -83,7 +83,7 @@ Step = Started | Tokens | Sim | Fail | Delay | Hang
 
 
 class _RpcError:
-    """What gateway.engine_client.to_call_error reads of a grpc.aio.AioRpcError."""
+    """What gateway.backends.engine_client.to_call_error reads of a grpc.aio.AioRpcError."""
 
     def __init__(self, code: str, details: str) -> None:
         self._code, self._details = grpc.StatusCode[code], details
@@ -118,7 +118,7 @@ _END, _CANCELLED = object(), object()
 
 
 class FakeStream:
-    """One Generate call (gateway.engine_client.GenerateStream): a task plays the script into a queue.
+    """One Generate call (gateway.backends.engine_client.GenerateStream): a task plays the script into a queue.
     After cancel() a pending or later read raises asyncio.CancelledError, as grpc.aio's does."""
 
     def __init__(self, engine: FakeEngine, request: pb.GenerateRequest, metadata: tuple, steps: list[Step] | None):
@@ -206,7 +206,7 @@ class FakeStream:
 
 
 class FakeClient:
-    """The EngineClient of one FakeEngine (what gateway.workers.WorkerPool holds for its address)."""
+    """The EngineClient of one FakeEngine (what gateway.backends.fleet.WorkerPool holds for its address)."""
 
     def __init__(self, engine: FakeEngine) -> None:
         self.engine = engine

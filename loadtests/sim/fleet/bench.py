@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from duet.contract import ENGINE_KINDS
-from gateway.pool_planner import PlannerConfig
+from gateway.control.pool_planner import PlannerConfig
 from loadtests.load.class_slo import FLEET_SLOS, ClassSlo
 from loadtests.sim.fleet.cost_models import COST_MODELS, cost_model
 from loadtests.sim.fleet.engine import EngineProfile

@@ -6,18 +6,18 @@ reaching the worker (`ROUTE`: after the gateway's FIFO, `GatewayPath.request_s` 
 loadtests/sim/fleet/gateway_path.py; at once when that is 0), a worker's step boundary, the gateway's load poll
 (every `GatewayPath.poll_interval_s`, when set), the pool planner's tick (every `tick_s`, as the gateway's
 pool loop) and the end of a worker's kind switch. A token reaches the client `GatewayPath.token_s` after the
-step that made it. When it reaches the gateway's routing the request is routed exactly as gateway/generation.py routes it: its prompt's chained block
+step that made it. When it reaches the gateway's routing the request is routed exactly as gateway/serving/generation.py routes it: its prompt's chained block
 hashes (duet.hashing, HASH_BLOCK_TOKENS each, at most 256), a `RouteRequest` with the session key and turn count,
 worker views (running, waiting, KV usage: live, or as the last poll saw them; the gateway's own
-queued-prefill count from gateway/pool_tracker.PoolTracker), the policy (`gateway.routing.route`, or the SGLang-style baseline
+queued-prefill count from gateway/control/pool_tracker.PoolTracker), the policy (`gateway.routing.policy.route`, or the SGLang-style baseline
 `routing_baselines.SGLangRoute` for the homogeneous stacks, as `duet bench compare` runs them), then the
 decision recorded (SeenBlocks, WorkerBlockIndex, session affinity). At a step boundary a worker first
 delivers what its previous step produced (outputs stamped with the boundary's time; its KV events applied to
-the gateway's index, as gateway/workers.py applies them), then runs its next real step; the step's modelled
+the gateway's index, as gateway/backends/fleet.py applies them), then runs its next real step; the step's modelled
 seconds put the next boundary (longer by `neighbour_slowdown` when another worker is mid-step: workers sharing
 one machine, as the local stack's do). A worker with nothing runnable idles until a request arrives.
 
-With the planner (`planner=True`), each tick feeds `PoolTracker.tick` (gateway/pool_planner.py) the views;
+With the planner (`planner=True`), each tick feeds `PoolTracker.tick` (gateway/control/pool_planner.py) the views;
 when its target differs from the fleet, one worker at a time is switched as duet/pool_manager.py does: the
 least busy worker of the kind with too many is drained (no new requests), and once empty it is gone for
 `switch_s` (a restart as the other kind: weights load, caches start cold) and comes back as the other kind.
@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 
 from duet.contract import ENGINE_KINDS, HASH_BLOCK_TOKENS, PAGED, PREFIX
 from duet.hashing import block_hashes
+from gateway.control.pool_planner import PlannerConfig
+from gateway.control.pool_tracker import PoolTracker
 from gateway.metrics import GatewayMetrics
-from gateway.pool_planner import PlannerConfig
-from gateway.pool_tracker import PoolTracker
-from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
-from gateway.route_types import RouteRequest, RoutingConfig, WorkerView
-from gateway.routing import route
+from gateway.routing.policy import route
+from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
+from gateway.routing.route_types import RouteRequest, RoutingConfig, WorkerView
 from loadtests.sim.fleet.cost_models import for_engine
 from loadtests.sim.fleet.engine import MODEL_ID, EngineProfile, SimEngine, make_request
 from loadtests.sim.fleet.gateway_path import GatewayPath, GatewayQueue
@@ -52,7 +52,7 @@ ARRIVE, STEP, TICK, BACK, ROUTE, POLL = 0, 1, 2, 3, 4, 5
 class StackSpec:
     name: str
     kinds: tuple[str, ...]  # the workers' kinds at the start
-    policy: str  # "duet" (gateway.routing.route) or "sglang" (the cache-aware baseline)
+    policy: str  # "duet" (gateway.routing.policy.route) or "sglang" (the cache-aware baseline)
     planner: bool = False
 
 

@@ -11,7 +11,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "simulate-routing",
         help="replay a trace through routing policies over simulated workers",
         description="Replays a Mooncake trace through round robin, least load, consistent hash, an "
-        "SGLang-style cache-aware policy and Duet's own routing (gateway.routing.route), over "
+        "SGLang-style cache-aware policy and Duet's own routing (gateway.routing.policy.route), over "
         "simulated workers with LRU block caches; reports block hit rates and load balance.",
     )
     p.add_argument("--trace", default="mooncake", help="a shipped trace (mooncake, azure_code, azure_conv) or a "
@@ -38,7 +38,7 @@ def _run(args: argparse.Namespace) -> int:
 
     config = None
     if args.routing_config:
-        from gateway.state.codec import config_from_json
+        from gateway.control.state.codec import config_from_json
 
         with open(args.routing_config) as f:
             config = config_from_json(f.read())

@@ -1,0 +1,257 @@
+"""`HttpBackendClient`: an external vLLM, SGLang or OpenAI-compatible server behind the gateway's
+`EngineClient` interface (gateway/backends/engine_client.py), so the worker pool, routing, the watchdog, the
+circuit breaker and gateway/serving/generation.py treat it like one of Duet's gRPC workers.
+
+    generate        vLLM: POST /inference/v1/generate; others: POST /v1/completions (backend_wire.py)
+    abort           vLLM: POST /inference/v1/abort_requests (closing the stream aborts it as well)
+    get_info        GET /v1/models, then the tokenizer check: the backend's POST /tokenize of a probe
+                    string must equal the gateway's own tokens, or the pool is refused (FAILED_PRECONDITION,
+                    both token lists in the message and the log)
+    get_load        GET /metrics (backend_load.py)
+    check_health    GET /health (an unreachable backend is logged once, naming it, until it answers)
+    watch_kv_events the backend's ZMQ publisher, rehashed (kv_events_sub.py); UNIMPLEMENTED without one
+
+A stream is a task pumping SSE chunks into a queue, so `cancel()` (a client gone, a stop string, the
+watchdog) is synchronous, as the interface wants: it ends the pump, which closes the HTTP response,
+and a pending read raises CancelledError, as a cancelled gRPC call does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import httpx
+
+from duet.rpc import engine_pb2 as pb
+from duet.sse import SseReader
+from gateway.backends.backend_load import engine_load
+from gateway.backends.backend_spec import CAPABILITIES, BackendSpec
+from gateway.backends.backend_wire import ChunkReader, WireError, completions_body, vllm_generate_body
+from gateway.backends.engine_client import EngineCallError
+from gateway.backends.kv_events_decode import KvRehasher
+from gateway.backends.kv_events_sub import KvEventSubscriber
+
+log = logging.getLogger("duet.gateway.backends")
+
+PROBE = "Duet tokenizer probe: Paris, 東京, 12345 — naïve café? <|im_start|>"
+_DONE = object()
+
+
+class TokenizerMismatch(EngineCallError):
+    def __init__(self, worker_id: str, details: str) -> None:
+        super().__init__(worker_id, "FAILED_PRECONDITION", details, retryable=False)
+
+
+class _HttpStream:
+    def __init__(self, client: HttpBackendClient, request: pb.GenerateRequest) -> None:
+        self._client, self._request = client, request
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._cancelled = False
+        self._pump = asyncio.ensure_future(self._run())
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> pb.GenerateResponse:
+        item = await self._queue.get()
+        if item is _DONE:
+            self._queue.put_nowait(_DONE)  # later reads end too
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        if self._pump.done() or self._cancelled:
+            return
+        self._cancelled = True
+        self._pump.cancel()
+        self._queue.put_nowait(asyncio.CancelledError())
+        self._client.abort_later(self._request.request_id)
+
+    async def _run(self) -> None:
+        c = self._client
+        try:
+            async for msg in c.stream_messages(self._request):
+                self._queue.put_nowait(msg)
+            self._queue.put_nowait(_DONE)
+        except asyncio.CancelledError:
+            raise
+        except EngineCallError as e:
+            self._queue.put_nowait(e)
+        except Exception as e:  # noqa: BLE001 - every failure of the backend reaches the reader as one error
+            self._queue.put_nowait(EngineCallError(c.worker_id, "INTERNAL", f"{type(e).__name__}: {e}", True))
+
+
+class HttpBackendClient:
+    def __init__(self, spec: BackendSpec, models: dict, hash_block_size: int, rpc_timeout_s: float = 2.0,
+                 request_timeout_s: float | None = None) -> None:
+        self.spec, self.models, self.hash_block_size = spec, models, hash_block_size
+        self.address = self.worker_id = spec.url
+        self.rpc_timeout_s = rpc_timeout_s
+        self._http = httpx.AsyncClient(base_url=spec.url, timeout=httpx.Timeout(request_timeout_s, connect=5.0),
+                                       limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        self.served_name: str | None = None  # the backend's name for the model
+        self.model = None  # the gateway's ServedModel it serves
+        self.rehasher: KvRehasher | None = None
+        self.reachable: bool | None = None  # None: not asked yet
+        self._tasks: set[asyncio.Task] = set()
+        self._refused: str | None = None  # the last refusal logged
+
+    # -- generation -------------------------------------------------------------------------
+    def generate(self, request: pb.GenerateRequest, metadata: tuple = ()) -> _HttpStream:
+        return _HttpStream(self, request)
+
+    async def stream_messages(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateResponse]:
+        try:
+            if self.spec.engine == "vllm":
+                path, body, encode = "/inference/v1/generate", vllm_generate_body(request), None
+            else:
+                path, body = "/v1/completions", completions_body(request, self.served_name or "")
+                encode = self.model.tokenizer.encode if self.model is not None else None
+        except WireError as e:
+            raise EngineCallError(self.worker_id, "INVALID_ARGUMENT", str(e), False) from None
+        top = request.sampling.logprobs if request.sampling.HasField("logprobs") else 0
+        reader = ChunkReader(len(request.prompt_token_ids), top, encode)
+        try:
+            async with self._http.stream("POST", path, json=body) as resp:
+                if resp.status_code != 200:
+                    text = (await resp.aread()).decode(errors="replace")[:500]
+                    bad = 400 <= resp.status_code < 500 and resp.status_code not in (408, 429)
+                    raise EngineCallError(self.worker_id, "INVALID_ARGUMENT" if bad else "UNAVAILABLE",
+                                          f"HTTP {resp.status_code}: {text}", not bad)
+                events = SseReader(resp.aiter_lines())
+                async for data in events:
+                    for msg in reader.push(json.loads(data)):
+                        yield msg
+                if not events.done:
+                    raise EngineCallError(self.worker_id, "UNAVAILABLE", "the stream ended before [DONE]", True)
+        except WireError as e:
+            raise EngineCallError(self.worker_id, "INTERNAL", str(e), e.retryable) from None
+        except (httpx.HTTPError, json.JSONDecodeError) as e:
+            raise EngineCallError(self.worker_id, "UNAVAILABLE", f"{type(e).__name__}: {e}", True) from None
+        for msg in reader.finish():
+            yield msg
+
+    def abort_later(self, request_id: str) -> None:
+        task = asyncio.ensure_future(self.abort(request_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def abort(self, request_id: str) -> bool:
+        if self.spec.engine != "vllm":
+            return False  # closing the stream is the abort
+        try:
+            # vLLM names the request "generate-tokens-<the id it was sent>" (its serving layer adds the prefix)
+            r = await self._http.post("/inference/v1/abort_requests",
+                                      json={"request_ids": [f"generate-tokens-{request_id}"]},
+                                      timeout=self.rpc_timeout_s)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+    # -- control ----------------------------------------------------------------------------
+    async def _get(self, path: str, timeout: float | None) -> httpx.Response:
+        try:
+            r = await self._http.get(path, timeout=timeout or self.rpc_timeout_s)
+        except httpx.HTTPError as e:
+            raise EngineCallError(self.worker_id, "UNAVAILABLE", f"GET {path}: {type(e).__name__}: {e}", True) \
+                from None
+        if r.status_code != 200:
+            raise EngineCallError(self.worker_id, "UNAVAILABLE", f"GET {path}: HTTP {r.status_code}", True)
+        return r
+
+    async def get_info(self, timeout: float | None = None) -> pb.EngineInfo:
+        listed = (await self._get("/v1/models", timeout)).json().get("data") or []
+        names = [m.get("id") for m in listed]
+        model_id = next((n for n in names if n in self.models), None)
+        if model_id is None and len(self.models) == 1 and listed:
+            model_id = next(iter(self.models))  # one model each side: the backend may name it its own way
+        if model_id is None:
+            raise self._refuse(f"backend {self.worker_id} serves {names}, none of the gateway's "
+                               f"models {list(self.models)}")
+        self.model, self.served_name = self.models[model_id], names[0] if len(names) == 1 else model_id
+        await self._check_tokenizer(timeout)
+        self._refused = None
+        max_len = next((m.get("max_model_len") for m in listed if m.get("max_model_len")), None)
+        if self.rehasher is None or self.rehasher.model_id != model_id:
+            self.rehasher = KvRehasher(model_id, self.hash_block_size)
+        return pb.EngineInfo(engine_kind=self.spec.kind, model_id=model_id, version=self.spec.version,
+                             page_size=self.spec.block_size, max_model_len=max_len or self.model.max_model_len,
+                             capabilities=CAPABILITIES[self.spec.engine], hash_block_size=self.hash_block_size,
+                             vocab_size=self.model.tokenizer.vocab_size, worker_id=self.worker_id)
+
+    async def _check_tokenizer(self, timeout: float | None) -> None:
+        ours = self.model.tokenizer.encode(PROBE, add_special_tokens=False)
+        body = {"model": self.served_name, "prompt": PROBE, "add_special_tokens": False}
+        for path in ("/tokenize", "/v1/tokenize"):  # vLLM's, then the OpenAI-prefixed one other servers have
+            try:
+                r = await self._http.post(path, json=body, timeout=timeout or self.rpc_timeout_s)
+            except httpx.HTTPError as e:
+                raise EngineCallError(self.worker_id, "UNAVAILABLE", f"POST {path}: {e}", True) from None
+            if r.status_code != 404:
+                break
+        if r.status_code != 200:
+            raise self._refuse(f"backend {self.worker_id} cannot tokenize (POST /tokenize: HTTP {r.status_code}); "
+                               f"the gateway needs it to check the backend's tokenizer is its own")
+        theirs = r.json().get("tokens")
+        if theirs != ours:
+            raise self._refuse(f"backend {self.worker_id} tokenizes differently from the gateway's model "
+                               f"{self.model.model_id}: probe {PROBE!r} -> backend {theirs}, gateway {ours}; "
+                               f"pool refused")
+
+    def _refuse(self, details: str) -> EngineCallError:
+        if details != self._refused:  # polled every second: say it once
+            log.error("%s", details)
+            self._refused = details
+        return TokenizerMismatch(self.worker_id, details)
+
+    async def get_load(self, timeout: float | None = None) -> pb.EngineLoad:
+        return engine_load((await self._get("/metrics", timeout)).text, self.spec.engine)
+
+    async def check_health(self, timeout: float | None = None) -> bool:
+        try:
+            await self._get("/health", timeout)
+        except EngineCallError as e:
+            if self.reachable is not False:
+                log.warning("%s backend %s is unreachable (%s); its pool waits for it, the others serve",
+                            self.spec.engine, self.worker_id, e.details)
+            self.reachable = False
+            return False
+        if self.reachable is False:
+            log.info("%s backend %s answers again", self.spec.engine, self.worker_id)
+        self.reachable = True
+        return True
+
+    async def watch_kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
+        if self.spec.kv_events is None or self.rehasher is None:
+            raise EngineCallError(self.worker_id, "UNIMPLEMENTED", "no kv_events endpoint configured", False)
+        self.rehasher.clear()
+        sub = KvEventSubscriber(self.spec.kv_events, self.rehasher, self.worker_id)
+        async for batch in sub.batches():
+            yield batch
+        raise EngineCallError(self.worker_id, "UNIMPLEMENTED", "KV events in an unknown format", False)
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await self._http.aclose()
+
+
+def with_backends(factory, backends: tuple[BackendSpec, ...], models: dict, hash_block_size: int, timeouts=None):
+    """A client factory (address -> EngineClient) that answers a backend's URL with its HTTP client and
+    every other address with `factory` (Duet's gRPC workers)."""
+    by_url = {b.url: b for b in backends}
+    if not by_url:
+        return factory
+
+    def make(address: str):
+        spec = by_url.get(address)
+        if spec is None:
+            return factory(address)
+        return HttpBackendClient(spec, models, hash_block_size, rpc_timeout_s=getattr(timeouts, "rpc_s", 2.0),
+                                 request_timeout_s=getattr(timeouts, "request_s", None))
+    return make

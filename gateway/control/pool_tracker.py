@@ -1,0 +1,138 @@
+"""What the gateway measures about its pools, and the routing accuracy it sees.
+
+- Queued prefill tokens per worker (routing's load signal, `WorkerView.queued_prefill_tokens`): the
+  estimated uncached prompt tokens of every request sent to the worker that has not yet produced its
+  first message. The gateway counts its own requests, so no engine has to report it.
+- Work per engine kind (gateway/control/pool_planner.WorkMeter): each finished request's real uncached
+  prompt tokens and generated tokens, charged to the kind routing WANTED for it (a prompt that
+  spilled to the other kind still shows demand for the kind it was meant for), and the planner's
+  target split, exported as `duet_pool_target_workers{kind}` and on `GET /admin/pools`.
+- Which kinds the traffic needs (the planner's `needed`): a kind that a recent request required a
+  capability of (duet/contract.py PAGED_CAPABILITIES, PREFIX_CAPABILITIES), even if the request
+  found no worker of that kind. And what the load on a kind is: requests running on a kind count as its
+  traffic before any has finished, unless this gateway's recent requests there were all wanted by the
+  other kind (spilled to it, or kept where their prefix was cached): then that kind is serving the
+  other's demand, and the planner may still give all its workers up.
+- Routing accuracy: the engine's real `cached_tokens` against the router's estimate for the
+  worker it chose (`cached_blocks` x block size, capped at the prompt): a histogram of the
+  difference, and a counter of stale decisions, where the estimate exceeded the real figure by at
+  least a block (the worker had evicted blocks the index still listed).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from duet.contract import ENGINE_KINDS as KINDS
+from duet.contract import PAGED, PAGED_CAPABILITIES, PREFIX, PREFIX_CAPABILITIES
+from gateway.control.pool_planner import PlannerConfig, PoolPlanner, WorkMeter, kind_work
+from gateway.routing.route_types import RouteDecision, WorkerView
+
+_CAPABILITIES_OF = {PAGED: PAGED_CAPABILITIES, PREFIX: PREFIX_CAPABILITIES}
+
+
+def estimated_cached_tokens(decision: RouteDecision, block_size: int, prompt_tokens: int) -> int:
+    return min(decision.cached_blocks * block_size, max(0, prompt_tokens - 1))
+
+
+def wanted_kind(decision: RouteDecision) -> str:
+    """The kind routing chose before a spill, or a pool without that kind, sent the request to the
+    other one (so a kind with no worker still shows its demand to the planner)."""
+    return decision.wanted_kind or decision.engine_kind
+
+
+class PoolTracker:
+    def __init__(self, metrics, config: PlannerConfig | None = None) -> None:
+        self.metrics = metrics
+        self.config = (config or PlannerConfig()).validate()
+        self.meter = WorkMeter(self.config.window_s)
+        self.planner = PoolPlanner(self.config)
+        self._prefill: dict[str, tuple[str, int]] = {}  # request id -> (worker id, tokens)
+        self._queued: dict[str, int] = {}  # worker id -> tokens
+        self.current: dict[str, int] = {k: 0 for k in KINDS}
+        self.recent: deque[tuple[int, bool]] = deque(maxlen=1000)  # (real - estimate, stale) per request
+        self._needed_at: dict[str, float] = {}  # kind -> when a request last needed a capability of it
+        self._routed_at: dict[tuple[str, str], float] = {}  # (kind served on, kind wanted) -> last routed
+
+    # -- demand at routing time ----------------------------------------------------------------
+    def capability_demand(self, now: float, required: frozenset[str]) -> None:
+        for kind, capabilities in _CAPABILITIES_OF.items():
+            if required & capabilities:
+                self._needed_at[kind] = now
+
+    def routed(self, now: float, decision: RouteDecision) -> None:
+        self._routed_at[(decision.engine_kind, wanted_kind(decision))] = now
+
+    def needed(self, now: float) -> frozenset[str]:
+        return frozenset(k for k, t in self._needed_at.items() if now - t <= self.config.window_s)
+
+    def _serves_only_the_other_kind(self, now: float, kind: str) -> bool:
+        other = next(k for k in KINDS if k != kind)
+        recent = {wanted for (served, wanted), t in self._routed_at.items()
+                  if served == kind and now - t <= self.config.window_s}
+        return recent == {other}
+
+    # -- queued prefill ----------------------------------------------------------------------
+    def prefill_started(self, request_id: str, worker_id: str, tokens: int) -> None:
+        self.prefill_done(request_id)
+        self._prefill[request_id] = (worker_id, tokens)
+        self._queued[worker_id] = self._queued.get(worker_id, 0) + tokens
+
+    def prefill_done(self, request_id: str) -> None:
+        entry = self._prefill.pop(request_id, None)
+        if entry is not None:
+            worker_id, tokens = entry
+            left = self._queued.get(worker_id, 0) - tokens
+            if left > 0:
+                self._queued[worker_id] = left
+            else:
+                self._queued.pop(worker_id, None)
+
+    def queued(self, worker_id: str) -> int:
+        return self._queued.get(worker_id, 0)
+
+    # -- finished requests ---------------------------------------------------------------------
+    def finished(self, now: float, decision: RouteDecision, block_size: int, prompt_tokens: int,
+                 cached_tokens: int, completion_tokens: int) -> None:
+        self.meter.record(wanted_kind(decision), now, prompt_tokens - cached_tokens, completion_tokens)
+        estimate = estimated_cached_tokens(decision, block_size, prompt_tokens)
+        stale = estimate - cached_tokens >= block_size
+        self.recent.append((cached_tokens - estimate, stale))
+        self.metrics.route_cache_error.labels(decision.engine_kind).observe(cached_tokens - estimate)
+        if stale:
+            self.metrics.route_stale.labels(decision.engine_kind).inc()
+
+    # -- the planner tick ----------------------------------------------------------------------
+    def tick(self, now: float, views: Iterable[WorkerView]) -> dict[str, int]:
+        views = list(views)
+        # the fleet: healthy workers, draining ones included (a worker drained to switch its kind is
+        # still part of it; counting it out would look like the fleet shrinking)
+        self.current = {k: sum(1 for v in views if v.healthy and v.engine_kind == k) for k in KINDS}
+        rates = self.meter.rates(now)
+        queued = {k: sum(self.queued(v.worker_id) for v in views if v.engine_kind == k) for k in KINDS}
+        work = {k: kind_work(rates[k][0], rates[k][1], queued[k], self.config) for k in KINDS}
+        for k in KINDS:  # requests still running on a kind are traffic, even before any has finished
+            if work[k] == 0 and any(v.healthy and v.engine_kind == k and v.load > 0 for v in views) and (
+                    not self._serves_only_the_other_kind(now, k)):
+                work[k] = 1e-6
+        # no change until the rates cover a whole window: a fresh gateway has seen too little
+        warming = self.meter.started_at is None or now - self.meter.started_at < self.config.window_s
+        target = self.planner.update(now, work, self.current, hold=warming, needed=self.needed(now))
+        for k in KINDS:
+            self.metrics.pool_target.labels(k).set(target[k])
+            self.metrics.pool_current.labels(k).set(self.current[k])
+            self.metrics.pool_work.labels(k).set(work[k])
+        return target
+
+    def report(self, now: float) -> dict:
+        out = self.planner.report(self.current, self.meter.rates(now))
+        out["needed"] = sorted(self.needed(now))
+        n = len(self.recent)
+        out["accuracy"] = {
+            "decisions": n,
+            "mean_error_tokens": sum(e for e, _ in self.recent) / n if n else None,
+            "mean_abs_error_tokens": sum(abs(e) for e, _ in self.recent) / n if n else None,
+            "stale_share": sum(1 for _, s in self.recent if s) / n if n else 0.0,
+        }
+        return out

@@ -1,0 +1,92 @@
+"""Admission control: a request that would wait too long in an engine's queue is refused at once.
+
+Refusing up front (429 + Retry-After, before routing, before any engine sees the request) beats
+queueing a request that times out later, after an engine spent prefill on it. The estimate per
+candidate worker (serving the model, healthy, not draining, with the capabilities the request needs):
+
+    wait_s = queued prefill tokens / prefill rate
+
+Queued prefill tokens are this gateway's own count (gateway/control/pool_tracker.py: the uncached prompt
+tokens of requests sent to the worker that have not produced their first token yet); the prefill
+rate is the worker's own measurement over its recent steps, decode sharing them included
+(GetLoad `prefill_tokens_per_s`, engine_core/step_rates.py). The request's wait is the best
+candidate's (routing may pick a busier one for its cache; that wait is the one it chose). A worker
+that has not measured a rate yet, with prefill queued, has no estimate: the request is admitted.
+
+The bound is `limits.max_queue_wait_s`, lowered for one request by its client's `timeout` (a
+request its client will abandon before it starts is not worth starting). Retry-After says when the
+queue should have drained below the bound: the excess wait, rounded up, at least one second.
+`admit_request` is the request path's call (gateway/api/completions.py, after tokenizing, before per-key limits).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gateway.errors import QueueWaitTooLong
+from gateway.routing.policy import WorkerView
+
+
+@dataclass(frozen=True)
+class WaitEstimate:
+    worker_id: str
+    wait_s: float
+
+
+def queue_wait_s(queued_prefill_tokens: int, prefill_tokens_per_s: float) -> float | None:
+    """Seconds before a new request on this worker starts its prefill; None when it cannot be told."""
+    if queued_prefill_tokens <= 0:
+        return 0.0
+    if prefill_tokens_per_s <= 0:
+        return None
+    return queued_prefill_tokens / prefill_tokens_per_s
+
+
+def best_wait(candidates: Iterable[tuple[WorkerView, float]], model_id: str,
+              required_capabilities: frozenset[str] = frozenset()) -> WaitEstimate | None:
+    """The shortest estimated wait among (view, prefill rate) pairs able to serve the request;
+    None when there is no candidate or one of them has no estimate (admit: routing decides)."""
+    best: WaitEstimate | None = None
+    for view, rate in candidates:
+        if (view.model_id != model_id or not view.healthy or view.draining
+                or not required_capabilities <= view.capabilities):
+            continue
+        wait = queue_wait_s(view.queued_prefill_tokens, rate)
+        if wait is None:
+            return None
+        if best is None or wait < best.wait_s:
+            best = WaitEstimate(view.worker_id, wait)
+    return best
+
+
+def admit(estimate: WaitEstimate | None, max_queue_wait_s: float | None, client_timeout_s: float | None) -> None:
+    """Raise QueueWaitTooLong when the estimated wait is over the bound (module doc)."""
+    bounds = [b for b in (max_queue_wait_s, client_timeout_s) if b is not None]
+    if estimate is None or not bounds:
+        return
+    bound = min(bounds)
+    if estimate.wait_s <= bound:
+        return
+    retry = max(1, math.ceil(estimate.wait_s - bound))
+    which = "the client's timeout" if client_timeout_s is not None and bound == client_timeout_s \
+        else "max_queue_wait_s"
+    raise QueueWaitTooLong(
+        f"The engines are busy: this request would wait about {estimate.wait_s:.0f} s before it starts "
+        f"(on worker {estimate.worker_id}, the least busy), over {which} of {bound:g} s. "
+        f"Retry after {retry} s.", retry)
+
+
+def admit_request(gw, prep, client_timeout_s: float | None) -> None:
+    """Check one prepared request (gateway.serving.generation.Prepared) against the gateway's workers now."""
+    candidates = []
+    for view in gw.views():
+        worker = gw.pool.get(view.worker_id)
+        candidates.append((view, worker.load.prefill_tokens_per_s if worker and worker.load else 0.0))
+    estimate = best_wait(candidates, prep.model.model_id, prep.api.required_capabilities)
+    try:
+        admit(estimate, gw.config.limits.max_queue_wait_s, client_timeout_s)
+    except QueueWaitTooLong:
+        gw.metrics.admission_refused.labels(prep.model.model_id).inc()
+        raise
