@@ -34,7 +34,6 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from gateway.body_parser import parse_json_body
-from gateway.decision_log import DecisionLog
 from gateway.errors import (
     AuthenticationFailed,
     GatewayError,
@@ -45,7 +44,8 @@ from gateway.errors import (
     error_response,
 )
 from gateway.rollback import CanaryPolicy, PolicyError, RollbackController
-from gateway.route_types import RoutingConfig, RoutingConfigError
+from gateway.routing.decision_log import DecisionLog
+from gateway.routing.route_types import RoutingConfig, RoutingConfigError
 from gateway.state import StateUnavailable
 from gateway.state.codec import config_from_dict, config_to_dict
 from gateway.stats import RequestStats

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gateway.errors import QueueWaitTooLong
-from gateway.routing import WorkerView
+from gateway.routing.route_types import WorkerView
 
 
 @dataclass(frozen=True)

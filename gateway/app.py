@@ -26,7 +26,6 @@ from gateway import api, messages_api, responses_api, timeouts, tokenize_api
 from gateway.admin import admin_routes
 from gateway.circuit_breaker import CircuitBreakers
 from gateway.config import GatewayConfig, load_routing_policy
-from gateway.decision_log import DecisionLog
 from gateway.engine_client import GrpcEngineClient
 from gateway.errors import QueueFull, http_exception_response
 from gateway.http_backend import with_backends
@@ -42,9 +41,10 @@ from gateway.middleware import (
 from gateway.models import ServedModel, load_models
 from gateway.openapi import openapi_json
 from gateway.pool_tracker import PoolTracker
-from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.rollback import RollbackController
-from gateway.routing import route
+from gateway.routing.decision_log import DecisionLog
+from gateway.routing.policy import route
+from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.stats import RequestStats
 from gateway.timeouts import StreamWatchdog
 from gateway.workers import WorkerPool

@@ -21,7 +21,7 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
     health: {poll_interval_s: 1.0}
     hashing: {max_blocks: 256}
     affinity_ttl_s: 600
-    routing: {reuse_threshold: 0.5, ...}    # defaults of gateway.route_types.RoutingConfig
+    routing: {reuse_threshold: 0.5, ...}    # defaults of gateway.routing.route_types.RoutingConfig
     routing_policy: null          # "module:factory" of a policy run instead of Duet's (the benchmarks'
                                   # baselines, loadtests/routing_baselines.py; docs/routing.md)
     pool_planner: {cooldown_s: 30, ...}     # defaults of gateway.pool_planner.PlannerConfig
@@ -45,7 +45,7 @@ import yaml
 from gateway.backend_spec import BackendSpec, BackendSpecError, parse_backends
 from gateway.limits import KeyLimits, parse_key_limits
 from gateway.pool_planner import PlannerConfig
-from gateway.route_types import Pool, RoutingConfig, RoutingConfigError, Variant
+from gateway.routing.route_types import Pool, RoutingConfig, RoutingConfigError, Variant
 from gateway.timeouts import Timeouts
 
 
@@ -85,7 +85,7 @@ class GatewayConfig:
     max_hash_blocks: int = 256
     affinity_ttl_s: float = 600.0  # a session sticks to its worker this long after its last request
     routing: RoutingConfig = field(default_factory=RoutingConfig)
-    routing_policy: str | None = None  # None: gateway.routing.route; else "module:factory" (load_routing_policy)
+    routing_policy: str | None = None  # None: gateway.routing.policy.route; else "module:factory" (load_routing_policy)
     tracing: bool = False
     timeouts: Timeouts = field(default_factory=Timeouts)
     pool_planner: PlannerConfig = field(default_factory=PlannerConfig)
@@ -134,7 +134,7 @@ def routing_from_dict(d: dict) -> RoutingConfig:
 
 def load_routing_policy(spec: str) -> Callable[[], Callable]:
     """The factory `spec` ("module:name") names. Called once per gateway, it returns a callable with the
-    signature of gateway.routing.route, which the gateway then calls in its place: the seam through which
+    signature of gateway.routing.policy.route, which the gateway then calls in its place: the seam through which
     `duet bench` runs its baseline policies (loadtests/routing_baselines.py) behind a real gateway, while
     the gateway itself holds Duet's policy alone. Raises ConfigError when `spec` names nothing callable."""
     module, _, name = spec.partition(":")

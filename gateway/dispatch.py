@@ -1,6 +1,6 @@
 """Route a prepared request and open its engine stream: `dispatch(gw, prep) -> Dispatched`.
 
-`gw.route` (gateway.routing.route unless the config names another policy) picks a worker; the
+`gw.route` (gateway.routing.policy.route unless the config names another policy) picks a worker; the
 stream is opened and its first message awaited. A worker that fails before it is left out, the
 failed attempt recorded in the request stats (ok=False, its variant), and the request re-routed (at
 most `max_attempts` workers); the decision is recorded. When the only workers left are behind open
@@ -24,7 +24,7 @@ from duet.tracing import inject_metadata
 from gateway import errors
 from gateway.engine_client import EngineCallError
 from gateway.generation import Dispatched, Prepared, to_pb
-from gateway.route_types import NoCapableWorker, RouteRequest, UnknownVariant
+from gateway.routing.route_types import NoCapableWorker, RouteRequest, UnknownVariant
 from gateway.timeouts import ClientDeadline
 
 _SEQUENCE = itertools.count()  # routed requests of this process (RouteRequest.sequence)

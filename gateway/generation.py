@@ -26,7 +26,7 @@ from gateway import errors
 from gateway.engine_client import EngineCallError, GenerateStream
 from gateway.models import ServedModel
 from gateway.protocol import ApiRequest
-from gateway.route_types import RouteDecision
+from gateway.routing.route_types import RouteDecision
 from gateway.stops import StopMatcher
 from gateway.timeouts import ClientDeadline
 from gateway.tools import render_chat

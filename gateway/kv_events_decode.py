@@ -88,7 +88,7 @@ class _BlockState:
 
 
 class KvRehasher:
-    """Engine events of one backend -> (kind, Duet block hashes) for gateway/prefix_index.py."""
+    """Engine events of one backend -> (kind, Duet block hashes) for gateway/routing/prefix_index.py."""
 
     def __init__(self, model_id: str, block_size: int) -> None:
         self.model_id, self.block_size = model_id, block_size

@@ -3,7 +3,7 @@
 Each app owns its own registry, so several gateways in one test process do not collide.
 Latencies are histograms labelled by model, engine kind, canary variant and traffic class
 (gateway/request_class.py); route decisions are counted by reason (the names of
-gateway.route_types.REASONS).
+gateway.routing.route_types.REASONS).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
   spilled to the other kind still shows demand for the kind it was meant for), and the planner's
   target split, exported as `duet_pool_target_workers{kind}` and on `GET /admin/pools`.
 - Which kinds the traffic needs (the planner's `needed`): a kind that a recent request required a
-  capability of (gateway/route_types.py PAGED_CAPABILITIES, PREFIX_CAPABILITIES), even if the request
+  capability of (gateway/routing/route_types.py PAGED_CAPABILITIES, PREFIX_CAPABILITIES), even if the request
   found no worker of that kind. And what the load on a kind is: requests running on a kind count as its
   traffic before any has finished, unless this gateway's recent requests there were all wanted by the
   other kind (spilled to it, or kept where their prefix was cached): then that kind is serving the
@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from gateway.pool_planner import KINDS, PlannerConfig, PoolPlanner, WorkMeter, kind_work
-from gateway.route_types import PAGED_CAPABILITIES, PREFIX_CAPABILITIES, RouteDecision, WorkerView
+from gateway.routing.route_types import PAGED_CAPABILITIES, PREFIX_CAPABILITIES, RouteDecision, WorkerView
 
 _CAPABILITIES_OF = {"paged": PAGED_CAPABILITIES, "prefix": PREFIX_CAPABILITIES}
 

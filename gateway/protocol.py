@@ -201,7 +201,7 @@ def parse_completion(body: object) -> ApiRequest:
     return apis[0]
 
 
-# What only one engine kind does (gateway/routing.py routes by the same split): a request that needs one
+# What only one engine kind does (gateway/routing/policy.py routes by the same split): a request that needs one
 # of each can never be served, whatever the fleet's health, so it is the client's error, not a 503.
 _PAGED_ONLY = {"n": "n > 1", "beam_search": "beam search"}
 _PREFIX_ONLY = {"structured_output": "response_format / regex / guided_choice / tools",

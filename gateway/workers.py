@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from duet.rpc import engine_pb2 as pb
 from gateway.engine_client import EngineCallError, EngineClient, GrpcEngineClient
 from gateway.metrics import GatewayMetrics
-from gateway.prefix_index import WorkerBlockIndex
-from gateway.route_types import WorkerView
+from gateway.routing.prefix_index import WorkerBlockIndex
+from gateway.routing.route_types import WorkerView
 
 log = logging.getLogger("duet.gateway.workers")
 

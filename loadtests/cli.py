@@ -14,7 +14,7 @@ def _add_simulate_routing(sub: argparse._SubParsersAction) -> None:
         "simulate-routing",
         help="replay a trace through routing policies over simulated workers",
         description="Replays a Mooncake trace through round robin, least load, consistent hash, an "
-        "SGLang-style cache-aware policy and Duet's own routing (gateway.routing.route), over "
+        "SGLang-style cache-aware policy and Duet's own routing (gateway.routing.policy.route), over "
         "simulated workers with LRU block caches; reports block hit rates and load balance.",
     )
     p.add_argument("--trace", default="mooncake", help="a shipped trace (mooncake, azure_code, azure_conv) or a "

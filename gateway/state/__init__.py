@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
-from gateway.route_types import RoutingConfig
+from gateway.routing.route_types import RoutingConfig
 
 
 class StateUnavailable(Exception):

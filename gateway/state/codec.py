@@ -7,7 +7,7 @@ import dataclasses
 import json
 from typing import Any
 
-from gateway.route_types import Pool, RoutingConfig, RoutingConfigError, Variant
+from gateway.routing.route_types import Pool, RoutingConfig, RoutingConfigError, Variant
 
 _SCALARS = {f.name: f for f in dataclasses.fields(RoutingConfig) if f.name != "variants"}
 

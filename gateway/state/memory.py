@@ -13,7 +13,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.route_types import RoutingConfig
+from gateway.routing.route_types import RoutingConfig
 from gateway.state.codec import config_to_dict
 
 

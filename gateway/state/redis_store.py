@@ -38,7 +38,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from duet.registry import worker_key, worker_key_pattern
-from gateway.route_types import RoutingConfig, RoutingConfigError
+from gateway.routing.route_types import RoutingConfig, RoutingConfigError
 from gateway.state import StateUnavailable
 from gateway.state.codec import config_from_json, config_to_dict, config_to_json
 

@@ -7,7 +7,7 @@ text and finish reason of every choice, the token logprobs (within `LOGPROB_ATOL
 fp32 model code, but batch shapes and attention kernels differ, so sums are ordered differently), and the
 usage counts. Cached prompt tokens are shown, not counted as a difference: caching is what the kinds do
 differently by design. A request one kind refuses and the other serves (n > 1 is paged-only, structured
-output prefix-only: gateway.routing's capability step) is listed as a `capability` difference with the
+output prefix-only: gateway.routing.policy's capability step) is listed as a `capability` difference with the
 refusal's message, never dropped. Latency is reported as a distribution per kind.
 
 `compare` is pure (two `Answer`s in, `Difference`s out), so it is tested without a stack.

@@ -8,7 +8,7 @@ Measures, with `duet engine sim` workers pacing 20 ms per token and one `duet ga
   worker, each at 16 concurrent closed-loop streams; `_64` the same at 64 streams;
 - streams_1000_errors / streams_1000_rps: 1,000 concurrent streams through the gateway to two
   sim workers (any non-200, error event or missing [DONE] counts as an error);
-- route_decision_p99_ms: gateway.routing.route for an 8,000-token prompt (its 256 head block
+- route_decision_p99_ms: gateway.routing.policy.route for an 8,000-token prompt (its 256 head block
   hashes) over 8 workers with warm prefix tables, in-process; head_hash_p99_ms: hashing that head
   (duet.hashing.block_hashes, done once per request before routing).
 
@@ -178,8 +178,9 @@ async def streams_burst(port: int, model: str, n: int, max_tokens: int) -> tuple
 def route_decision_ms(samples: int) -> tuple[float, float]:
     """(p99 ms of hashing an 8,000-token prompt's head, p99 ms of route())."""
     from duet.hashing import block_hashes
-    from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
-    from gateway.routing import RouteRequest, RoutingConfig, WorkerView, route
+    from gateway.routing.policy import route
+    from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
+    from gateway.routing.route_types import RouteRequest, RoutingConfig, WorkerView
 
     rng = random.Random(0)
     workers = [WorkerView(f"w{i}", "m", "prefix" if i % 2 else "paged", "v1", frozenset({"n", "logprobs"}),

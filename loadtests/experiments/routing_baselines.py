@@ -28,8 +28,8 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
-from gateway.route_types import RouteDecision, RouteRequest, RoutingConfig, WorkerView
-from gateway.routing import eligible
+from gateway.routing.policy import eligible
+from gateway.routing.route_types import RouteDecision, RouteRequest, RoutingConfig, WorkerView
 from loadtests.traces.mooncake import MOONCAKE_BLOCK_TOKENS, TraceRecord, session_key
 
 POLICY_NAMES = ("round_robin", "least_load", "consistent_hash", "sglang_cache_aware", "duet")
@@ -81,7 +81,7 @@ class ConsistentHash(RoundRobin):
         return self.owners[j]
 
 
-# the gateway adapter's route reasons (a metric label, like gateway.route_types.REASONS)
+# the gateway adapter's route reasons (a metric label, like gateway.routing.route_types.REASONS)
 SGLANG_REASONS = ("imbalance", "cache_match", "smallest_tree")
 
 
@@ -150,8 +150,8 @@ class SGLangCacheAware(RoundRobin):
 
 
 class SGLangRoute:
-    """CacheAwareTrees behind the gateway, called as gateway.routing.route is. It keeps the gateway's steps
-    1-3 (candidates, capability, canary variant: gateway.routing.eligible) and then, as SGLang's router does,
+    """CacheAwareTrees behind the gateway, called as gateway.routing.policy.route is. It keeps the gateway's steps
+    1-3 (candidates, capability, canary variant: gateway.routing.policy.eligible) and then, as SGLang's router does,
     ignores session affinity, engine kind and the gateway's prefix tables: over every eligible worker (load:
     its requests in flight), the choice of CacheAwareTrees. Trees are in tokens of the gateway's blocks."""
 

@@ -10,7 +10,7 @@ its requests in flight (queued for prefill, prefilling or decoding), and cache h
 it. `load_max_over_mean` is the busiest worker's time-averaged in-flight count over the mean
 of all workers'.
 
-The "duet" policy is gateway.routing.route itself, called exactly as the gateway calls it:
+The "duet" policy is gateway.routing.policy.route itself, called exactly as the gateway calls it:
 with the session affinity it recorded, a SeenBlocks table, and a WorkerBlockIndex fed by the
 decisions and corrected by the simulated workers' eviction (KV) events. Mooncake has no
 session field: loadtests.traces.mooncake.session_key derives one (the conversation's first block),
@@ -24,9 +24,9 @@ import statistics
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
-from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
-from gateway.route_types import RouteRequest, RoutingConfig, WorkerView
-from gateway.routing import route
+from gateway.routing.policy import route
+from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
+from gateway.routing.route_types import RouteRequest, RoutingConfig, WorkerView
 from loadtests.experiments.routing_baselines import (
     POLICY_NAMES,
     ConsistentHash,
@@ -104,7 +104,7 @@ class SimWorker:
 
 
 class DuetPolicy:
-    """gateway.routing.route with the bookkeeping the gateway does after each decision."""
+    """gateway.routing.policy.route with the bookkeeping the gateway does after each decision."""
 
     name = "duet"
 

@@ -9,7 +9,7 @@ pool loop) and the end of a worker's kind switch. A token reaches the client `Ga
 step that made it. When it reaches the gateway's routing the request is routed exactly as gateway/generation.py routes it: its prompt's chained block
 hashes (duet.hashing, 16-token blocks, at most 256), a `RouteRequest` with the session key and turn count,
 worker views (running, waiting, KV usage: live, or as the last poll saw them; the gateway's own
-queued-prefill count from gateway/pool_tracker.PoolTracker), the policy (`gateway.routing.route`, or the SGLang-style baseline
+queued-prefill count from gateway/pool_tracker.PoolTracker), the policy (`gateway.routing.policy.route`, or the SGLang-style baseline
 `routing_baselines.SGLangRoute` for the homogeneous stacks, as `duet bench compare` runs them), then the
 decision recorded (SeenBlocks, WorkerBlockIndex, session affinity). At a step boundary a worker first
 delivers what its previous step produced (outputs stamped with the boundary's time; its KV events applied to
@@ -34,9 +34,9 @@ from duet.hashing import block_hashes
 from gateway.metrics import GatewayMetrics
 from gateway.pool_planner import PlannerConfig
 from gateway.pool_tracker import PoolTracker
-from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
-from gateway.route_types import RouteRequest, RoutingConfig, WorkerView
-from gateway.routing import route
+from gateway.routing.policy import route
+from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
+from gateway.routing.route_types import RouteRequest, RoutingConfig, WorkerView
 from loadtests.experiments.routing_baselines import SGLangRoute
 from loadtests.fleet.cost_models import for_engine
 from loadtests.fleet.engine import MODEL_ID, EngineProfile, SimEngine, make_request
@@ -52,7 +52,7 @@ ARRIVE, STEP, TICK, BACK, ROUTE, POLL = 0, 1, 2, 3, 4, 5
 class StackSpec:
     name: str
     kinds: tuple[str, ...]  # the workers' kinds at the start
-    policy: str  # "duet" (gateway.routing.route) or "sglang" (the cache-aware baseline)
+    policy: str  # "duet" (gateway.routing.policy.route) or "sglang" (the cache-aware baseline)
     planner: bool = False
 
 

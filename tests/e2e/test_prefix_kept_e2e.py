@@ -1,6 +1,6 @@
 """A prompt's second request finds its prefix cached, through a real stack (tiny model, CPU; one
 engine_paged and one engine_prefix worker) and the official openai SDK with no session header: the
-engine choice is a cost (gateway/routing.py, step 5), and leaving the paged worker that served the first
+engine choice is a cost (gateway/routing/policy.py, step 5), and leaving the paged worker that served the first
 request would cost the prefix's re-prefill. Before, turn 2 of an anonymous chat (and request 2 of a shared
 system prompt) moved to engine_prefix and was prefilled again from scratch (cached_tokens 0)."""
 

@@ -10,9 +10,9 @@ import pytest
 from starlette.applications import Starlette
 
 from gateway.admin import admin_routes, key_id, stream_event
-from gateway.decision_log import DecisionLog
 from gateway.rollback import RollbackController
-from gateway.route_types import RouteDecision
+from gateway.routing.decision_log import DecisionLog
+from gateway.routing.route_types import RouteDecision
 from gateway.state.memory import MemoryStore
 from gateway.stats import RequestStats
 

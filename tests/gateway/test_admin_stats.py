@@ -2,7 +2,7 @@
 
 import pytest
 
-from gateway.decision_log import DecisionLog
+from gateway.routing.decision_log import DecisionLog
 from gateway.stats import RequestStats, percentile
 
 

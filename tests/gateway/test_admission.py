@@ -6,7 +6,7 @@ import pytest
 
 from gateway import errors
 from gateway.admission import WaitEstimate, admit, best_wait, queue_wait_s
-from gateway.routing import WorkerView
+from gateway.routing.route_types import WorkerView
 
 
 def view(worker_id: str, queued: int, healthy: bool = True, caps=("logprobs",), model: str = "m") -> WorkerView:

@@ -112,7 +112,7 @@ def test_a_resized_fleet_moves_as_few_workers_as_it_takes():
 def test_running_requests_count_as_traffic_before_any_has_finished():
     from gateway.metrics import GatewayMetrics
     from gateway.pool_tracker import PoolTracker
-    from gateway.route_types import WorkerView
+    from gateway.routing.route_types import WorkerView
 
     def view(wid: str, kind: str, running: int) -> WorkerView:
         return WorkerView(worker_id=wid, model_id="m", engine_kind=kind, version="v1", capabilities=frozenset(),
@@ -144,14 +144,14 @@ def test_zero_workers_of_a_kind_is_a_valid_split_unless_a_request_needs_that_kin
 
 
 def _view(wid: str, kind: str, running: int):
-    from gateway.route_types import WorkerView
+    from gateway.routing.route_types import WorkerView
 
     return WorkerView(worker_id=wid, model_id="m", engine_kind=kind, version="v1", capabilities=frozenset(),
                       healthy=True, draining=False, num_running=running, num_waiting=0, kv_usage=0.0)
 
 
 def _decision(kind: str, wanted: str):
-    from gateway.route_types import RouteDecision
+    from gateway.routing.route_types import RouteDecision
 
     return RouteDecision(worker_id="w", engine_kind=kind, variant="default", reason="prefix_held",
                          estimated_reuse=1.0, cached_blocks=20, wanted_kind=wanted)

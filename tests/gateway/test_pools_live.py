@@ -12,7 +12,7 @@ import pytest
 
 from gateway.metrics import GatewayMetrics
 from gateway.pool_tracker import PoolTracker
-from gateway.route_types import RouteDecision
+from gateway.routing.route_types import RouteDecision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from duet_stack import GatewayThread, Sim, gateway_config, model_dir, start_sims

@@ -1,10 +1,10 @@
-"""The bounded prefix tables behind routing (gateway/prefix_index.py)."""
+"""The bounded prefix tables behind routing (gateway/routing/prefix_index.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
+from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
 
 
 def test_reuse_estimate_counts_leading_seen_blocks_only():

@@ -4,7 +4,7 @@ with an injected clock (the end-to-end version with sim workers lives in test_ro
 import pytest
 
 from gateway.rollback import CanaryPolicy, PolicyError, RollbackController, judge
-from gateway.route_types import Pool, RoutingConfig, Variant
+from gateway.routing.route_types import Pool, RoutingConfig, Variant
 from gateway.state.memory import MemoryStore
 from gateway.stats import RequestStats, WindowStats
 

@@ -1,4 +1,4 @@
-"""Duet's routing policy, rule by rule and in order (gateway/routing.py, docs/routing.md). The benchmarks'
+"""Duet's routing policy, rule by rule and in order (gateway/routing/policy.py, docs/routing.md). The benchmarks'
 baseline policies are tested in tests/loadtests/test_routing_baselines.py."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
-from gateway.route_types import (
+from gateway.routing.policy import route
+from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
+from gateway.routing.route_types import (
     REASONS,
     NoCapableWorker,
     Pool,
@@ -20,7 +21,6 @@ from gateway.route_types import (
     Variant,
     WorkerView,
 )
-from gateway.routing import route
 
 PAGED_CAPS = frozenset({"n", "beam_search", "logprobs"})
 PREFIX_CAPS = frozenset({"structured_output", "speculative", "logprobs"})

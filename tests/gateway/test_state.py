@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gateway.route_types import Pool, RoutingConfig, RoutingConfigError, Variant
+from gateway.routing.route_types import Pool, RoutingConfig, RoutingConfigError, Variant
 from gateway.state import StateStore, StateUnavailable
 from gateway.state.codec import config_from_dict, config_to_dict
 from gateway.state.memory import MemoryStore

@@ -9,7 +9,7 @@ import math
 from duet.rpc import engine_pb2 as pb
 from gateway.engine_client import EngineCallError
 from gateway.metrics import GatewayMetrics
-from gateway.prefix_index import WorkerBlockIndex
+from gateway.routing.prefix_index import WorkerBlockIndex
 from gateway.workers import WorkerPool
 
 

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from gateway.config import ConfigError, from_dict
-from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
-from gateway.route_types import RouteRequest, RoutingConfig, WorkerView
+from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
+from gateway.routing.route_types import RouteRequest, RoutingConfig, WorkerView
 from loadtests.experiments.routing_baselines import (
     SGLANG_REASONS,
     SGLANG_ROUTING_POLICY,
@@ -38,7 +38,7 @@ def req(hashes, **kw) -> RouteRequest:
 
 
 class Gateway:
-    """The SGLang policy called as the gateway calls gateway.routing.route."""
+    """The SGLang policy called as the gateway calls gateway.routing.policy.route."""
 
     def __init__(self) -> None:
         self.policy = SGLangRoute()

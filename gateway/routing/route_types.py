@@ -1,6 +1,6 @@
 """What routing reads and returns: the worker snapshot, the request, the per-model config (with its
-validation), the decision, and routing's three typed errors. No policy here: gateway/routing.py is
-Duet's policy, gateway/canary.py picks the canary arm, and both take these types.
+validation), the decision, and routing's three typed errors. No policy here: gateway/routing/policy.py is
+Duet's policy, gateway/routing/canary.py picks the canary arm, and both take these types.
 
     NoCapableWorker     no healthy worker can serve the request           -> HTTP 503
     UnknownVariant      the operator's variant override names no variant  -> HTTP 400

@@ -22,7 +22,7 @@ class DecisionRecord:
     worker_id: str
     engine_kind: str
     variant: str
-    reason: str  # a route reason (gateway/route_types.py REASONS, or a baseline's)
+    reason: str  # a route reason (gateway/routing/route_types.py REASONS, or a baseline's)
     estimated_reuse: float
     cached_blocks: int
     num_prompt_tokens: int
@@ -45,7 +45,7 @@ class DecisionLog:
         return len(self._ring)
 
     def record(self, *, request_id: str, model: str, decision, num_prompt_tokens: int = 0) -> DecisionRecord:
-        """Append a decision. `decision` is a gateway.route_types.RouteDecision (duck-typed: its attributes
+        """Append a decision. `decision` is a gateway.routing.route_types.RouteDecision (duck-typed: its attributes
         worker_id, engine_kind, variant, reason, estimated_reuse, cached_blocks are read)."""
         rec = DecisionRecord(
             at=self._clock(),

@@ -1,7 +1,7 @@
 """Duet's routing policy: a pure function from a request and a snapshot of the workers to one
 worker. No I/O; the caller supplies the affinity lookup and the two prefix tables, and after
 the decision records it (`seen.add(req.block_hashes)`; `index.add(decision.worker_id,
-req.block_hashes)`; the session's affinity). Its types and errors are in gateway/route_types.py.
+req.block_hashes)`; the session's affinity). Its types and errors are in gateway/routing/route_types.py.
 
 The seven steps, in order (docs/routing.md explains each and every default):
 
@@ -9,7 +9,7 @@ The seven steps, in order (docs/routing.md explains each and every default):
 2. capability  - structured output / speculative decoding need engine_prefix, n > 1 and beam
                  search need engine_paged; no capable worker -> NoCapableWorker (503);
 3. variant     - canary arm, sticky by the hash of the session or user key, or the
-                 operator's override (unknown name -> UnknownVariant, 400): gateway/canary.py;
+                 operator's override (unknown name -> UnknownVariant, 400): gateway/routing/canary.py;
 4. affinity    - the session's previous worker, kept unless unhealthy, overloaded, or another
                  worker's prefill wait is `shed_tokens` shorter (then this session alone moves);
 5. engine      - a cost per kind: the preferred kind (estimated reuse, leading blocks seen
@@ -32,9 +32,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from gateway.canary import pick_variant
-from gateway.prefix_index import SeenBlocks, WorkerBlockIndex
-from gateway.route_types import (
+from gateway.routing.canary import pick_variant
+from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
+from gateway.routing.route_types import (
     PAGED,
     PAGED_CAPABILITIES,
     PREFIX,

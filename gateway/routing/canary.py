@@ -6,7 +6,7 @@ whose interval holds u wins. Because the point of a key never moves, a weight ch
 moves the keys that sit between the old and the new interval edges: raising the canary's
 weight from 10% to 20% moves 10% of users into the canary and nobody out of it.
 
-`pick_variant` is routing's step 3 (gateway/routing.py): the arm of one request, or the operator's
+`pick_variant` is routing's step 3 (gateway/routing/policy.py): the arm of one request, or the operator's
 override, narrowed to the candidates that arm holds.
 """
 
@@ -16,7 +16,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import TypeVar
 
-from gateway.route_types import (
+from gateway.routing.route_types import (
     DEFAULT_VARIANT,
     NoCapableWorker,
     RouteRequest,
