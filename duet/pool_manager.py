@@ -10,7 +10,7 @@ One switch at a time, and none is lost:
    same address, and returns its new worker id (this module starts no process itself: `duet up`, or a
    supervisor, owns the processes);
 5. wait until the gateway has the new worker healthy, with the new kind (it re-reads the worker's
-   info when it comes back: gateway/workers.py), before the next switch.
+   info when it comes back: gateway/backends/fleet.py), before the next switch.
 
 Only the gateway's HTTP admin API is used, so the same loop works against any gateway.
 """

@@ -1,6 +1,6 @@
 """`SseReader`: the data of each server-sent event of an OpenAI-style stream, up to its `[DONE]`.
 
-The one SSE reader behind the gateway's external backends (gateway/http_backend.py) and the benchmark
+The one SSE reader behind the gateway's external backends (gateway/backends/http_backend.py) and the benchmark
 client (loadtests/load/client.py). It reads lines (httpx's `aiter_lines()` already splits chunks into
 lines, whatever the reads) and frames them as the SSE spec does: `data:` lines of one event are joined
 with newlines and the event ends at a blank line; comments (`:` lines) and the other fields (`event:`,

@@ -90,7 +90,7 @@ class _Plan:
 def _plan(args: argparse.Namespace) -> _Plan | int:
     """The plan, or an exit code after saying what is wrong."""
     from duet.model_pull import PullError, resolve_model
-    from gateway.backend_spec import DEFAULT_KIND, BackendSpecError, parse_backend_flag
+    from gateway.backends.backend_spec import DEFAULT_KIND, BackendSpecError, parse_backend_flag
 
     try:
         model = resolve_model(args.model, getattr(args, "dtype", "float32"), _say)

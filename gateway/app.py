@@ -24,11 +24,12 @@ from starlette.routing import Route
 
 from gateway import api, messages_api, responses_api, timeouts, tokenize_api
 from gateway.admin import admin_routes
+from gateway.backends.engine_client import GrpcEngineClient
+from gateway.backends.fleet import WorkerPool
+from gateway.backends.http_backend import with_backends
 from gateway.circuit_breaker import CircuitBreakers
 from gateway.config import GatewayConfig, load_routing_policy
-from gateway.engine_client import GrpcEngineClient
 from gateway.errors import QueueFull, http_exception_response
-from gateway.http_backend import with_backends
 from gateway.limits import KeyLimiter, LeaseMiddleware
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import (
@@ -47,7 +48,6 @@ from gateway.routing.policy import route
 from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.stats import RequestStats
 from gateway.timeouts import StreamWatchdog
-from gateway.workers import WorkerPool
 
 log = logging.getLogger("duet.gateway")
 
@@ -76,7 +76,7 @@ class Gateway:
         self._client_factory = with_backends(client_factory or functools.partial(
             GrpcEngineClient, keepalive_time_s=t.keepalive_time_s, keepalive_timeout_s=t.keepalive_timeout_s,
             request_timeout_s=t.request_s, rpc_timeout_s=t.rpc_s),
-            config.backends, self.models, DEFAULT_BLOCK_SIZE, t)  # external servers: gateway/http_backend.py
+            config.backends, self.models, DEFAULT_BLOCK_SIZE, t)  # external servers: gateway/backends/http_backend.py
         self.breakers = CircuitBreakers(t.breaker_failures, t.breaker_open_s)
         self.limiter = KeyLimiter(config.key_limits, config.redis)
         self.watchdog = StreamWatchdog(t, on_outcome=self._call_outcome, progress_at=self._progress_at)

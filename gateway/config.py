@@ -8,7 +8,7 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
       - path: /models/qwen3-0.6b  # model directory; its id (dir name) is the API "model"
     workers:                      # static workers (more may register themselves in Redis)
       - address: 10.0.0.5:50051
-    backends:                     # external vLLM / SGLang / OpenAI servers as pools (gateway/backend_spec.py)
+    backends:                     # external vLLM / SGLang / OpenAI servers as pools (gateway/backends/backend_spec.py)
       - {engine: vllm, url: http://10.0.0.7:8000, kv_events: {endpoint: tcp://10.0.0.7:5557}}
     redis: redis://redis:6379/0   # optional; default: in-process state (one gateway)
     auth:
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.backend_spec import BackendSpec, BackendSpecError, parse_backends
+from gateway.backends.backend_spec import BackendSpec, BackendSpecError, parse_backends
 from gateway.limits import KeyLimits, parse_key_limits
 from gateway.pool_planner import PlannerConfig
 from gateway.routing.route_types import Pool, RoutingConfig, RoutingConfigError, Variant
@@ -75,7 +75,7 @@ class GatewayConfig:
     port: int = 8000
     model_paths: tuple[str, ...] = ()
     workers: tuple[str, ...] = ()
-    backends: tuple[BackendSpec, ...] = ()  # external engine servers (gateway/http_backend.py)
+    backends: tuple[BackendSpec, ...] = ()  # external engine servers (gateway/backends/http_backend.py)
     redis: str | None = None
     api_keys: dict[str, str] = field(default_factory=dict)  # key -> cache_salt ("" = shared cache)
     key_limits: dict[str, KeyLimits] = field(default_factory=dict)  # key id (limits.api_key_id) -> limits

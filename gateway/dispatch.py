@@ -22,7 +22,7 @@ from opentelemetry import trace
 from duet.hashing import block_hashes
 from duet.tracing import inject_metadata
 from gateway import errors
-from gateway.engine_client import EngineCallError
+from gateway.backends.engine_client import EngineCallError
 from gateway.generation import Dispatched, Prepared, to_pb
 from gateway.routing.route_types import NoCapableWorker, RouteRequest, UnknownVariant
 from gateway.timeouts import ClientDeadline

@@ -23,7 +23,7 @@ from duet.detokenizer import IncrementalDetokenizer
 from duet.rpc import engine_pb2 as pb
 from duet.tokenizer import ChatTemplateError, TokenizerError
 from gateway import errors
-from gateway.engine_client import EngineCallError, GenerateStream
+from gateway.backends.engine_client import EngineCallError, GenerateStream
 from gateway.models import ServedModel
 from gateway.protocol import ApiRequest
 from gateway.routing.route_types import RouteDecision

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.engine_client import EngineCallError, GenerateStream
+from gateway.backends.engine_client import EngineCallError, GenerateStream
 from gateway.errors import InvalidRequest
 
 log = logging.getLogger("duet.gateway.timeouts")

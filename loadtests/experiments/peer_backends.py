@@ -1,4 +1,4 @@
-"""The two `duet bench peer` stacks with vLLM behind Duet's gateway (gateway/http_backend.py):
+"""The two `duet bench peer` stacks with vLLM behind Duet's gateway (gateway/backends/http_backend.py):
 
     duet_over_vllm          Duet's gateway in front of one vLLM server (its only pool): the gateway's overhead
                             on a real engine, read against the `vllm` side (vLLM alone) of the same run;

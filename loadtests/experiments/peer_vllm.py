@@ -109,9 +109,9 @@ def ensure_installed(progress=print) -> Path:
 
 
 def backend_args(kv_port: int | None = None, replay_port: int | None = None) -> tuple[str, ...]:
-    """`vllm serve` flags for a server behind Duet's gateway as a pool (gateway/http_backend.py): the
+    """`vllm serve` flags for a server behind Duet's gateway as a pool (gateway/backends/http_backend.py): the
     token-in-token-out endpoint, cached tokens in usage, and KV events on kv_port (a wildcard endpoint, which
-    vLLM binds: given a host it would connect, gateway/kv_events_sub.py) with replay on replay_port."""
+    vLLM binds: given a host it would connect, gateway/backends/kv_events_sub.py) with replay on replay_port."""
     args = ["--enable-scale-out", "--enable-prompt-tokens-details"]
     if kv_port is not None:
         config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{kv_port}",

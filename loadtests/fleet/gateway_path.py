@@ -11,7 +11,7 @@ beyond its own few milliseconds:
 - `token_s`: a token's time from the worker's step end to the client (the gRPC stream, detokenize, SSE);
   added to each token's arrival.
 - `poll_interval_s`: the gateway sees a worker's running / waiting / KV usage from its GetLoad poll
-  (gateway/workers.py), not live; routing reads that snapshot (its queued-prefill count is its own, live).
+  (gateway/backends/fleet.py), not live; routing reads that snapshot (its queued-prefill count is its own, live).
   None: the live scheduler state (the simulator's default for `duet bench fleet`). `poll_phase_s` is when the
   first poll falls: the real gateway's polls run at a phase nothing aligns with the arrivals, while a trace's
   scaled timestamps often fall on whole seconds, so a poll at 0, 0.5, 1.0 ... would read every such burst

@@ -13,7 +13,7 @@ queued-prefill count from gateway/pool_tracker.PoolTracker), the policy (`gatewa
 `routing_baselines.SGLangRoute` for the homogeneous stacks, as `duet bench compare` runs them), then the
 decision recorded (SeenBlocks, WorkerBlockIndex, session affinity). At a step boundary a worker first
 delivers what its previous step produced (outputs stamped with the boundary's time; its KV events applied to
-the gateway's index, as gateway/workers.py applies them), then runs its next real step; the step's modelled
+the gateway's index, as gateway/backends/fleet.py applies them), then runs its next real step; the step's modelled
 seconds put the next boundary (longer by `neighbour_slowdown` when another worker is mid-step: workers sharing
 one machine, as the local stack's do). A worker with nothing runnable idles until a request arrives.
 

@@ -1,5 +1,5 @@
-"""External backends' config (gateway/backend_spec.py, `backends:` in gateway/config.py), the wire
-translation to vLLM (gateway/backend_wire.py) and the /metrics reading (gateway/backend_load.py)."""
+"""External backends' config (gateway/backends/backend_spec.py, `backends:` in gateway/config.py), the wire
+translation to vLLM (gateway/backends/backend_wire.py) and the /metrics reading (gateway/backends/backend_load.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 import pytest
 
 from duet.rpc import engine_pb2 as pb
-from gateway.backend_load import engine_load
-from gateway.backend_spec import BackendSpecError, parse_backend_flag, parse_backends
-from gateway.backend_wire import ChunkReader, WireError, completions_body, vllm_generate_body
+from gateway.backends.backend_load import engine_load
+from gateway.backends.backend_spec import BackendSpecError, parse_backend_flag, parse_backends
+from gateway.backends.backend_wire import ChunkReader, WireError, completions_body, vllm_generate_body
 from gateway.config import ConfigError, from_dict
 
 

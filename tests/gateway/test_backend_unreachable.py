@@ -1,4 +1,4 @@
-"""A backend that does not answer at start (gateway/http_backend.py): one clear log line naming it, and
+"""A backend that does not answer at start (gateway/backends/http_backend.py): one clear log line naming it, and
 the gateway serves with the pools it has (a real sim worker here)."""
 
 from __future__ import annotations

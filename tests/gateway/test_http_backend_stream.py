@@ -1,4 +1,4 @@
-"""gateway/http_backend.py streaming end to end: a Duet gateway serves as the `openai` backend of another
+"""gateway/backends/http_backend.py streaming end to end: a Duet gateway serves as the `openai` backend of another
 gateway (real HTTP and SSE both ways, a real sim worker at the bottom), so the backend client's SSE reading
 (duet/sse.py) and chunk decoding run against a real OpenAI-compatible server."""
 

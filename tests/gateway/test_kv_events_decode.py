@@ -1,4 +1,4 @@
-"""External KV events -> Duet block hashes (gateway/kv_events_decode.py, gateway/kv_events_sub.py).
+"""External KV events -> Duet block hashes (gateway/backends/kv_events_decode.py, gateway/backends/kv_events_sub.py).
 
 The fixture `data/vllm_0.32_kv_event_batch.hex` was encoded by vLLM 0.32's own classes
 (`vllm.distributed.kv_events.KVEventBatch` through msgspec): one BlockStored of two 128-token blocks
@@ -13,8 +13,15 @@ import pytest
 
 from duet.hashing import block_hashes
 from duet.rpc import engine_pb2 as pb
-from gateway.kv_events_decode import CLEARED, REMOVED, STORED, KvRehasher, UnknownEventFormat, decode_batch
-from gateway.kv_events_sub import to_pb_batch
+from gateway.backends.kv_events_decode import (
+    CLEARED,
+    REMOVED,
+    STORED,
+    KvRehasher,
+    UnknownEventFormat,
+    decode_batch,
+)
+from gateway.backends.kv_events_sub import to_pb_batch
 
 REAL = bytes.fromhex((Path(__file__).parent / "data" / "vllm_0.32_kv_event_batch.hex").read_text())
 MODEL = "smollm2-135m-instruct"

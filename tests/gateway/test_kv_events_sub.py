@@ -1,4 +1,4 @@
-"""The ZMQ subscriber of an external backend's KV events (gateway/kv_events_sub.py) against real ZMQ
+"""The ZMQ subscriber of an external backend's KV events (gateway/backends/kv_events_sub.py) against real ZMQ
 sockets: a PUB and a ROUTER speaking vLLM's publisher protocol (topic, 8-byte seq, msgpack batch;
 replay: `(b"", start_seq)` in, buffered batches and an end marker out)."""
 
@@ -15,9 +15,9 @@ import zmq.asyncio
 from duet.hashing import block_hashes
 from duet.launcher import free_port
 from duet.rpc import engine_pb2 as pb
-from gateway.backend_spec import KvEventsSpec
-from gateway.kv_events_decode import KvRehasher
-from gateway.kv_events_sub import KvEventSubscriber
+from gateway.backends.backend_spec import KvEventsSpec
+from gateway.backends.kv_events_decode import KvRehasher
+from gateway.backends.kv_events_sub import KvEventSubscriber
 
 MODEL = "m"
 TOKENS = list(range(1, 257))

@@ -10,7 +10,7 @@ import pytest
 
 from duet.rpc import engine_pb2 as pb
 from gateway import errors
-from gateway.engine_client import EngineCallError
+from gateway.backends.engine_client import EngineCallError
 from gateway.timeouts import (
     DEADLINE,
     ERROR,

@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 
 from duet.rpc import engine_pb2 as pb
-from gateway.engine_client import EngineCallError
+from gateway.backends.engine_client import EngineCallError
+from gateway.backends.fleet import WorkerPool
 from gateway.metrics import GatewayMetrics
 from gateway.routing.prefix_index import WorkerBlockIndex
-from gateway.workers import WorkerPool
 
 
 class ScriptedClient:

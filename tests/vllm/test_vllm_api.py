@@ -1,4 +1,4 @@
-"""Duet's gateway in front of real vLLM (gateway/http_backend.py), with the openai SDK: what a client
+"""Duet's gateway in front of real vLLM (gateway/backends/http_backend.py), with the openai SDK: what a client
 of Duet's own engines gets, it gets from vLLM too — the answer, streaming, structured output, forced
 tool calls, n, logprobs, cached tokens — and the router's cache view of vLLM, fed by vLLM's own KV
 events, matches the cache hits vLLM reports."""
@@ -120,11 +120,11 @@ def test_backend_load_reaches_the_worker_view(gateways, backend):
 
 
 def test_the_metrics_scan_reads_vllms_page_as_the_prometheus_parser_does(backend):
-    # gateway/backend_load.py scans only the lines it needs; on vLLM's real page (histograms and all) its sums
+    # gateway/backends/backend_load.py scans only the lines it needs; on vLLM's real page (histograms and all) its sums
     # must equal the full parser's, or routing and the watchdog read a wrong load
     from prometheus_client.parser import text_string_to_metric_families
 
-    from gateway.backend_load import NAMES, sample_sums
+    from gateway.backends.backend_load import NAMES, sample_sums
 
     text = httpx.get(backend.url + "/metrics", timeout=5).text
     names = frozenset(NAMES["vllm"].values())
@@ -159,7 +159,7 @@ def test_a_backend_with_another_tokenizer_is_refused(backend, caplog):
 
 def test_a_client_that_leaves_frees_vllm(gateways, backend):
     """The client hangs up mid-stream: the gateway cancels the call and vLLM stops the request."""
-    from gateway.backend_load import engine_load
+    from gateway.backends.backend_load import engine_load
 
     body = {"model": MODEL, "prompt": "Count: 1, 2, 3,", "max_tokens": 2000, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", gateways["vllm"].url + "/v1/completions", json=body, timeout=60) as r:

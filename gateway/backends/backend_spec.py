@@ -17,7 +17,7 @@ OpenAI-compatible completions server — standing in the gateway's worker pool f
         block_size: 128               # the engine's KV block size (vLLM's CPU default is 128)
 
 `duet up --backend paged=http://HOST:PORT` builds the same entry (engine vllm). The worker id of a
-backend is its URL; gateway/http_backend.py is its client.
+backend is its URL; gateway/backends/http_backend.py is its client.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 
 ENGINES = ("vllm", "sglang", "openai")
 DEFAULT_KIND = {"vllm": "paged", "sglang": "prefix", "openai": "paged"}
-# what each engine does through the path Duet speaks to it (gateway/backend_wire.py)
+# what each engine does through the path Duet speaks to it (gateway/backends/backend_wire.py)
 CAPABILITIES = {"vllm": ("n", "logprobs", "structured_output"), "sglang": ("n", "structured_output"),
                 "openai": ("n",)}
 DEFAULT_BLOCK_SIZE = {"vllm": 128, "sglang": 1, "openai": 16}

@@ -1,4 +1,4 @@
-"""Duet's Generate contract in the words of external servers (gateway/http_backend.py sends them).
+"""Duet's Generate contract in the words of external servers (gateway/backends/http_backend.py sends them).
 
 The gateway tokenizes, detokenizes and matches stop strings itself, so what crosses the wire is the
 same as to Duet's own engines: prompt token ids and sampling parameters out, token ids back.

@@ -7,7 +7,7 @@ sequence on as `(b"", topic, seq, payload)`, then `(b"", b"", -1, b"")`.
 
 - Start: with a replay endpoint, everything the publisher still buffers is replayed first, so blocks
   cached before the gateway started are known; without one the index fills from new events only
-  (blocks whose parent came earlier are skipped: gateway/kv_events_decode.py).
+  (blocks whose parent came earlier are skipped: gateway/backends/kv_events_decode.py).
 - A sequence gap (a lost batch): replay the missing ones when a replay endpoint is configured;
   otherwise, or when the replay does not close the gap, a CLEARED event drops the worker's table,
   which then rebuilds from events — no stale hits.
@@ -35,8 +35,8 @@ import zmq
 import zmq.asyncio
 
 from duet.rpc import engine_pb2 as pb
-from gateway.backend_spec import KvEventsSpec
-from gateway.kv_events_decode import KvRehasher, UnknownEventFormat, decode_batch
+from gateway.backends.backend_spec import KvEventsSpec
+from gateway.backends.kv_events_decode import KvRehasher, UnknownEventFormat, decode_batch
 
 log = logging.getLogger("duet.gateway.kv_events")
 

@@ -1,5 +1,5 @@
 """`HttpBackendClient`: an external vLLM, SGLang or OpenAI-compatible server behind the gateway's
-`EngineClient` interface (gateway/engine_client.py), so the worker pool, routing, the watchdog, the
+`EngineClient` interface (gateway/backends/engine_client.py), so the worker pool, routing, the watchdog, the
 circuit breaker and gateway/generation.py treat it like one of Duet's gRPC workers.
 
     generate        vLLM: POST /inference/v1/generate; others: POST /v1/completions (backend_wire.py)
@@ -27,12 +27,12 @@ import httpx
 
 from duet.rpc import engine_pb2 as pb
 from duet.sse import SseReader
-from gateway.backend_load import engine_load
-from gateway.backend_spec import CAPABILITIES, BackendSpec
-from gateway.backend_wire import ChunkReader, WireError, completions_body, vllm_generate_body
-from gateway.engine_client import EngineCallError
-from gateway.kv_events_decode import KvRehasher
-from gateway.kv_events_sub import KvEventSubscriber
+from gateway.backends.backend_load import engine_load
+from gateway.backends.backend_spec import CAPABILITIES, BackendSpec
+from gateway.backends.backend_wire import ChunkReader, WireError, completions_body, vllm_generate_body
+from gateway.backends.engine_client import EngineCallError
+from gateway.backends.kv_events_decode import KvRehasher
+from gateway.backends.kv_events_sub import KvEventSubscriber
 
 log = logging.getLogger("duet.gateway.backends")
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from duet.rpc import engine_pb2 as pb
-from gateway.engine_client import EngineCallError, EngineClient, GrpcEngineClient
+from gateway.backends.engine_client import EngineCallError, EngineClient, GrpcEngineClient
 from gateway.metrics import GatewayMetrics
 from gateway.routing.prefix_index import WorkerBlockIndex
 from gateway.routing.route_types import WorkerView
