@@ -1,5 +1,5 @@
 """Acting on the pool planner: `duet up --workers N` switches workers' engine kinds toward the
-gateway's target split (`GET /admin/pools` -> `target`, gateway/pool_planner.py).
+gateway's target split (`GET /admin/pools` -> `target`, gateway/control/pool_planner.py).
 
 One switch at a time, and none is lost:
 

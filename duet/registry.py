@@ -5,7 +5,7 @@ A worker started with `--redis URL` keeps one key alive while it serves:
     {prefix}:worker:{worker_id}  ->  JSON {"worker_id", "address", "engine_kind", "model_id", "version"}
                                      SET with a TTL of `ttl_s`, rewritten every `ttl_s / 3` seconds
 
-Gateways (gateway/state/redis_store.py) list the keys matching `worker_key_pattern()` and add every
+Gateways (gateway/control/state/redis_store.py) list the keys matching `worker_key_pattern()` and add every
 entry's `address` to their pool; an entry whose heartbeats stop expires and its worker leaves the pools.
 `Registration.stop()` deletes the key at once (drain, exit), so gateways stop routing to the worker
 without waiting for the TTL. Redis being unreachable never stops a worker: the heartbeat logs the outage

@@ -6,7 +6,7 @@ candidate worker (serving the model, healthy, not draining, with the capabilitie
 
     wait_s = queued prefill tokens / prefill rate
 
-Queued prefill tokens are this gateway's own count (gateway/pool_tracker.py: the uncached prompt
+Queued prefill tokens are this gateway's own count (gateway/control/pool_tracker.py: the uncached prompt
 tokens of requests sent to the worker that have not produced their first token yet); the prefill
 rate is the worker's own measurement over its recent steps, decode sharing them included
 (GetLoad `prefill_tokens_per_s`, engine_core/step_rates.py). The request's wait is the best

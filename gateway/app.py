@@ -3,7 +3,7 @@
 `Gateway` holds the running state every handler shares (models, worker pool, state store, prefix
 tables, metrics, stats, decision log, canary rollback) and its lifespan starts and stops the
 background work (worker polling, Redis subscriber, rollback ticks). It is also the `AdminBackend`
-of gateway/admin.py.
+of gateway/control/admin.py.
 """
 
 from __future__ import annotations
@@ -23,14 +23,17 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from gateway import api, messages_api, responses_api, timeouts, tokenize_api
-from gateway.admin import admin_routes
 from gateway.backends.engine_client import GrpcEngineClient
 from gateway.backends.fleet import WorkerPool
 from gateway.backends.http_backend import with_backends
 from gateway.circuit_breaker import CircuitBreakers
 from gateway.config import GatewayConfig, load_routing_policy
+from gateway.control.admin import admin_routes
+from gateway.control.limits import KeyLimiter, LeaseMiddleware
+from gateway.control.pool_tracker import PoolTracker
+from gateway.control.rollback import RollbackController
+from gateway.control.stats import RequestStats
 from gateway.errors import QueueFull, http_exception_response
-from gateway.limits import KeyLimiter, LeaseMiddleware
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import (
     ApiKeyMiddleware,
@@ -41,12 +44,9 @@ from gateway.middleware import (
 )
 from gateway.models import ServedModel, load_models
 from gateway.openapi import openapi_json
-from gateway.pool_tracker import PoolTracker
-from gateway.rollback import RollbackController
 from gateway.routing.decision_log import DecisionLog
 from gateway.routing.policy import route
 from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
-from gateway.stats import RequestStats
 from gateway.timeouts import StreamWatchdog
 
 log = logging.getLogger("duet.gateway")
@@ -95,12 +95,12 @@ class Gateway:
         self._loop = asyncio.get_running_loop()
         if self._state is None:
             if self.config.redis:
-                from gateway.state.redis_store import RedisStore
+                from gateway.control.state.redis_store import RedisStore
 
                 self._state = RedisStore(self.config.redis)
                 await self._state.start()
             else:
-                from gateway.state.memory import MemoryStore
+                from gateway.control.state.memory import MemoryStore
 
                 self._state = MemoryStore()
         self.metrics.state_healthy.set_function(lambda: 1.0 if self._state.healthy else 0.0)

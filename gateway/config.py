@@ -14,7 +14,7 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
     auth:
       api_keys: [sk-a, {key: sk-b, cache_salt: tenant-b}]   # optional; none: /v1 is open
                                   # an entry may add requests_per_minute, tokens_per_minute, max_concurrent,
-                                  # models (gateway/limits.py); default_key_limits applies to every key
+                                  # models (gateway/control/limits.py); default_key_limits applies to every key
       admin_key: adm-secret
     limits: {max_body_bytes: 4194304, max_pending_requests: 4096, max_attempts: 3, default_max_tokens: null,
              max_queue_wait_s: 900}   # admission control (gateway/admission.py); null: never refuse on wait
@@ -24,7 +24,7 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
     routing: {reuse_threshold: 0.5, ...}    # defaults of gateway.routing.route_types.RoutingConfig
     routing_policy: null          # "module:factory" of a policy run instead of Duet's (the benchmarks'
                                   # baselines, loadtests/routing_baselines.py; docs/routing.md)
-    pool_planner: {cooldown_s: 30, ...}     # defaults of gateway.pool_planner.PlannerConfig
+    pool_planner: {cooldown_s: 30, ...}     # defaults of gateway.control.pool_planner.PlannerConfig
     tracing: {enabled: false}
     timeouts: {first_token_s: 120, stall_s: 30, ...}   # gateway.timeouts.Timeouts (null: no limit)
 
@@ -43,8 +43,8 @@ from pathlib import Path
 import yaml
 
 from gateway.backends.backend_spec import BackendSpec, BackendSpecError, parse_backends
-from gateway.limits import KeyLimits, parse_key_limits
-from gateway.pool_planner import PlannerConfig
+from gateway.control.limits import KeyLimits, parse_key_limits
+from gateway.control.pool_planner import PlannerConfig
 from gateway.routing.route_types import Pool, RoutingConfig, RoutingConfigError, Variant
 from gateway.timeouts import Timeouts
 

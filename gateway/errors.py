@@ -118,7 +118,7 @@ class QueueFull(GatewayError):
 
 
 class RateLimited(QueueFull):
-    """A per-API-key limit (gateway/limits.py); `retry_after_s` goes out as the Retry-After header."""
+    """A per-API-key limit (gateway/control/limits.py); `retry_after_s` goes out as the Retry-After header."""
 
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)

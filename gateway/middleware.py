@@ -16,6 +16,7 @@ import uuid
 from opentelemetry import trace
 from opentelemetry.propagate import extract
 
+from gateway.control.limits import api_key_id
 from gateway.errors import (
     AuthenticationFailed,
     GatewayError,
@@ -23,7 +24,6 @@ from gateway.errors import (
     error_payload,
     error_response_for,
 )
-from gateway.limits import api_key_id
 
 log = logging.getLogger("duet.gateway")
 

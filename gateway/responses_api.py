@@ -31,9 +31,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from gateway import errors
 from gateway.api import start
 from gateway.body_parser import parse_json_body
+from gateway.control.state import StateUnavailable
 from gateway.protocol import parse_chat
 from gateway.responses_input import Responses, to_chat, validate_responses
-from gateway.state import StateUnavailable
 from gateway.timeouts import client_timeout_s
 
 log = logging.getLogger("duet.gateway.responses")

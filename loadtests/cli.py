@@ -41,7 +41,7 @@ def _run_simulate_routing(args: argparse.Namespace) -> int:
 
     config = None
     if args.routing_config:
-        from gateway.state.codec import config_from_json
+        from gateway.control.state.codec import config_from_json
 
         with open(args.routing_config) as f:
             config = config_from_json(f.read())

@@ -156,7 +156,7 @@ def _capable(
     wants_paged = bool(required & PAGED_CAPABILITIES)
     if not capable:
         # the fleet may have no worker of the kind that serves it (the pool planner may choose a
-        # homogeneous fleet; it brings one back while such requests arrive: gateway/pool_planner.py)
+        # homogeneous fleet; it brings one back while such requests arrive: gateway/control/pool_planner.py)
         served_by = ("; engine_prefix serves it" if wants_prefix and not wants_paged else
                      "; engine_paged serves it" if wants_paged and not wants_prefix else "")
         raise NoCapableWorker(

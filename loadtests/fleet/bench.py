@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from gateway.pool_planner import PlannerConfig
+from gateway.control.pool_planner import PlannerConfig
 from loadtests.class_slo import FLEET_SLOS, ClassSlo
 from loadtests.fleet.cost_models import COST_MODELS, cost_model
 from loadtests.fleet.engine import EngineProfile

@@ -9,7 +9,7 @@ pool loop) and the end of a worker's kind switch. A token reaches the client `Ga
 step that made it. When it reaches the gateway's routing the request is routed exactly as gateway/generation.py routes it: its prompt's chained block
 hashes (duet.hashing, 16-token blocks, at most 256), a `RouteRequest` with the session key and turn count,
 worker views (running, waiting, KV usage: live, or as the last poll saw them; the gateway's own
-queued-prefill count from gateway/pool_tracker.PoolTracker), the policy (`gateway.routing.policy.route`, or the SGLang-style baseline
+queued-prefill count from gateway/control/pool_tracker.PoolTracker), the policy (`gateway.routing.policy.route`, or the SGLang-style baseline
 `routing_baselines.SGLangRoute` for the homogeneous stacks, as `duet bench compare` runs them), then the
 decision recorded (SeenBlocks, WorkerBlockIndex, session affinity). At a step boundary a worker first
 delivers what its previous step produced (outputs stamped with the boundary's time; its KV events applied to
@@ -17,7 +17,7 @@ the gateway's index, as gateway/backends/fleet.py applies them), then runs its n
 seconds put the next boundary (longer by `neighbour_slowdown` when another worker is mid-step: workers sharing
 one machine, as the local stack's do). A worker with nothing runnable idles until a request arrives.
 
-With the planner (`planner=True`), each tick feeds `PoolTracker.tick` (gateway/pool_planner.py) the views;
+With the planner (`planner=True`), each tick feeds `PoolTracker.tick` (gateway/control/pool_planner.py) the views;
 when its target differs from the fleet, one worker at a time is switched as duet/pool_manager.py does: the
 least busy worker of the kind with too many is drained (no new requests), and once empty it is gone for
 `switch_s` (a restart as the other kind: weights load, caches start cold) and comes back as the other kind.
@@ -31,9 +31,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from duet.hashing import block_hashes
+from gateway.control.pool_planner import PlannerConfig
+from gateway.control.pool_tracker import PoolTracker
 from gateway.metrics import GatewayMetrics
-from gateway.pool_planner import PlannerConfig
-from gateway.pool_tracker import PoolTracker
 from gateway.routing.policy import route
 from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.routing.route_types import RouteRequest, RoutingConfig, WorkerView

@@ -8,10 +8,10 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from engine_core.metrics import EngineMetrics
+from gateway.control.rollback import RollbackController
+from gateway.control.state.memory import MemoryStore
+from gateway.control.stats import RequestStats
 from gateway.metrics import GatewayMetrics
-from gateway.rollback import RollbackController
-from gateway.state.memory import MemoryStore
-from gateway.stats import RequestStats
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "duet.json"
 SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),

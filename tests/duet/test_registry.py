@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from duet.registry import Registration, advertised_address, worker_info, worker_key
-from gateway.state.redis_store import RedisStore
+from gateway.control.state.redis_store import RedisStore
 
 INFO = worker_info("w-reg", "10.1.2.3:7001", "prefix", "tiny", "v2")
 

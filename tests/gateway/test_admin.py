@@ -9,12 +9,12 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from gateway.admin import admin_routes, key_id, stream_event
-from gateway.rollback import RollbackController
+from gateway.control.admin import admin_routes, key_id, stream_event
+from gateway.control.rollback import RollbackController
+from gateway.control.state.memory import MemoryStore
+from gateway.control.stats import RequestStats
 from gateway.routing.decision_log import DecisionLog
 from gateway.routing.route_types import RouteDecision
-from gateway.state.memory import MemoryStore
-from gateway.stats import RequestStats
 
 KEY = "adm-secret"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -14,8 +14,8 @@ from test_admin import AUTH, GOOD, KEY, Backend
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from duet_stack import LiveStack, Sim, chat_body
 
-from gateway.admin import admin_routes, key_id
-from gateway.state.redis_store import RedisStore
+from gateway.control.admin import admin_routes, key_id
+from gateway.control.state.redis_store import RedisStore
 
 
 async def test_weight_change_reaches_the_other_gateway_within_a_second(clean_redis_url):

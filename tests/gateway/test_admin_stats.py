@@ -2,8 +2,8 @@
 
 import pytest
 
+from gateway.control.stats import RequestStats, percentile
 from gateway.routing.decision_log import DecisionLog
-from gateway.stats import RequestStats, percentile
 
 
 class Clock:

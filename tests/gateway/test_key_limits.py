@@ -1,4 +1,4 @@
-"""Per-API-key limits shared by two gateway replicas through one real Redis (gateway/limits.py):
+"""Per-API-key limits shared by two gateway replicas through one real Redis (gateway/control/limits.py):
 requests/min, tokens/min, concurrent requests, allowed models; 429s carry Retry-After and the OpenAI
 error shape the SDK raises as RateLimitError; a Redis outage falls back to per-replica limits."""
 
@@ -139,7 +139,7 @@ def test_a_redis_outage_falls_back_to_per_replica_limits(sims, private_redis):
 
 def test_key_limits_config_defaults_overrides_and_bad_values():
     from gateway.config import ConfigError, from_dict
-    from gateway.limits import KeyLimits, api_key_id
+    from gateway.control.limits import KeyLimits, api_key_id
 
     cfg = from_dict({"auth": {"default_key_limits": {"requests_per_minute": 10, "models": ["m"]},
                               "api_keys": ["sk-a", {"key": "sk-b", "cache_salt": "b", "requests_per_minute": 99,

@@ -1,11 +1,11 @@
-"""The pool planner (gateway/pool_planner.py): the split follows the work, never flaps, never
+"""The pool planner (gateway/control/pool_planner.py): the split follows the work, never flaps, never
 starves a kind that has traffic."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.pool_planner import PlannerConfig, PoolPlanner, WorkMeter, balanced_split, kind_work
+from gateway.control.pool_planner import PlannerConfig, PoolPlanner, WorkMeter, balanced_split, kind_work
 
 
 def test_the_split_is_proportional_to_the_work_with_one_worker_for_each_busy_kind():
@@ -100,7 +100,7 @@ def test_a_worker_switching_kinds_does_not_reset_the_target():
 
 
 def test_a_resized_fleet_moves_as_few_workers_as_it_takes():
-    from gateway.pool_planner import resized
+    from gateway.control.pool_planner import resized
 
     work = {"paged": 100.0, "prefix": 900.0}
     assert resized({"paged": 2, "prefix": 2}, 3, work) == {"paged": 1, "prefix": 2}  # from the kind above its share
@@ -110,8 +110,8 @@ def test_a_resized_fleet_moves_as_few_workers_as_it_takes():
 
 
 def test_running_requests_count_as_traffic_before_any_has_finished():
+    from gateway.control.pool_tracker import PoolTracker
     from gateway.metrics import GatewayMetrics
-    from gateway.pool_tracker import PoolTracker
     from gateway.routing.route_types import WorkerView
 
     def view(wid: str, kind: str, running: int) -> WorkerView:
@@ -158,8 +158,8 @@ def _decision(kind: str, wanted: str):
 
 
 def test_a_kind_serving_only_the_other_kind_s_demand_is_not_kept_for_it():
+    from gateway.control.pool_tracker import PoolTracker
     from gateway.metrics import GatewayMetrics
-    from gateway.pool_tracker import PoolTracker
 
     t = PoolTracker(GatewayMetrics(), PlannerConfig(window_s=10.0, cooldown_s=0.0))
     # every request wants engine_prefix; some stay on the paged worker that holds their prefix (or spill)
@@ -175,8 +175,8 @@ def test_a_kind_serving_only_the_other_kind_s_demand_is_not_kept_for_it():
 
 
 def test_a_request_needing_a_missing_kind_s_capability_brings_a_worker_of_it_back():
+    from gateway.control.pool_tracker import PoolTracker
     from gateway.metrics import GatewayMetrics
-    from gateway.pool_tracker import PoolTracker
 
     t = PoolTracker(GatewayMetrics(), PlannerConfig(window_s=10.0, cooldown_s=30.0))
     t.meter.record("prefix", 0.0, 2000, 50)

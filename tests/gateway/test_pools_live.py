@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.control.pool_tracker import PoolTracker
 from gateway.metrics import GatewayMetrics
-from gateway.pool_tracker import PoolTracker
 from gateway.routing.route_types import RouteDecision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))

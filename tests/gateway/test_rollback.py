@@ -3,10 +3,10 @@ with an injected clock (the end-to-end version with sim workers lives in test_ro
 
 import pytest
 
-from gateway.rollback import CanaryPolicy, PolicyError, RollbackController, judge
+from gateway.control.rollback import CanaryPolicy, PolicyError, RollbackController, judge
+from gateway.control.state.memory import MemoryStore
+from gateway.control.stats import RequestStats, WindowStats
 from gateway.routing.route_types import Pool, RoutingConfig, Variant
-from gateway.state.memory import MemoryStore
-from gateway.stats import RequestStats, WindowStats
 
 
 def ws(count, errors=0, p99=0.1):

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
+from gateway.control.state import StateStore, StateUnavailable
+from gateway.control.state.codec import config_from_dict, config_to_dict
+from gateway.control.state.memory import MemoryStore
+from gateway.control.state.redis_store import RedisStore
 from gateway.routing.route_types import Pool, RoutingConfig, RoutingConfigError, Variant
-from gateway.state import StateStore, StateUnavailable
-from gateway.state.codec import config_from_dict, config_to_dict
-from gateway.state.memory import MemoryStore
-from gateway.state.redis_store import RedisStore
 
 CANARY = RoutingConfig(
     variants=(

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from gateway.pool_planner import PlannerConfig
+from gateway.control.pool_planner import PlannerConfig
 from loadtests.cli import main
 from loadtests.fleet.cost_models import LinearCostModel, RooflineCostModel, StepShape, shape_of
 from loadtests.fleet.engine import EngineProfile, SimEngine, make_request

@@ -4,11 +4,11 @@ Routes (`admin_routes(gateway)` returns them for the app's route list):
 
     GET  /admin/models/{model}/routing          the model's RoutingConfig as JSON (defaults when unset)
     PUT  /admin/models/{model}/routing          validate, apply through the StateStore (every replica), audit
-    GET|PUT|DELETE /admin/models/{model}/canary-policy   automatic rollback bounds and ramp (gateway/rollback.py)
+    GET|PUT|DELETE /admin/models/{model}/canary-policy   automatic rollback bounds and ramp (gateway/control/rollback.py)
     GET  /admin/workers                          health, version, load, KV usage, prefix hit rate, draining
     POST /admin/workers/{worker_id}/drain        stop routing to the worker; running requests finish
     GET  /admin/pools                            the pool planner: {"target": {"paged": N, "prefix": M},
-                                                 "current": {...}, "work": {...}, ...} (gateway/pool_planner.py)
+                                                 "current": {...}, "work": {...}, ...} (gateway/control/pool_planner.py)
     GET  /admin/decisions?limit=N                the last N routing decisions, newest first
     GET  /admin/audit?limit=N                    config changes, newest first (time, actor = key id, before, after)
     GET  /admin/stats/stream                     SSE, one `data:` event a second with what the dashboard draws
@@ -34,6 +34,10 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from gateway.body_parser import parse_json_body
+from gateway.control.rollback import CanaryPolicy, PolicyError, RollbackController
+from gateway.control.state import StateUnavailable
+from gateway.control.state.codec import config_from_dict, config_to_dict
+from gateway.control.stats import RequestStats
 from gateway.errors import (
     AuthenticationFailed,
     GatewayError,
@@ -43,12 +47,8 @@ from gateway.errors import (
     WorkerNotFound,
     error_response,
 )
-from gateway.rollback import CanaryPolicy, PolicyError, RollbackController
 from gateway.routing.decision_log import DecisionLog
 from gateway.routing.route_types import RoutingConfig, RoutingConfigError
-from gateway.state import StateUnavailable
-from gateway.state.codec import config_from_dict, config_to_dict
-from gateway.stats import RequestStats
 
 DASHBOARD_DIR = Path(__file__).parent / "dashboard"
 STREAM_INTERVAL_S = 1.0
@@ -59,7 +59,7 @@ MAX_LIMIT = 1000
 class AdminBackend(Protocol):
     """What the admin API needs from the running gateway."""
 
-    state: Any  # gateway.state.StateStore
+    state: Any  # gateway.control.state.StateStore
     stats: RequestStats
     decisions: DecisionLog
     rollback: RollbackController
@@ -76,7 +76,7 @@ class AdminBackend(Protocol):
         """Stop routing to the worker (running requests finish). False: no such worker."""
 
     def pool_report(self) -> dict:
-        """The pool planner's report (gateway/pool_tracker.PoolTracker.report)."""
+        """The pool planner's report (gateway/control/pool_tracker.PoolTracker.report)."""
 
 
 def key_id(key: str) -> str:

@@ -13,8 +13,8 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.control.state.codec import config_to_dict
 from gateway.routing.route_types import RoutingConfig
-from gateway.state.codec import config_to_dict
 
 
 class MemoryStore:

@@ -1,7 +1,7 @@
 """Gateway state: one `StateStore` interface, two implementations.
 
-- `gateway.state.memory.MemoryStore`: in-process, the default for a single gateway.
-- `gateway.state.redis_store.RedisStore`: shared by every gateway replica through Redis.
+- `gateway.control.state.memory.MemoryStore`: in-process, the default for a single gateway.
+- `gateway.control.state.redis_store.RedisStore`: shared by every gateway replica through Redis.
 
 What lives here: session affinity (key -> worker id, with a TTL the gateway refreshes by
 calling `set_affinity` on every routed request), the routing config of each model (with a

@@ -3,7 +3,7 @@
 - Queued prefill tokens per worker (routing's load signal, `WorkerView.queued_prefill_tokens`): the
   estimated uncached prompt tokens of every request sent to the worker that has not yet produced its
   first message. The gateway counts its own requests, so no engine has to report it.
-- Work per engine kind (gateway/pool_planner.WorkMeter): each finished request's real uncached
+- Work per engine kind (gateway/control/pool_planner.WorkMeter): each finished request's real uncached
   prompt tokens and generated tokens, charged to the kind routing WANTED for it (a prompt that
   spilled to the other kind still shows demand for the kind it was meant for), and the planner's
   target split, exported as `duet_pool_target_workers{kind}` and on `GET /admin/pools`.
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from gateway.pool_planner import KINDS, PlannerConfig, PoolPlanner, WorkMeter, kind_work
+from gateway.control.pool_planner import KINDS, PlannerConfig, PoolPlanner, WorkMeter, kind_work
 from gateway.routing.route_types import PAGED_CAPABILITIES, PREFIX_CAPABILITIES, RouteDecision, WorkerView
 
 _CAPABILITIES_OF = {"paged": PAGED_CAPABILITIES, "prefix": PREFIX_CAPABILITIES}

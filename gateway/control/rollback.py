@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gateway.stats import RequestStats, WindowStats
+from gateway.control.stats import RequestStats, WindowStats
 
 log = logging.getLogger("duet.gateway.rollback")
 

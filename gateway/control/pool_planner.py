@@ -18,7 +18,7 @@ it must pass 2.75 or fall below 1.25), and never twice within `cooldown_s`. Rate
 Zero workers of a kind is a valid split: a kind that had no traffic over the window gives all its
 workers up, so the planner can settle on a homogeneous fleet when that is what the traffic calls for
 (routing sends everything to the kind there is). Traffic of a kind is the work routing WANTED for it
-(gateway/pool_tracker.py). One exception keeps a kind alive without work: a request needing a
+(gateway/control/pool_tracker.py). One exception keeps a kind alive without work: a request needing a
 capability only that kind has (n > 1 or beam search: engine_paged; structured output or speculative
 decoding: engine_prefix). The caller passes those kinds as `needed`; each keeps at least one worker
 while such requests arrive, and a needed kind with no worker gets one at once, cooldown or not (until

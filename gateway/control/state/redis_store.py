@@ -2,7 +2,7 @@
 
 Keys (under `prefix`, default "duet"):
   {p}:aff:{key}       session/user key -> worker id, with a TTL (SET PX; refreshed on use)
-  {p}:routing         hash: model -> routing config JSON (gateway/state/codec.py)
+  {p}:routing         hash: model -> routing config JSON (gateway/control/state/codec.py)
   {p}:routing:changed pub/sub channel: a model name each time its config changes
   {p}:worker:{id}     worker registration JSON, a TTL key renewed by heartbeats (duet/registry.py)
   {p}:audit           capped list (LPUSH + LTRIM) of config changes, newest first
@@ -38,9 +38,9 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from duet.registry import worker_key, worker_key_pattern
+from gateway.control.state import StateUnavailable
+from gateway.control.state.codec import config_from_json, config_to_dict, config_to_json
 from gateway.routing.route_types import RoutingConfig, RoutingConfigError
-from gateway.state import StateUnavailable
-from gateway.state.codec import config_from_json, config_to_dict, config_to_json
 
 log = logging.getLogger("duet.gateway.state")
 
