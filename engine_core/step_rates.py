@@ -1,7 +1,7 @@
 """How fast this engine prefills and decodes, measured over its recent steps (GetLoad reports it).
 
 The gateway's admission control divides the prefill queued on a worker by the worker's prefill rate
-to estimate how long a new request would wait (gateway/admission.py), so the rate must be what the
+to estimate how long a new request would wait (gateway/serving/admission.py), so the rate must be what the
 worker does under its real mix of work:
 
     prefill_tokens_per_s   prompt tokens of the last `window` steps that prefilled, over those steps'

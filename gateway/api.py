@@ -2,7 +2,7 @@
 
 A generation request: parse -> admit (429 when full) -> prepare (tokenize, 400 on context length)
 -> admission control (429 + Retry-After when the engines could not start it in time,
-gateway/admission.py) -> per-key limits -> dispatch (route, retry before the first token) -> stream
+gateway/serving/admission.py) -> per-key limits -> dispatch (route, retry before the first token) -> stream
 SSE or collect one JSON response. The client's `timeout` (`client_timeout_s`) bounds all of it.
 Every error becomes an OpenAI error object through gateway/errors.py.
 """
@@ -18,15 +18,16 @@ from dataclasses import replace
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from gateway import admission, errors
 from gateway import completion_batch as batch
+from gateway import errors
 from gateway.body_parser import parse_json_body
-from gateway.dispatch import dispatch
-from gateway.generation import Dispatched, Prepared, prepare
 from gateway.metrics import CONTENT_TYPE
 from gateway.protocol import parse_chat, parse_completions
-from gateway.runs import Run, disconnected
-from gateway.timeouts import client_timeout_s
+from gateway.serving import admission
+from gateway.serving.dispatch import dispatch
+from gateway.serving.generation import Dispatched, Prepared, prepare
+from gateway.serving.runs import Run, disconnected
+from gateway.serving.timeouts import client_timeout_s
 from gateway.tokenize_api import model_card
 
 log = logging.getLogger("duet.gateway.api")
@@ -75,7 +76,7 @@ async def start(request: Request, apis: list, session_key: str | None = None,
     the runs, and the routing headers of the first. Raises GatewayError with nothing left held (and the
     failure counted); the other APIs (gateway/responses_api.py, messages_api.py) start here too.
     `session_key` (a conversation's id) overrides the x-session-id header for affinity; `timeout_s` (the
-    client's own timeout, gateway.timeouts.client_timeout_s) bounds the wait and ends the request."""
+    client's own timeout, gateway.serving.timeouts.client_timeout_s) bounds the wait and ends the request."""
     gw = request.app.state.gateway
     endpoint = request.url.path
     deadline = time.monotonic() + timeout_s if timeout_s is not None else None

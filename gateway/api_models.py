@@ -152,7 +152,7 @@ class _Sampling(Strict):
     guided_choice: Annotated[list[Text], Field(min_length=1, max_length=MAX_CHOICES)] | None = None
     speculative: bool | None = None
     priority: Int(*PRIORITY_RANGE) | None = None
-    # the client's own deadline in seconds (the SDKs send it as a header; gateway/timeouts.py)
+    # the client's own deadline in seconds (the SDKs send it as a header; gateway/serving/timeouts.py)
     timeout: Annotated[float, Field(gt=0)] | None = None
 
 

@@ -22,11 +22,10 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from gateway import api, messages_api, responses_api, timeouts, tokenize_api
+from gateway import api, messages_api, responses_api, tokenize_api
 from gateway.backends.engine_client import GrpcEngineClient
 from gateway.backends.fleet import WorkerPool
 from gateway.backends.http_backend import with_backends
-from gateway.circuit_breaker import CircuitBreakers
 from gateway.config import GatewayConfig, load_routing_policy
 from gateway.control.admin import admin_routes
 from gateway.control.limits import KeyLimiter, LeaseMiddleware
@@ -47,7 +46,9 @@ from gateway.openapi import openapi_json
 from gateway.routing.decision_log import DecisionLog
 from gateway.routing.policy import route
 from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
-from gateway.timeouts import StreamWatchdog
+from gateway.serving import timeouts
+from gateway.serving.circuit_breaker import CircuitBreakers
+from gateway.serving.timeouts import StreamWatchdog
 
 log = logging.getLogger("duet.gateway")
 
@@ -154,7 +155,7 @@ class Gateway:
         return self.pool.progress_at(worker_id) if self.pool is not None else -math.inf
 
     def _call_outcome(self, worker_id: str, outcome: str) -> None:
-        """How a call went (gateway/timeouts.py): only errors and stalls count against the breaker."""
+        """How a call went (gateway/serving/timeouts.py): only errors and stalls count against the breaker."""
         if outcome in (timeouts.STALL, timeouts.FIRST_TOKEN):
             self.metrics.stream_timeouts.labels(worker_id).inc()
         if outcome == timeouts.OK:

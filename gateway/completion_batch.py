@@ -14,8 +14,8 @@ import asyncio
 
 from starlette.responses import Response
 
-from gateway.responses import SSE_DONE, sse, usage_dict
-from gateway.runs import collect as run_all
+from gateway.serving.chat_chunks import SSE_DONE, sse, usage_dict
+from gateway.serving.runs import collect as run_all
 
 _KEYS = ("prompt_tokens", "completion_tokens", "cached_tokens")
 

@@ -17,7 +17,7 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
                                   # models (gateway/control/limits.py); default_key_limits applies to every key
       admin_key: adm-secret
     limits: {max_body_bytes: 4194304, max_pending_requests: 4096, max_attempts: 3, default_max_tokens: null,
-             max_queue_wait_s: 900}   # admission control (gateway/admission.py); null: never refuse on wait
+             max_queue_wait_s: 900}   # admission control (gateway/serving/admission.py); null: never refuse on wait
     health: {poll_interval_s: 1.0}
     hashing: {max_blocks: 256}
     affinity_ttl_s: 600
@@ -26,7 +26,7 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
                                   # baselines, loadtests/routing_baselines.py; docs/routing.md)
     pool_planner: {cooldown_s: 30, ...}     # defaults of gateway.control.pool_planner.PlannerConfig
     tracing: {enabled: false}
-    timeouts: {first_token_s: 120, stall_s: 30, ...}   # gateway.timeouts.Timeouts (null: no limit)
+    timeouts: {first_token_s: 120, stall_s: 30, ...}   # gateway.serving.timeouts.Timeouts (null: no limit)
 
 Environment `DUET_API_KEYS` (comma separated) and `DUET_ADMIN_KEY` add to / override `auth`;
 `DUET_REDIS_URL` overrides `redis` (a URL with a password can then come from a Secret).
@@ -46,7 +46,7 @@ from gateway.backends.backend_spec import BackendSpec, BackendSpecError, parse_b
 from gateway.control.limits import KeyLimits, parse_key_limits
 from gateway.control.pool_planner import PlannerConfig
 from gateway.routing.route_types import Pool, RoutingConfig, RoutingConfigError, Variant
-from gateway.timeouts import Timeouts
+from gateway.serving.timeouts import Timeouts
 
 
 class ConfigError(ValueError):

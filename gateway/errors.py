@@ -15,7 +15,7 @@ Hierarchy:
     ├── QueueFull                     429 rate_limit_exceeded (admission queue full)
     │   ├── RateLimited               429 rate_limit_exceeded (a per-key limit; Retry-After)
     │   └── QueueWaitTooLong          429 code=queue_wait_exceeded (engines too busy to start it in
-    │                                     time, gateway/admission.py; Retry-After)
+    │                                     time, gateway/serving/admission.py; Retry-After)
     ├── NoCapableWorker               503 service_unavailable (no capable healthy worker)
     ├── StateStoreUnavailable         503 state_unavailable (an admin change could not reach Redis)
     ├── EngineFailure                 502 engine_error (every attempt failed / failed mid-stream)
@@ -126,7 +126,7 @@ class RateLimited(QueueFull):
 
 
 class QueueWaitTooLong(QueueFull):
-    """Admission control (gateway/admission.py): the estimated wait is over the bound; nothing started."""
+    """Admission control (gateway/serving/admission.py): the estimated wait is over the bound; nothing started."""
 
     code = "queue_wait_exceeded"
 

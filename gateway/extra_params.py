@@ -1,4 +1,4 @@
-"""vLLM's extra sampling parameters, parsed into `gateway.protocol.Sampling` fields.
+"""vLLM's extra sampling parameters, parsed into `gateway.serving.api_request.Sampling` fields.
 
 OpenAI clients send them in the body (the official SDK's `extra_body`), as vLLM accepts them:
 

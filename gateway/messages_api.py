@@ -26,8 +26,8 @@ from gateway.api import start
 from gateway.body_parser import parse_json_body
 from gateway.messages_input import CountTokensRequest, MessagesRequest, parse_messages
 from gateway.protocol import parse_chat
-from gateway.timeouts import client_timeout_s
-from gateway.tools import render_chat
+from gateway.serving.timeouts import client_timeout_s
+from gateway.serving.tools import render_chat
 
 _STOP = {"length": "max_tokens", "tool_calls": "tool_use"}
 

@@ -2,7 +2,7 @@
 
 Each app owns its own registry, so several gateways in one test process do not collide.
 Latencies are histograms labelled by model, engine kind, canary variant and traffic class
-(gateway/request_class.py); route decisions are counted by reason (the names of
+(gateway/serving/request_class.py); route decisions are counted by reason (the names of
 gateway.routing.route_types.REASONS).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-_LAT = ("model", "engine", "variant", "class")  # class: gateway.request_class.CLASSES
+_LAT = ("model", "engine", "variant", "class")  # class: gateway.serving.request_class.CLASSES
 _TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                  7.5, 10.0, 20.0, 40.0, 80.0)
 _ITL_BUCKETS = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,

@@ -4,84 +4,21 @@ Both endpoints (`/v1/chat/completions`, `/v1/completions`) parse into the same d
 generation path does not care which one it serves. The pydantic models of gateway/api_models.py
 check every field alone (gateway/validation.py names a bad one); what is left here is what needs
 several fields at once: top_logprobs needs logprobs, max_tokens 0 needs echo, one output
-constraint at a time, tool choices naming listed tools (gateway/tools.py), and a combination that
+constraint at a time, tool choices naming listed tools (gateway/serving/tools.py), and a combination that
 no engine kind serves. The other APIs (Responses, Messages) map onto a chat body and end here too.
+`ApiRequest` itself, what the request path serves, is gateway/serving/api_request.py's.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from gateway.api_models import ChatCompletionRequest, CompletionRequest
 from gateway.errors import InvalidRequest
 from gateway.extra_params import extra_sampling
-from gateway.tools import ToolRequest, parse_tools
+from gateway.serving.api_request import ApiRequest, Sampling
+from gateway.serving.tools import ToolRequest, parse_tools
 from gateway.validation import refuse_unsupported, validate
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """The sampling fields of either endpoint; `max_tokens` None means "fill the context"."""
-
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    n: int = 1
-    logprobs: bool = False
-    top_logprobs: int = 0  # alternatives per token; 0 with logprobs=True still returns the chosen token's
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    json_object: bool = False
-    json_schema: str | None = None
-    # vLLM's extra parameters (gateway/extra_params.py)
-    beam_width: int = 1
-    length_penalty: float = 1.0
-    regex: str | None = None
-    speculative: bool | None = None
-    priority: int = 0  # lower is admitted first by an engine scheduling by priority
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]); ids checked in prepare()
-    prompt_logprobs: int | None = None  # alternatives per prompt token (echo + logprobs, or vLLM's field)
-
-
-@dataclass(frozen=True)
-class ApiRequest:
-    kind: str  # "chat" | "completion"
-    model: str
-    sampling: Sampling
-    messages: tuple[dict, ...] = ()
-    tools: ToolRequest | None = None
-    prompt: str | tuple[int, ...] = ""
-    stream: bool = False
-    include_usage: bool = False
-    user: str | None = None
-    echo: bool = False
-
-    @property
-    def turn_count(self) -> int:
-        return sum(1 for m in self.messages if m.get("role") == "user") or 1
-
-    @property
-    def required_capabilities(self) -> frozenset[str]:
-        s = self.sampling
-        caps = set()
-        if s.n > 1 and s.beam_width == 1:
-            caps.add("n")
-        if s.beam_width > 1:
-            caps.add("beam_search")
-        if s.json_object or s.json_schema is not None or s.regex is not None or (self.tools and self.tools.active):
-            caps.add("structured_output")  # tool requests route like structured output
-        if s.speculative:
-            caps.add("speculative")
-        return frozenset(caps)
 
 
 def _logit_bias(raw: dict[str, float] | None) -> tuple[tuple[int, float], ...]:

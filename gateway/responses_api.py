@@ -34,7 +34,7 @@ from gateway.body_parser import parse_json_body
 from gateway.control.state import StateUnavailable
 from gateway.protocol import parse_chat
 from gateway.responses_input import Responses, to_chat, validate_responses
-from gateway.timeouts import client_timeout_s
+from gateway.serving.timeouts import client_timeout_s
 
 log = logging.getLogger("duet.gateway.responses")
 

@@ -27,7 +27,7 @@ from gateway import errors
 from gateway.api_models import DetokenizeRequest, TokenizeChatRequest, TokenizePromptRequest
 from gateway.body_parser import parse_json_body
 from gateway.protocol import chat_messages, chat_tools
-from gateway.tools import render_chat
+from gateway.serving.tools import render_chat
 from gateway.validation import validate
 
 

@@ -15,7 +15,7 @@ same as to Duet's own engines: prompt token ids and sampling parameters out, tok
   engine's — the approximate path, documented in docs/operations.md.
 
 Cached tokens come only at the end of a stream, so `ChunkReader` holds back each choice's finishing
-message until the usage arrives and sends it with `prompt` set (gateway/generation.py reads a prompt
+message until the usage arrives and sends it with `prompt` set (gateway/serving/generation.py reads a prompt
 that comes late).
 """
 

@@ -9,7 +9,7 @@ snapshot the routing policy reads; it does no I/O.
 Progress: `Worker.progress_at` is when a poll last saw the worker's step counter (`num_steps`)
 advance, a step running for no longer than `max_step_s` (one long prefill step on a slow device;
 the first-token deadline, since a whole prefill must fit in it), or the worker with no work at all.
-The stream watchdog (gateway/timeouts.py) takes a worker whose progress stopped while it has work for
+The stream watchdog (gateway/serving/timeouts.py) takes a worker whose progress stopped while it has work for
 stalled; one that is merely busy keeps stepping.
 """
 

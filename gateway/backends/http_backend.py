@@ -1,6 +1,6 @@
 """`HttpBackendClient`: an external vLLM, SGLang or OpenAI-compatible server behind the gateway's
 `EngineClient` interface (gateway/backends/engine_client.py), so the worker pool, routing, the watchdog, the
-circuit breaker and gateway/generation.py treat it like one of Duet's gRPC workers.
+circuit breaker and gateway/serving/generation.py treat it like one of Duet's gRPC workers.
 
     generate        vLLM: POST /inference/v1/generate; others: POST /v1/completions (backend_wire.py)
     abort           vLLM: POST /inference/v1/abort_requests (closing the stream aborts it as well)

@@ -6,7 +6,7 @@ reaching the worker (`ROUTE`: after the gateway's FIFO, `GatewayPath.request_s` 
 loadtests/fleet/gateway_path.py; at once when that is 0), a worker's step boundary, the gateway's load poll
 (every `GatewayPath.poll_interval_s`, when set), the pool planner's tick (every `tick_s`, as the gateway's
 pool loop) and the end of a worker's kind switch. A token reaches the client `GatewayPath.token_s` after the
-step that made it. When it reaches the gateway's routing the request is routed exactly as gateway/generation.py routes it: its prompt's chained block
+step that made it. When it reaches the gateway's routing the request is routed exactly as gateway/serving/generation.py routes it: its prompt's chained block
 hashes (duet.hashing, 16-token blocks, at most 256), a `RouteRequest` with the session key and turn count,
 worker views (running, waiting, KV usage: live, or as the last poll saw them; the gateway's own
 queued-prefill count from gateway/control/pool_tracker.PoolTracker), the policy (`gateway.routing.policy.route`, or the SGLang-style baseline

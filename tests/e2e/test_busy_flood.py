@@ -159,7 +159,7 @@ def test_with_a_low_queue_bound_the_overflow_is_refused_at_once_and_never_starte
     gw = _gateway(engines, max_queue_wait_s=4 * PROMPT_TOKENS / rate)
     try:
         # a worker whose rate this gateway has not polled yet has no wait estimate and admits everything
-        # (gateway/admission.py); on a loaded machine the flood once beat the new gateway's first poll
+        # (gateway/serving/admission.py); on a loaded machine the flood once beat the new gateway's first poll
         g = gw.gateway
         assert _wait(lambda: all((w := g.pool.get(v.worker_id)) is not None and w.load is not None
                                  and w.load.prefill_tokens_per_s > 0 for v in g.views()), 30)

@@ -1,12 +1,12 @@
-"""Admission control's estimate and decision (gateway/admission.py), no I/O."""
+"""Admission control's estimate and decision (gateway/serving/admission.py), no I/O."""
 
 from __future__ import annotations
 
 import pytest
 
 from gateway import errors
-from gateway.admission import WaitEstimate, admit, best_wait, queue_wait_s
 from gateway.routing.route_types import WorkerView
+from gateway.serving.admission import WaitEstimate, admit, best_wait, queue_wait_s
 
 
 def view(worker_id: str, queued: int, healthy: bool = True, caps=("logprobs",), model: str = "m") -> WorkerView:

@@ -26,7 +26,7 @@ from gateway.messages_input import CountTokensRequest
 from gateway.openapi import DOCUMENT
 from gateway.protocol import parse_chat, parse_completions
 from gateway.responses_input import parse_responses
-from gateway.timeouts import client_timeout_s
+from gateway.serving.timeouts import client_timeout_s
 
 WIRED, REFUSED = "wired", "refused"
 # read and passed on, with no effect this test can see on the tiny model's tokenizer (it adds no special
@@ -46,7 +46,7 @@ SAMPLING = {  # field: (value, extra base fields, expectation)
     "prompt_logprobs": (1, {}, WIRED), "use_beam_search": (True, {"n": 2}, WIRED), "best_of": (3, {"n": 2, "use_beam_search": True}, WIRED),
     "length_penalty": (0.5, {}, WIRED), "regex": ("a+", {}, WIRED), "guided_regex": ("a+", {}, WIRED),
     "guided_choice": (["a", "b"], {}, WIRED), "speculative": (True, {}, WIRED), "priority": (3, {}, WIRED),
-    "timeout": (30, {}, WIRED),  # the client's deadline: read beside the parse (gateway.timeouts.client_timeout_s)
+    "timeout": (30, {}, WIRED),  # the client's deadline: read beside the parse (gateway.serving.timeouts.client_timeout_s)
 }
 SAMPLES = {
     "ChatCompletionRequest": ({"model": "m", "messages": MSGS}, {

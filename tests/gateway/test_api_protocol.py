@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from gateway.errors import InvalidRequest
 from gateway.protocol import parse_chat, parse_completion
-from gateway.stops import StopMatcher
+from gateway.serving.stops import StopMatcher
 
 MSG = [{"role": "user", "content": "hi"}]
 

@@ -1,7 +1,7 @@
-"""gateway/circuit_breaker.py: closed -> open after N consecutive failures -> half-open after the
+"""gateway/serving/circuit_breaker.py: closed -> open after N consecutive failures -> half-open after the
 cooldown -> closed on a success or open again on a failure."""
 
-from gateway.circuit_breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreakers
+from gateway.serving.circuit_breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreakers
 
 
 def test_breaker_opens_after_consecutive_failures_and_recovers():

@@ -79,7 +79,7 @@ def test_a_role_that_is_not_a_string_is_a_400_not_a_crash():
 
 
 def test_priority_reaches_the_generate_request_and_needs_no_capability():
-    from gateway.generation import Prepared, to_pb
+    from gateway.serving.generation import Prepared, to_pb
 
     r = parse_completion({"model": "m", "prompt": "x", "priority": -7})
     assert r.sampling.priority == -7 and r.required_capabilities == frozenset()

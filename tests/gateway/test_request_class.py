@@ -1,4 +1,4 @@
-"""The traffic class (gateway/request_class.py): the pure rule on parsed requests, and the `class` label a
+"""The traffic class (gateway/serving/request_class.py): the pure rule on parsed requests, and the `class` label a
 request leaves on the gateway's TTFT, inter-token and e2e histograms (a live gateway over sim workers)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import httpx
 import openai
 
 from gateway.protocol import parse_chat, parse_completions
-from gateway.request_class import CLASSES, DOCUMENT_PROMPT_TOKENS, request_class
+from gateway.serving.request_class import CLASSES, DOCUMENT_PROMPT_TOKENS, request_class
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from duet_stack import model_dir

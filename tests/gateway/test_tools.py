@@ -10,8 +10,8 @@ import pytest
 
 from gateway.errors import InvalidRequest
 from gateway.protocol import parse_chat
-from gateway.tool_calls import Arguments, CallStart, Content, ToolCallParser, parse_whole
-from gateway.tools import render_chat
+from gateway.serving.tool_calls import Arguments, CallStart, Content, ToolCallParser, parse_whole
+from gateway.serving.tools import render_chat
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",

@@ -11,7 +11,7 @@ import pytest
 from duet.rpc import engine_pb2 as pb
 from gateway import errors
 from gateway.backends.engine_client import EngineCallError
-from gateway.timeouts import (
+from gateway.serving.timeouts import (
     DEADLINE,
     ERROR,
     FIRST_TOKEN,

@@ -2,7 +2,7 @@
 
     prepare()  render + tokenize, check the context length
     to_pb()    the engine's GenerateRequest
-    dispatch() route and open the stream, retrying on other workers (gateway/dispatch.py): a
+    dispatch() route and open the stream, retrying on other workers (gateway/serving/dispatch.py): a
                `Dispatched`, whose `close()` the caller must call (it cancels the gRPC call)
     deadline   the client's `timeout` (Prepared.deadline) ends the request wherever it is: queued,
                prefilling, or (without streaming) generating; the engine aborts it (408, no retry)
@@ -25,11 +25,11 @@ from duet.tokenizer import ChatTemplateError, TokenizerError
 from gateway import errors
 from gateway.backends.engine_client import EngineCallError, GenerateStream
 from gateway.models import ServedModel
-from gateway.protocol import ApiRequest
 from gateway.routing.route_types import RouteDecision
-from gateway.stops import StopMatcher
-from gateway.timeouts import ClientDeadline
-from gateway.tools import render_chat
+from gateway.serving.api_request import ApiRequest
+from gateway.serving.stops import StopMatcher
+from gateway.serving.timeouts import ClientDeadline
+from gateway.serving.tools import render_chat
 
 _FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
 

@@ -20,9 +20,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway import errors
-from gateway.generation import Dispatched, Prepared, outputs
-from gateway.request_class import request_class
-from gateway.responses import SSE_DONE, ResponseBuilder, sse
+from gateway.serving.chat_chunks import SSE_DONE, ChunkBuilder, sse
+from gateway.serving.generation import Dispatched, Prepared, outputs
+from gateway.serving.request_class import request_class
 
 log = logging.getLogger("duet.gateway.api")
 
@@ -38,7 +38,7 @@ class Run:
 
     def __init__(self, gw, prep: Prepared, d: Dispatched, endpoint: str, index_offset: int = 0) -> None:
         self.gw, self.prep, self.d, self.endpoint = gw, prep, d, endpoint
-        self.builder = ResponseBuilder(prep, index_offset)
+        self.builder = ChunkBuilder(prep, index_offset)
         self.builder.prompt_lps = list(d.first.prompt_logprobs) if prep.api.sampling.prompt_logprobs is not None \
             else None
         self.usage: dict = {}

@@ -79,7 +79,7 @@ def admit(estimate: WaitEstimate | None, max_queue_wait_s: float | None, client_
 
 
 def admit_request(gw, prep, client_timeout_s: float | None) -> None:
-    """Check one prepared request (gateway.generation.Prepared) against the gateway's workers now."""
+    """Check one prepared request (gateway.serving.generation.Prepared) against the gateway's workers now."""
     candidates = []
     for view in gw.views():
         worker = gw.pool.get(view.worker_id)

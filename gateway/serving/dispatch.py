@@ -23,9 +23,9 @@ from duet.hashing import block_hashes
 from duet.tracing import inject_metadata
 from gateway import errors
 from gateway.backends.engine_client import EngineCallError
-from gateway.generation import Dispatched, Prepared, to_pb
 from gateway.routing.route_types import NoCapableWorker, RouteRequest, UnknownVariant
-from gateway.timeouts import ClientDeadline
+from gateway.serving.generation import Dispatched, Prepared, to_pb
+from gateway.serving.timeouts import ClientDeadline
 
 _SEQUENCE = itertools.count()  # routed requests of this process (RouteRequest.sequence)
 

@@ -13,7 +13,7 @@ DOCUMENT_PROMPT_TOKENS = 1024  # a one-shot prompt this long is a document: its 
 
 def request_class(api, session_key: str | None, prompt_tokens: int,
                   document_tokens: int = DOCUMENT_PROMPT_TOKENS) -> str:
-    """`api` a gateway.protocol.ApiRequest; `session_key` the affinity key routing saw (x-session-id, a
+    """`api` a gateway.serving.api_request.ApiRequest; `session_key` the affinity key routing saw (x-session-id, a
     Responses conversation / previous_response_id). Structured output wins over the rest: its grammar
     shapes the latency whatever the prompt; then a conversation (a session key or more than one user
     turn, whose prefix is usually cached); then a long one-shot prompt; else a plain one-shot."""

@@ -7,7 +7,7 @@ in one of three phases, and each has its own rule:
 
     queued     sent, the engine has not started it: no deadline of its own. Waiting behind other
                work on a healthy engine is not a fault (admission control keeps the wait bounded,
-               gateway/admission.py)
+               gateway/serving/admission.py)
     started    the engine took it out of its queue (its `started` progress message): the first
                token must come within `first_token_s` (that is its own prefill)
     streaming  tokens flowing

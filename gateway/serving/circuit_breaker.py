@@ -7,14 +7,14 @@ fails requests (a broken engine, a wedged device, streams that stall). States pe
     open       left out of routing until `open_s` has passed since it opened
     half_open  routed again; the next call's outcome closes it (success) or opens it again (failure)
 
-A failed call is a fault of the worker, never of load (gateway/timeouts.py decides): an error
+A failed call is a fault of the worker, never of load (gateway/serving/timeouts.py decides): an error
 before the first token or mid-stream, or a stall (silent while the worker makes no progress). Not
 counted: a request the engine rejected as invalid, a RESOURCE_EXHAUSTED refusal (the worker is full),
 time spent queued, a slow prefill past `first_token_s`, the client's own deadline. Half-open admits
 every request rather than one probe: a failure before the first token is retried on another worker
 anyway, so the cost of a bad probe is one retry per request. When every worker of a model is open, a
 request waits for the first to turn half-open (`reopens_in`), within its own deadline, rather than
-failing at once (gateway/generation.py).
+failing at once (gateway/serving/generation.py).
 """
 
 from __future__ import annotations

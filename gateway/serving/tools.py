@@ -13,7 +13,7 @@ tool calls become `<tool_call>{"name": ..., "arguments": ...}</tool_call>` text 
 Enforcement: `required` holds the output to one JSON object `{"name": <a tool>, "arguments": <its
 schema>}`; a named function holds it to that function's argument schema. Both compile with xgrammar
 in engine_prefix, so the arguments always parse and validate; `auto` parses whatever the model says
-(gateway/tool_calls.py).
+(gateway/serving/tool_calls.py).
 """
 
 from __future__ import annotations
