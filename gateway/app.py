@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from gateway import api, messages_api, responses_api, tokenize_api
+from gateway.api import completions, health, messages, responses, tokenize
 from gateway.backends.engine_client import GrpcEngineClient
 from gateway.backends.fleet import WorkerPool
 from gateway.backends.http_backend import with_backends
@@ -238,21 +238,21 @@ class Gateway:
 def build_app(config: GatewayConfig, **gateway_kwargs) -> Starlette:
     gw = Gateway(config, **gateway_kwargs)
     routes = [
-        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
-        Route("/v1/completions", api.completions, methods=["POST"]),
-        Route("/v1/responses", responses_api.create, methods=["POST"]),
-        Route("/v1/responses/{response_id}", responses_api.retrieve, methods=["GET"]),
-        Route("/v1/responses/{response_id}", responses_api.delete, methods=["DELETE"]),
-        Route("/v1/messages", messages_api.create, methods=["POST"]),
-        Route("/v1/messages/count_tokens", messages_api.count_tokens, methods=["POST"]),
-        Route("/v1/models", api.list_models, methods=["GET"]),
-        Route("/v1/models/{model_id:path}", tokenize_api.retrieve_model, methods=["GET"]),
-        Route("/tokenize", tokenize_api.tokenize, methods=["POST"]),
-        Route("/detokenize", tokenize_api.detokenize, methods=["POST"]),
-        Route("/version", tokenize_api.version, methods=["GET"]),
-        Route("/health", api.health, methods=["GET"]),
-        Route("/ready", api.ready, methods=["GET"]),
-        Route("/metrics", api.metrics, methods=["GET"]),
+        Route("/v1/chat/completions", completions.chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions.completions, methods=["POST"]),
+        Route("/v1/responses", responses.create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"]),
+        Route("/v1/messages", messages.create, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
+        Route("/v1/models", tokenize.list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", tokenize.retrieve_model, methods=["GET"]),
+        Route("/tokenize", tokenize.tokenize, methods=["POST"]),
+        Route("/detokenize", tokenize.detokenize, methods=["POST"]),
+        Route("/version", tokenize.version, methods=["GET"]),
+        Route("/health", health.health, methods=["GET"]),
+        Route("/ready", health.ready, methods=["GET"]),
+        Route("/metrics", health.metrics, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
         *admin_routes(gw),
     ]

@@ -1,8 +1,8 @@
 """The OpenAPI 3.1 document of the public API, served at `GET /openapi.json`.
 
 Every schema in it is generated from the pydantic models: the request bodies that validate
-(gateway/api_models.py, responses_input.py, messages_input.py) and the answers and error shapes
-(gateway/answer_models.py). This module only lists the operations: path, method, the request and
+(gateway/api/request_models.py, responses_input.py, messages_input.py) and the answers and error shapes
+(gateway/api/answer_models.py). This module only lists the operations: path, method, the request and
 answer models, and the error statuses (OpenAI's error shape, or Anthropic's on /v1/messages*). A
 client generator or the fuzzer (tests/gateway/test_fuzz_openapi.py drives schemathesis from it)
 sees what the gateway accepts. The admin API is operator-only and left out.
@@ -17,16 +17,16 @@ from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from gateway import answer_models as out
-from gateway.api_models import (
+from gateway.api import answer_models as out
+from gateway.api.messages_input import CountTokensRequest, MessagesRequest
+from gateway.api.request_models import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeChatRequest,
     TokenizePromptRequest,
 )
-from gateway.messages_input import CountTokensRequest, MessagesRequest
-from gateway.responses_input import ResponsesRequest
+from gateway.api.responses_input import ResponsesRequest
 
 _REASONS = {400: "invalid request", 401: "missing or wrong API key", 404: "unknown model or id",
             413: "body too large", 429: "rate limited (Retry-After)", 500: "gateway bug",

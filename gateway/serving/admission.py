@@ -16,7 +16,7 @@ that has not measured a rate yet, with prefill queued, has no estimate: the requ
 The bound is `limits.max_queue_wait_s`, lowered for one request by its client's `timeout` (a
 request its client will abandon before it starts is not worth starting). Retry-After says when the
 queue should have drained below the bound: the excess wait, rounded up, at least one second.
-`admit_request` is the request path's call (gateway/api.py, after tokenizing, before per-key limits).
+`admit_request` is the request path's call (gateway/api/completions.py, after tokenizing, before per-key limits).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The one request every API becomes: `ApiRequest` (with its `Sampling`), what the request path serves.
 
-Chat completions and completions parse into it (gateway/protocol.py), and the Responses and Messages APIs
+Chat completions and completions parse into it (gateway/api/protocol.py), and the Responses and Messages APIs
 map onto a chat body first, so prepare, dispatch and the run do not care which API a request came
 through. `required_capabilities` is what routing must find in a worker (structured output and
 speculative decoding on engine_prefix, n > 1 and beam search on engine_paged).
@@ -35,7 +35,7 @@ class Sampling:
     min_tokens: int = 0
     json_object: bool = False
     json_schema: str | None = None
-    # vLLM's extra parameters (gateway/extra_params.py)
+    # vLLM's extra parameters (gateway/api/extra_params.py)
     beam_width: int = 1
     length_penalty: float = 1.0
     regex: str | None = None

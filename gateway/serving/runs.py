@@ -2,7 +2,7 @@
 stats, releasing its admission slot, and cancelling the engine call when the client goes.
 
     chunk_groups()  the chat/completion chunks as the engine produces them
-    steps()         the same as text and tool-call pieces (what gateway/responses_api.py and
+    steps()         the same as text and tool-call pieces (what gateway/api/responses.py and
                     messages_api.py translate into their events)
     stream()        SSE bytes of those chunks
     collect()       the whole JSON answer (`collect(runs, ...)` merges several: a completions batch)

@@ -92,7 +92,7 @@ def _check_tool_turns(messages: list[dict]) -> None:
 
 
 def parse_tools(tools: list[dict] | None, tool_choice: object, messages: list[dict]) -> ToolRequest | None:
-    """`tools` and `tool_choice` as the validated model dumped them (gateway/api_models.py checked each
+    """`tools` and `tool_choice` as the validated model dumped them (gateway/api/request_models.py checked each
     tool's shape); here the rules between them and the messages."""
     _check_tool_turns(messages)
     if tools is None and tool_choice in (None, "none"):

@@ -18,14 +18,14 @@ from starlette.testclient import TestClient
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from duet_stack import model_dir
 
+from gateway.api.messages import parse_request as parse_messages_chat
+from gateway.api.messages_input import CountTokensRequest
+from gateway.api.protocol import parse_chat, parse_completions
+from gateway.api.responses_input import parse_responses
 from gateway.app import build_app
 from gateway.config import from_dict
 from gateway.errors import InvalidRequest
-from gateway.messages_api import parse_request as parse_messages_chat
-from gateway.messages_input import CountTokensRequest
 from gateway.openapi import DOCUMENT
-from gateway.protocol import parse_chat, parse_completions
-from gateway.responses_input import parse_responses
 from gateway.serving.timeouts import client_timeout_s
 
 WIRED, REFUSED = "wired", "refused"

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.api.protocol import parse_chat, parse_completion
 from gateway.errors import InvalidRequest
-from gateway.protocol import parse_chat, parse_completion
 from gateway.serving.stops import StopMatcher
 
 MSG = [{"role": "user", "content": "hi"}]

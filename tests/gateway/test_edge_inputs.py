@@ -126,7 +126,7 @@ def test_tokenizer_refuses_a_lone_surrogate_with_its_own_error():
 
 
 def test_integral_floats_are_integers_as_json_schema_says():
-    from gateway.protocol import parse_completion
+    from gateway.api.protocol import parse_completion
 
     api = parse_completion({"model": "m", "prompt": "x", "n": 2.0, "max_tokens": 16.0, "seed": 0.0})
     assert (api.sampling.n, api.sampling.max_tokens, api.sampling.seed) == (2, 16, 0)

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
+from gateway.api.extra_params import choice_regex
+from gateway.api.protocol import parse_chat, parse_completion
 from gateway.errors import InvalidRequest
-from gateway.extra_params import choice_regex
-from gateway.protocol import parse_chat, parse_completion
 
 
 def chat(**extra):

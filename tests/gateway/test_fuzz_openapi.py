@@ -14,7 +14,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from gateway import answer_models
+from gateway.api import answer_models
 from gateway.openapi import DOCUMENT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))

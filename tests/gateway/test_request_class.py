@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from gateway.protocol import parse_chat, parse_completions
+from gateway.api.protocol import parse_chat, parse_completions
 from gateway.serving.request_class import CLASSES, DOCUMENT_PROMPT_TOKENS, request_class
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))

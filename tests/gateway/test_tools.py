@@ -8,8 +8,8 @@ import json
 import jsonschema
 import pytest
 
+from gateway.api.protocol import parse_chat
 from gateway.errors import InvalidRequest
-from gateway.protocol import parse_chat
 from gateway.serving.tool_calls import Arguments, CallStart, Content, ToolCallParser, parse_whole
 from gateway.serving.tools import render_chat
 

@@ -1,6 +1,6 @@
 """The Anthropic Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
 
-A request becomes a chat request (gateway/messages_input.py) and runs on the chat path; its answer
+A request becomes a chat request (gateway/api/messages_input.py) and runs on the chat path; its answer
 becomes a Message: `text` and `tool_use` content blocks, `stop_reason` (end_turn, max_tokens,
 stop_sequence with the `stop_sequence` that matched, tool_use), and usage with
 `cache_read_input_tokens` (prompt tokens served from the prefix cache; `input_tokens` counts the
@@ -22,10 +22,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from duet.tokenizer import ChatTemplateError, TokenizerError
 from gateway import errors
-from gateway.api import start
+from gateway.api.messages_input import CountTokensRequest, MessagesRequest, parse_messages
+from gateway.api.protocol import parse_chat
 from gateway.body_parser import parse_json_body
-from gateway.messages_input import CountTokensRequest, MessagesRequest, parse_messages
-from gateway.protocol import parse_chat
+from gateway.serving.start import start
 from gateway.serving.timeouts import client_timeout_s
 from gateway.serving.tools import render_chat
 

@@ -1,4 +1,4 @@
-"""A request body -> its pydantic model (gateway/api_models.py and the per-API models), with a
+"""A request body -> its pydantic model (gateway/api/request_models.py and the per-API models), with a
 `ValidationError` turned into one `InvalidRequest` a user can read: the field's path and what is
 wrong with it, e.g. `temperature: must be <= 2.0, got 5` or `messages[0].role: must be 'user' or
 'assistant', got "robot"`, with `param` the top-level field (at most three fields are named). gateway/errors.py then gives

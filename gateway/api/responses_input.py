@@ -12,7 +12,7 @@ A Responses request is a conversation as a list of items plus options; it maps o
     text.format {type: text | json_object | json_schema}                  -> response_format
     max_output_tokens, temperature, top_p, user                           -> the chat fields
 
-The request model below is the one description of the body (validated through gateway/validation.py,
+The request model below is the one description of the body (validated through gateway/api/validation.py,
 and in /openapi.json). What Duet cannot do is refused with a 400 naming the field (other tool types,
 non-text parts, reasoning items, `truncation: auto`, `parallel_tool_calls: false`, `reasoning`,
 `include`), never accepted and ignored.
@@ -28,7 +28,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Discriminator, Field, Tag
 from pydantic_core import PydanticCustomError
 
-from gateway.api_models import (
+from gateway.api.request_models import (
     MAX_TOOLS,
     FunctionDef,
     MaxTokens,
@@ -41,8 +41,8 @@ from gateway.api_models import (
     ToolChoiceMode,
     TopP,
 )
+from gateway.api.validation import refuse_unsupported, validate
 from gateway.errors import InvalidRequest
-from gateway.validation import refuse_unsupported, validate
 
 
 class InputText(Strict):
@@ -140,7 +140,7 @@ REFUSED = {"reasoning": "the models this server runs do not reason in a separate
 class Responses:
     """A validated Responses request, mapped (see the module doc)."""
 
-    chat_body: dict  # what gateway.protocol.parse_chat turns into the ApiRequest the generation path serves
+    chat_body: dict  # what gateway.api.protocol.parse_chat turns into the ApiRequest the generation path serves
     conversation: list[dict]  # chat messages of the whole conversation so far, instructions left out
     store: bool
     stream: bool

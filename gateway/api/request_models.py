@@ -1,11 +1,11 @@
 """The OpenAI (and vLLM) request bodies as pydantic models: the one description of every field,
-type and range. They validate (gateway/validation.py turns their errors into 400s naming the
+type and range. They validate (gateway/api/validation.py turns their errors into 400s naming the
 field) and /openapi.json is generated from them (gateway/openapi.py). What one field cannot say
 alone (top_logprobs needs logprobs, a tool_choice naming a listed tool, which engine kind can serve
-the combination) is gateway/protocol.py's, which makes the validated model an `ApiRequest`.
+the combination) is gateway/api/protocol.py's, which makes the validated model an `ApiRequest`.
 
-The Responses and Anthropic Messages bodies are in gateway/responses_input.py and
-gateway/messages_input.py, the response shapes in gateway/answer_models.py. Every model is strict
+The Responses and Anthropic Messages bodies are in gateway/api/responses_input.py and
+gateway/api/messages_input.py, the response shapes in gateway/api/answer_models.py. Every model is strict
 (a string is not a number, 1 is not true) except that an integral float is an integer, as JSON
 Schema says (2.0 is 2); unknown fields are ignored, as OpenAI-compatible servers do.
 """
@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from gateway.validation import PATTERN_PHRASES
+from gateway.api.validation import PATTERN_PHRASES
 
 MAX_TOKEN_ID = 1 << 31  # token ids travel as uint32; no vocabulary comes near this
 MAX_STOP_STRINGS = 16
@@ -122,7 +122,7 @@ class StreamOptions(Strict):
 
 
 class _Sampling(Strict):
-    """The fields both OpenAI endpoints take (vLLM's extras included, gateway/extra_params.py)."""
+    """The fields both OpenAI endpoints take (vLLM's extras included, gateway/api/extra_params.py)."""
 
     temperature: Temperature | None = None
     top_p: TopP | None = None

@@ -1,5 +1,5 @@
 """vLLM's tokenizer endpoints and the small lookups: `/tokenize`, `/detokenize`, `/version`,
-`GET /v1/models/{id}`.
+`GET /v1/models` and `GET /v1/models/{id}`.
 
 Shapes follow vLLM's OpenAI server, so routers written against vLLM's tokenizer endpoints work:
 
@@ -24,11 +24,11 @@ from starlette.responses import JSONResponse, Response
 
 from duet.tokenizer import ChatTemplateError, TokenizerError
 from gateway import errors
-from gateway.api_models import DetokenizeRequest, TokenizeChatRequest, TokenizePromptRequest
+from gateway.api.protocol import chat_messages, chat_tools
+from gateway.api.request_models import DetokenizeRequest, TokenizeChatRequest, TokenizePromptRequest
+from gateway.api.validation import validate
 from gateway.body_parser import parse_json_body
-from gateway.protocol import chat_messages, chat_tools
 from gateway.serving.tools import render_chat
-from gateway.validation import validate
 
 
 def _model(gw, name: str | None):
@@ -115,6 +115,12 @@ async def version(request: Request) -> Response:
 
 def model_card(m) -> dict:
     return {"id": m.model_id, "object": "model", "created": 0, "owned_by": "duet", "max_model_len": m.max_model_len}
+
+
+async def list_models(request: Request) -> Response:
+    gw = request.app.state.gateway
+    data = [model_card(m) for m in gw.models.values()]
+    return JSONResponse({"object": "list", "data": data})
 
 
 async def retrieve_model(request: Request) -> Response:

@@ -1,8 +1,8 @@
 """OpenAI request bodies -> one validated `ApiRequest`.
 
 Both endpoints (`/v1/chat/completions`, `/v1/completions`) parse into the same dataclass, so the
-generation path does not care which one it serves. The pydantic models of gateway/api_models.py
-check every field alone (gateway/validation.py names a bad one); what is left here is what needs
+generation path does not care which one it serves. The pydantic models of gateway/api/request_models.py
+check every field alone (gateway/api/validation.py names a bad one); what is left here is what needs
 several fields at once: top_logprobs needs logprobs, max_tokens 0 needs echo, one output
 constraint at a time, tool choices naming listed tools (gateway/serving/tools.py), and a combination that
 no engine kind serves. The other APIs (Responses, Messages) map onto a chat body and end here too.
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 
-from gateway.api_models import ChatCompletionRequest, CompletionRequest
+from gateway.api.extra_params import extra_sampling
+from gateway.api.request_models import ChatCompletionRequest, CompletionRequest
+from gateway.api.validation import refuse_unsupported, validate
 from gateway.errors import InvalidRequest
-from gateway.extra_params import extra_sampling
 from gateway.serving.api_request import ApiRequest, Sampling
 from gateway.serving.tools import ToolRequest, parse_tools
-from gateway.validation import refuse_unsupported, validate
 
 
 def _logit_bias(raw: dict[str, float] | None) -> tuple[tuple[int, float], ...]:

@@ -13,7 +13,7 @@ OpenAI clients send them in the body (the official SDK's `extra_body`), as vLLM 
                                  --schedule-policy priority`, `duet engine prefix --schedule-policy fcfs`),
                                  ignored by the others
 
-Their types and ranges are in gateway/api_models.py. The first five map to an engine capability that routing honours (see `ApiRequest.required_capabilities`);
+Their types and ranges are in gateway/api/request_models.py. The first five map to an engine capability that routing honours (see `ApiRequest.required_capabilities`);
 priority needs none (every engine kind can order by it).
 """
 
@@ -31,7 +31,7 @@ def choice_regex(choices: list[str]) -> str:
 
 def extra_sampling(req, n: int) -> dict:
     """The Sampling fields these parameters set: beam_width, length_penalty, regex, speculative, priority.
-    `req` is a validated request model (gateway/api_models.py checked each field's type and range);
+    `req` is a validated request model (gateway/api/request_models.py checked each field's type and range);
     what is checked here needs several fields at once."""
     out: dict = {}
     best_of = req.best_of

@@ -1,6 +1,6 @@
 """The OpenAI Responses API: `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`.
 
-A request becomes a chat request (gateway/responses_input.py) and runs on the chat path (routing,
+A request becomes a chat request (gateway/api/responses_input.py) and runs on the chat path (routing,
 tools, structured output, streaming), and its answer becomes a Response object: a `message` item
 with `output_text`, and a `function_call` item per tool call. Streaming sends the Responses events:
 
@@ -29,11 +29,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway import errors
-from gateway.api import start
+from gateway.api.protocol import parse_chat
+from gateway.api.responses_input import Responses, to_chat, validate_responses
 from gateway.body_parser import parse_json_body
 from gateway.control.state import StateUnavailable
-from gateway.protocol import parse_chat
-from gateway.responses_input import Responses, to_chat, validate_responses
+from gateway.serving.start import start
 from gateway.serving.timeouts import client_timeout_s
 
 log = logging.getLogger("duet.gateway.responses")

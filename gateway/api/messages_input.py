@@ -11,7 +11,7 @@
 
 Anthropic's SDK sends temperature / top_p / top_k in the body (through extra_body in 2.15): they are
 read from it like every other field. The request models below are the one description of the body (validated through
-gateway/validation.py, and in /openapi.json). What Duet cannot do is a 400 naming the field (image
+gateway/api/validation.py, and in /openapi.json). What Duet cannot do is a 400 naming the field (image
 and document blocks, `thinking`, server tools, `disable_parallel_tool_use`), never accepted and ignored.
 """
 
@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from gateway.api_models import (
+from gateway.api.request_models import (
     MAX_STOP_STRINGS,
     MAX_TOOLS,
     MaxTokens,
@@ -34,8 +34,8 @@ from gateway.api_models import (
     TopK,
     TopP,
 )
+from gateway.api.validation import refuse_unsupported, validate
 from gateway.errors import InvalidRequest
-from gateway.validation import refuse_unsupported, validate
 
 
 class TextBlock(Strict):

@@ -1,0 +1,55 @@
+"""The OpenAI completion endpoints: `POST /v1/chat/completions` and `POST /v1/completions`.
+
+A request: parse the body (gateway/api/protocol.py) -> start it on the serving path (admit, prepare,
+admission control, per-key limits, dispatch: gateway/serving/start.py) -> stream SSE or collect one JSON
+response; a completions batch merges its prompts' runs (gateway/api/completion_batch.py). The client's
+`timeout` (`client_timeout_s`) bounds all of it. Every error becomes an OpenAI error object through
+gateway/errors.py.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from gateway import errors
+from gateway.api import completion_batch as batch
+from gateway.api.protocol import parse_chat, parse_completions
+from gateway.body_parser import parse_json_body
+from gateway.serving.runs import disconnected
+from gateway.serving.start import start
+from gateway.serving.timeouts import client_timeout_s
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _generate(request, lambda body: [parse_chat(body)])
+
+
+async def completions(request: Request) -> Response:
+    return await _generate(request, parse_completions)
+
+
+async def _generate(request: Request, parse) -> Response:
+    """`parse(body)` gives one ApiRequest per prompt; the answers are merged into one response."""
+    gw = request.app.state.gateway
+    try:
+        body = parse_json_body(await request.body())
+        timeout_s = client_timeout_s(request.headers, body)
+        apis = parse(body)
+    except errors.GatewayError as e:
+        gw.metrics.requests.labels(request.url.path, str(e.status)).inc()
+        return errors.error_response(e)
+    try:
+        runs, headers = await start(request, apis, timeout_s=timeout_s)
+    except errors.GatewayError as e:
+        return errors.error_response(e)
+    if len(runs) > 1:
+        if apis[0].stream:
+            return StreamingResponse(batch.stream(runs), media_type="text/event-stream",
+                                     headers={**headers, "cache-control": "no-cache"})
+        return await batch.collect(runs, headers, disconnected(request))
+    run = runs[0]
+    if run.prep.api.stream:
+        return StreamingResponse(run.stream(), media_type="text/event-stream",
+                                 headers={**headers, "cache-control": "no-cache"})
+    return await run.collect(request, headers)
