@@ -16,6 +16,7 @@ from gateway import errors
 from gateway.api import completion_batch as batch
 from gateway.api.protocol import parse_chat, parse_completions
 from gateway.body_parser import parse_json_body
+from gateway.serving.context import serving_context
 from gateway.serving.runs import disconnected
 from gateway.serving.start import start
 from gateway.serving.timeouts import client_timeout_s
@@ -31,13 +32,13 @@ async def completions(request: Request) -> Response:
 
 async def _generate(request: Request, parse) -> Response:
     """`parse(body)` gives one ApiRequest per prompt; the answers are merged into one response."""
-    gw = request.app.state.gateway
+    ctx = serving_context(request)
     try:
         body = parse_json_body(await request.body())
         timeout_s = client_timeout_s(request.headers, body)
         apis = parse(body)
     except errors.GatewayError as e:
-        gw.metrics.requests.labels(request.url.path, str(e.status)).inc()
+        ctx.metrics.requests.labels(request.url.path, str(e.status)).inc()
         return errors.error_response(e)
     try:
         runs, headers = await start(request, apis, timeout_s=timeout_s)

@@ -7,6 +7,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.metrics import CONTENT_TYPE
+from gateway.serving.context import serving_context
 
 
 async def health(request: Request) -> Response:
@@ -15,12 +16,12 @@ async def health(request: Request) -> Response:
 
 async def ready(request: Request) -> Response:
     """200 when every served model has at least one healthy, non-draining worker."""
-    gw = request.app.state.gateway
-    views = gw.views() if gw.pool else []
-    per_model = {m: sum(1 for v in views if v.model_id == m and v.healthy and not v.draining) for m in gw.models}
+    ctx = serving_context(request)
+    views = ctx.router.views()
+    per_model = {m: sum(1 for v in views if v.model_id == m and v.healthy and not v.draining) for m in ctx.models}
     ok = bool(per_model) and all(per_model.values())
     return JSONResponse({"ready": ok, "healthy_workers": per_model}, status_code=200 if ok else 503)
 
 
 async def metrics(request: Request) -> Response:
-    return Response(request.app.state.gateway.metrics.render(), media_type=CONTENT_TYPE)
+    return Response(serving_context(request).metrics.render(), media_type=CONTENT_TYPE)
