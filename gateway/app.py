@@ -71,10 +71,11 @@ class Gateway:
         self.stats = RequestStats()
         self.rollback = RollbackController(self.state, self.stats, registry=self.metrics.registry)
         index = WorkerBlockIndex()
+        # a backend URL gets an HTTP client (gateway/backends/http_backend.py), any other address a gRPC one
         clients = with_backends(client_factory or functools.partial(
             GrpcEngineClient, keepalive_time_s=t.keepalive_time_s, keepalive_timeout_s=t.keepalive_timeout_s,
             request_timeout_s=t.request_s, rpc_timeout_s=t.rpc_s),
-            config.backends, self.models, DEFAULT_BLOCK_SIZE, t)  # external servers: gateway/backends/http_backend.py
+            config.backends, self.models, DEFAULT_BLOCK_SIZE, t)
         self.fleet = Fleet(config.workers + tuple(b.url for b in config.backends), index, self.metrics,
                            state=self.state, poll_interval_s=config.poll_interval_s, client_factory=clients,
                            max_step_s=t.first_token_s or t.stall_s)
@@ -101,8 +102,8 @@ class Gateway:
         if self._starts_state:
             await self.state.start()
         await self.fleet.start()
-        tasks = [asyncio.create_task(work) for work in (
-            self.rollback.run(), self.watchdog.run(), self.limiter.run(), self.pool_tracker.run(self.router.views))]
+        tasks = [asyncio.create_task(work) for work in (self.rollback.run(), self.watchdog.run(), self.limiter.run(),
+                                                        self.pool_tracker.run(self.router.views))]
         try:
             yield
         finally:

@@ -8,7 +8,7 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
       - path: /models/qwen3-0.6b  # model directory; its id (dir name) is the API "model"
     workers:                      # static workers (more may register themselves in Redis)
       - address: 10.0.0.5:50051
-    backends:                     # external vLLM / SGLang / OpenAI servers as pools (gateway/backends/backend_spec.py)
+    backends:                     # external vLLM / SGLang / OpenAI servers as workers (gateway/backends/backend_spec.py)
       - {engine: vllm, url: http://10.0.0.7:8000, kv_events: {endpoint: tcp://10.0.0.7:5557}}
     redis: redis://redis:6379/0   # optional; default: in-process state (one gateway)
     auth:

@@ -1,7 +1,7 @@
 """The OpenAI completion endpoints: `POST /v1/chat/completions` and `POST /v1/completions`.
 
-A request: parse the body (gateway/api/protocol.py) -> start it on the serving path (admit, prepare,
-admission control, per-key limits, dispatch: gateway/serving/start.py) -> stream SSE or collect one JSON
+A request: parse the body (gateway/api/protocol.py) -> start it on the serving path (the in-flight cap,
+prepare, admission control, per-key limits, dispatch: gateway/serving/start.py) -> stream SSE or collect one JSON
 response; a completions batch merges its prompts' runs (gateway/api/completion_batch.py). The client's
 `timeout` (`client_timeout_s`) bounds all of it. Every error becomes an OpenAI error object through
 gateway/errors.py.

@@ -18,7 +18,8 @@ async def ready(request: Request) -> Response:
     """200 when every served model has at least one healthy, non-draining worker."""
     ctx = serving_context(request)
     views = ctx.router.views()
-    per_model = {m: sum(1 for v in views if v.model_id == m and v.healthy and not v.draining) for m in ctx.models}
+    per_model = {m: sum(1 for v in views if v.model_id == m and v.healthy and not v.draining)
+                 for m in ctx.models}
     ok = bool(per_model) and all(per_model.values())
     return JSONResponse({"ready": ok, "healthy_workers": per_model}, status_code=200 if ok else 503)
 

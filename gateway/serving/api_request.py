@@ -40,7 +40,7 @@ class Sampling:
     length_penalty: float = 1.0
     regex: str | None = None
     speculative: bool | None = None
-    priority: int = 0  # lower is admitted first by an engine scheduling by priority
+    priority: int = 0  # lower is scheduled first by an engine scheduling by priority
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]); ids checked in prepare()
     prompt_logprobs: int | None = None  # alternatives per prompt token (echo + logprobs, or vLLM's field)
 

@@ -133,7 +133,8 @@ async def dispatch(ctx: ServingContext, prep: Prepared) -> Dispatched:
                                f"last error: {last_error}")
 
 
-def _breaker_wait_s(ctx: ServingContext, req: RouteRequest, excluded: set[str], deadline: float | None) -> float | None:
+def _breaker_wait_s(ctx: ServingContext, req: RouteRequest, excluded: set[str],
+                    deadline: float | None) -> float | None:
     """Seconds until the first open breaker among the workers that could serve `req` turns half-open;
     None when no such worker is held out by its breaker alone, or the wait would pass the deadline."""
     waits = [w for v in ctx.fleet.views()

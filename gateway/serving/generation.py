@@ -2,8 +2,8 @@
 
     prepare()  render + tokenize, check the context length
     to_pb()    the engine's GenerateRequest
-    dispatch() route and open the stream, retrying on other workers (gateway/serving/dispatch.py): a
-               `Dispatched`, whose `close()` the caller must call (it cancels the gRPC call)
+    Dispatched what dispatch (gateway/serving/dispatch.py: route, open the stream, retry on other
+               workers) returns; the caller must `close()` it (it cancels the gRPC call)
     deadline   the client's `timeout` (Prepared.deadline) ends the request wherever it is: queued,
                prefilling, or (without streaming) generating; the engine aborts it (408, no retry)
     outputs()  engine messages -> per-choice `Delta`s (incremental detokenizer + stop strings);

@@ -30,9 +30,10 @@ DEFAULT_BLOCK_SIZE = 16  # tokens per hashed block when no worker of the model h
 
 
 class Router:
-    def __init__(self, config: GatewayConfig, fleet: Fleet, index: WorkerBlockIndex, pool_tracker: PoolTracker,
-                 breakers: CircuitBreakers, decisions: DecisionLog, metrics: GatewayMetrics) -> None:
-        # Duet's policy, or the one the config names (a benchmark baseline; gateway.config.load_routing_policy)
+    def __init__(self, config: GatewayConfig, fleet: Fleet, index: WorkerBlockIndex,
+                 pool_tracker: PoolTracker, breakers: CircuitBreakers, decisions: DecisionLog,
+                 metrics: GatewayMetrics) -> None:
+        # Duet's policy, or the one the config names (a benchmark baseline: config.load_routing_policy)
         self.policy = route if config.routing_policy is None else load_routing_policy(config.routing_policy)()
         self.seen = SeenBlocks()
         self.index = index
@@ -59,7 +60,8 @@ class Router:
     def record(self, request_id: str, req: RouteRequest, decision: RouteDecision) -> None:
         self._pool_tracker.routed(time.monotonic(), decision)
         self.seen.add(req.block_hashes)
-        self.index.add(decision.worker_id, self._cacheable(decision.worker_id, req.block_hashes, req.block_tokens))
+        cached = self._cacheable(decision.worker_id, req.block_hashes, req.block_tokens)
+        self.index.add(decision.worker_id, cached)
         self._metrics.route_decisions.labels(decision.reason, decision.engine_kind, decision.variant).inc()
         self._metrics.estimated_reuse.observe(decision.estimated_reuse)
         self._decisions.record(request_id=request_id, model=req.model, decision=decision,

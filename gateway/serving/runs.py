@@ -3,7 +3,7 @@ stats, releasing its admission slot, and cancelling the engine call when the cli
 
     chunk_groups()  the chat/completion chunks as the engine produces them
     steps()         the same as text and tool-call pieces (what gateway/api/responses.py and
-                    messages_api.py translate into their events)
+                    messages.py translate into their events)
     stream()        SSE bytes of those chunks
     collect()       the whole JSON answer (`collect(runs, ...)` merges several: a completions batch)
 """
@@ -37,7 +37,8 @@ class Step(NamedTuple):
 class Run:
     """One dispatched request until its last byte: timing metrics, stats, release, cancel."""
 
-    def __init__(self, ctx: ServingContext, prep: Prepared, d: Dispatched, endpoint: str, index_offset: int = 0) -> None:
+    def __init__(self, ctx: ServingContext, prep: Prepared, d: Dispatched, endpoint: str,
+                 index_offset: int = 0) -> None:
         self.ctx, self.prep, self.d, self.endpoint = ctx, prep, d, endpoint
         self.builder = ChunkBuilder(prep, index_offset)
         self.builder.prompt_lps = list(d.first.prompt_logprobs) if prep.api.sampling.prompt_logprobs is not None \

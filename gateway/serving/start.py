@@ -45,7 +45,8 @@ def _variant_override(request: Request, ctx: ServingContext) -> str | None:
     return variant if hmac.compare_digest(given.encode(), admin_key.encode()) else None
 
 
-async def _prepare(request: Request, ctx: ServingContext, api: ApiRequest, session_key: str | None) -> Prepared:
+async def _prepare(request: Request, ctx: ServingContext, api: ApiRequest,
+                   session_key: str | None) -> Prepared:
     model = ctx.models.get(api.model)
     if model is None:
         raise errors.ModelNotFound(api.model)
@@ -59,7 +60,7 @@ async def _prepare(request: Request, ctx: ServingContext, api: ApiRequest, sessi
 
 async def start(request: Request, apis: list[ApiRequest], session_key: str | None = None,
                 timeout_s: float | None = None) -> tuple[list[Run], dict]:
-    """Admit, prepare and dispatch each ApiRequest (one per prompt; a completions batch has several):
+    """Prepare, admit and dispatch each ApiRequest (one per prompt; a completions batch has several):
     the runs, and the routing headers of the first. Raises GatewayError with nothing left held (and the
     failure counted).
     `session_key` (a conversation's id) overrides the x-session-id header for affinity; `timeout_s` (the
@@ -109,4 +110,5 @@ async def start(request: Request, apis: list[ApiRequest], session_key: str | Non
     headers = {"x-duet-engine": dec.engine_kind, "x-duet-worker": dec.worker_id, "x-duet-variant": dec.variant,
                "x-duet-route-reason": dec.reason}
     n = apis[0].sampling.n
-    return [Run(ctx, p, d, endpoint, index_offset=i * n) for i, (p, d) in enumerate(zip(preps, dispatched))], headers
+    runs = [Run(ctx, p, d, endpoint, index_offset=i * n) for i, (p, d) in enumerate(zip(preps, dispatched))]
+    return runs, headers

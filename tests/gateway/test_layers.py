@@ -92,7 +92,8 @@ def test_the_checker_sees_an_upward_import():
 
 
 def test_no_subpackage_imports_one_above_it():
-    found = [v for name, path, pkg in _modules() for v in violations(name, imported(path.read_text(), name, pkg))]
+    found = [v for name, path, is_package in _modules()
+             for v in violations(name, imported(path.read_text(), name, is_package))]
     assert found == []
     assert {name.split(".")[1] for name, _, _ in _modules() if layer_of(name)} == set(LAYERS)
 
@@ -105,7 +106,8 @@ def test_the_top_level_stays_small():
 def test_app_only_assembles():
     """app.py builds and wires the parts: `build_app`, and `Gateway` with `__init__` and `lifespan` only."""
     tree = ast.parse((GATEWAY / "app.py").read_text())
-    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    defs = {n.name: n for n in tree.body
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
     assert set(defs) == {"Gateway", "build_app"}
     methods = {n.name for n in defs["Gateway"].body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     assert methods == {"__init__", "lifespan"}
