@@ -12,11 +12,11 @@ Hierarchy:
     ├── ResponseNotFound              404 response_not_found (an unknown or expired stored response)
     ├── WorkerNotFound                404 worker_not_found (admin drain)
     ├── RequestTooLarge               413 request_too_large
-    ├── QueueFull                     429 rate_limit_exceeded (admission queue full)
+    ├── QueueFull                     429 rate_limit_exceeded (max_pending_requests in flight)
     │   ├── RateLimited               429 rate_limit_exceeded (a per-key limit; Retry-After)
     │   └── QueueWaitTooLong          429 code=queue_wait_exceeded (engines too busy to start it in
     │                                     time, gateway/serving/admission.py; Retry-After)
-    ├── NoCapableWorker               503 service_unavailable (no capable healthy worker)
+    ├── NoCapableWorkerError          503 service_unavailable (no capable healthy worker)
     ├── StateStoreUnavailable         503 state_unavailable (an admin change could not reach Redis)
     ├── EngineFailure                 502 engine_error (every attempt failed / failed mid-stream)
     └── RequestTimeout                408 timeout (the client's own `timeout` passed; the engine aborted it)
@@ -135,7 +135,7 @@ class QueueWaitTooLong(QueueFull):
         self.headers = {"retry-after": str(retry_after_s)}
 
 
-class NoCapableWorker(GatewayError):
+class NoCapableWorkerError(GatewayError):
     status = 503
     type = "service_unavailable"
     code = "no_capable_worker"

@@ -2,7 +2,7 @@
 the two error shapes. /openapi.json documents every 200 and error body from these
 (gateway/openapi.py), and the fuzz tier validates real answers against them
 (tests/gateway/test_fuzz_openapi.py), so the document cannot drift from what the builders
-(gateway/serving/chat_chunks.py, responses_api.py, messages_api.py, tokenize_api.py) write. Streaming answers
+(gateway/serving/chat_chunks.py, gateway/api/responses.py, messages.py, tokenize.py) write. Streaming answers
 are server-sent events of the same objects' chunks (docs/operations.md).
 """
 

@@ -1,6 +1,6 @@
 """A list of prompts in one `/v1/completions` request: one response with one choice per prompt.
 
-Each prompt is its own engine call (gateway/api/completions.py admits, prepares and dispatches each, so every
+Each prompt is its own engine call (gateway/serving/start.py prepares, admits and dispatches each, so every
 prompt is routed by its own prefix), with its choices numbered `prompt_index * n + j` as OpenAI and
 vLLM number them. Here the runs' answers are merged: streamed chunks interleave as they come (each
 carries its choice index), a whole response lists the choices in index order, and usage is the sum.

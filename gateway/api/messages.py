@@ -22,10 +22,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from duet.tokenizer import ChatTemplateError, TokenizerError
 from gateway import errors
-from gateway.api.completions import start
 from gateway.api.messages_input import CountTokensRequest, MessagesRequest, parse_messages
 from gateway.api.protocol import parse_chat
 from gateway.body_parser import parse_json_body
+from gateway.serving.context import serving_context
+from gateway.serving.start import start
 from gateway.serving.timeouts import client_timeout_s
 from gateway.serving.tools import render_chat
 
@@ -144,10 +145,10 @@ async def _events(run, message_id: str, model: str):
 
 async def count_tokens(request: Request) -> Response:
     """The prompt's tokens as /v1/messages would bill them (the chat template with the tools rendered)."""
-    gw = request.app.state.gateway
+    ctx = serving_context(request)
     try:
         api = parse_request(parse_json_body(await request.body()), CountTokensRequest)
-        model = gw.models.get(api.model)
+        model = ctx.models.get(api.model)
         if model is None:
             raise errors.ModelNotFound(api.model)
         tok = model.tokenizer

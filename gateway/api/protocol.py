@@ -6,12 +6,12 @@ check every field alone (gateway/api/validation.py names a bad one); what is lef
 several fields at once: top_logprobs needs logprobs, max_tokens 0 needs echo, one output
 constraint at a time, tool choices naming listed tools (gateway/serving/tools.py), and a combination that
 no engine kind serves. The other APIs (Responses, Messages) map onto a chat body and end here too.
+`ApiRequest` itself, what the request path serves, is gateway/serving/api_request.py's.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from duet import contract as c
 from duet.contract import PAGED_CAPABILITIES, PREFIX_CAPABILITIES, Capability
@@ -19,73 +19,8 @@ from gateway.api.extra_params import extra_sampling
 from gateway.api.request_models import ChatCompletionRequest, CompletionRequest
 from gateway.api.validation import refuse_unsupported, validate
 from gateway.errors import InvalidRequest
+from gateway.serving.api_request import ApiRequest, Sampling
 from gateway.serving.tools import ToolRequest, parse_tools
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """The sampling fields of either endpoint, with duet/contract.py's defaults; `max_tokens` None means
-    "fill the context" (the engine's own default is 16: the contract says why they differ)."""
-
-    max_tokens: int | None = None
-    temperature: float = c.TEMPERATURE.default
-    top_p: float = c.TOP_P.default
-    top_k: int | None = c.TOP_K.default
-    min_p: float = c.MIN_P.default
-    presence_penalty: float = c.PRESENCE_PENALTY.default
-    frequency_penalty: float = c.FREQUENCY_PENALTY.default
-    repetition_penalty: float = c.REPETITION_PENALTY.default
-    seed: int | None = c.SEED.default
-    n: int = c.N.default
-    logprobs: bool = False
-    top_logprobs: int = 0  # alternatives per token; 0 with logprobs=True still returns the chosen token's
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    min_tokens: int = c.MIN_TOKENS.default
-    json_object: bool = False
-    json_schema: str | None = None
-    # vLLM's extra parameters (gateway/api/extra_params.py)
-    beam_width: int = c.BEAM_WIDTH.default
-    length_penalty: float = c.LENGTH_PENALTY.default
-    regex: str | None = None
-    speculative: bool | None = None
-    priority: int = 0  # lower is admitted first by an engine scheduling by priority
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); ids checked in prepare()
-    # alternatives per prompt token (echo + logprobs, or vLLM's field)
-    prompt_logprobs: int | None = c.PROMPT_LOGPROBS.default
-
-
-@dataclass(frozen=True)
-class ApiRequest:
-    kind: str  # "chat" | "completion"
-    model: str
-    sampling: Sampling
-    messages: tuple[dict, ...] = ()
-    tools: ToolRequest | None = None
-    prompt: str | tuple[int, ...] = ""
-    stream: bool = False
-    include_usage: bool = False
-    user: str | None = None
-    echo: bool = False
-
-    @property
-    def turn_count(self) -> int:
-        return sum(1 for m in self.messages if m.get("role") == "user") or 1
-
-    @property
-    def required_capabilities(self) -> frozenset[str]:
-        s = self.sampling
-        caps = set()
-        if s.n > 1 and s.beam_width == 1:
-            caps.add(Capability.N)
-        if s.beam_width > 1:
-            caps.add(Capability.BEAM_SEARCH)
-        if s.json_object or s.json_schema is not None or s.regex is not None or (self.tools and self.tools.active):
-            caps.add(Capability.STRUCTURED_OUTPUT)  # tool requests route like structured output
-        if s.speculative:
-            caps.add(Capability.SPECULATIVE)
-        return frozenset(caps)
 
 
 def _logit_bias(raw: dict[str, float] | None) -> tuple[tuple[int, float], ...]:

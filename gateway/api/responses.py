@@ -29,11 +29,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway import errors
-from gateway.api.completions import start
 from gateway.api.protocol import parse_chat
 from gateway.api.responses_input import Responses, to_chat, validate_responses
 from gateway.body_parser import parse_json_body
 from gateway.control.state import StateUnavailable
+from gateway.serving.context import ServingContext, serving_context
+from gateway.serving.start import start
 from gateway.serving.timeouts import client_timeout_s
 
 log = logging.getLogger("duet.gateway.responses")
@@ -61,8 +62,8 @@ def _call_item(call: dict, status: str = "completed") -> dict:
 class _Answer:
     """One response being made: its id, the options it repeats, and what it becomes when done."""
 
-    def __init__(self, gw, rr: Responses, request_id: str, model: str, conversation_id: str) -> None:
-        self.gw, self.rr, self.model, self.conversation_id = gw, rr, model, conversation_id
+    def __init__(self, ctx: ServingContext, rr: Responses, request_id: str, model: str, conversation_id: str) -> None:
+        self.ctx, self.rr, self.model, self.conversation_id = ctx, rr, model, conversation_id
         self.id = "resp_" + request_id
         self.message_id = "msg_" + request_id
         self.created_at = int(time.time())
@@ -85,7 +86,7 @@ class _Answer:
             doc = {"response": obj, "conversation": [*self.rr.conversation, turn],
                    "conversation_id": self.conversation_id}
             try:
-                await self.gw.state.put_document(KIND, self.id, doc, STORE_TTL_S)
+                await self.ctx.state.put_document(KIND, self.id, doc, STORE_TTL_S)
             except StateUnavailable as e:  # the answer stands; only its continuation is lost
                 log.warning("response %s not stored: %s", self.id, e)
                 obj["store"] = False
@@ -93,13 +94,13 @@ class _Answer:
 
 
 async def create(request: Request) -> Response:
-    gw = request.app.state.gateway
+    ctx = serving_context(request)
     try:
         body = parse_json_body(await request.body())
         req = validate_responses(body)
         previous = None
         if req.previous_response_id is not None:
-            previous = await gw.state.get_document(KIND, req.previous_response_id)
+            previous = await ctx.state.get_document(KIND, req.previous_response_id)
             if previous is None:
                 raise errors.ResponseNotFound(req.previous_response_id, "previous_response_id")
         rr = to_chat(req, previous, body)
@@ -108,7 +109,7 @@ async def create(request: Request) -> Response:
         except errors.InvalidRequest as e:
             e.param = "input" if e.param == "messages" else e.param
             raise
-        answer = _Answer(gw, rr, request.state.request_id, api.model,
+        answer = _Answer(ctx, rr, request.state.request_id, api.model,
                          previous["conversation_id"] if previous else "resp_" + request.state.request_id)
         runs, headers = await start(request, [api], session_key=answer.conversation_id,
                                     timeout_s=client_timeout_s(request.headers, None))
@@ -221,7 +222,7 @@ async def _stored(request: Request, op) -> tuple[str, object]:
     """`op(state, response_id)` on the stored response the path names; raises GatewayError (503, 404)."""
     response_id = request.path_params["response_id"]
     try:
-        found = await op(request.app.state.gateway.state, response_id)
+        found = await op(serving_context(request).state, response_id)
     except StateUnavailable as e:
         raise errors.StateStoreUnavailable(str(e)) from None
     if not found:

@@ -1,5 +1,5 @@
 """vLLM's tokenizer endpoints and the small lookups: `/tokenize`, `/detokenize`, `/version`,
-`GET /v1/models/{id}`.
+`GET /v1/models` and `GET /v1/models/{id}`.
 
 Shapes follow vLLM's OpenAI server, so routers written against vLLM's tokenizer endpoints work:
 
@@ -28,15 +28,17 @@ from gateway.api.protocol import chat_messages, chat_tools
 from gateway.api.request_models import DetokenizeRequest, TokenizeChatRequest, TokenizePromptRequest
 from gateway.api.validation import validate
 from gateway.body_parser import parse_json_body
+from gateway.models import ServedModel
+from gateway.serving.context import ServingContext, serving_context
 from gateway.serving.tools import render_chat
 
 
-def _model(gw, name: str | None):
-    if name is None and len(gw.models) == 1:
-        return next(iter(gw.models.values()))
+def _model(ctx: ServingContext, name: str | None) -> ServedModel:
+    if name is None and len(ctx.models) == 1:
+        return next(iter(ctx.models.values()))
     if not name:
         raise errors.InvalidRequest("model: is required when the gateway serves several models", "model")
-    model = gw.models.get(name)
+    model = ctx.models.get(name)
     if model is None:
         raise errors.ModelNotFound(name)
     return model
@@ -66,12 +68,12 @@ def _chat_ids(model, req: TokenizeChatRequest) -> list[int]:
 
 
 async def tokenize(request: Request) -> Response:
-    gw = request.app.state.gateway
+    ctx = serving_context(request)
     try:
         body = parse_json_body(await request.body())
         chat = isinstance(body, dict) and "messages" in body
         req = validate(TokenizeChatRequest if chat else TokenizePromptRequest, body)
-        model = _model(gw, req.model)
+        model = _model(ctx, req.model)
         if chat:
             ids = _chat_ids(model, req)
         else:
@@ -89,10 +91,10 @@ async def tokenize(request: Request) -> Response:
 
 
 async def detokenize(request: Request) -> Response:
-    gw = request.app.state.gateway
+    ctx = serving_context(request)
     try:
         req = validate(DetokenizeRequest, parse_json_body(await request.body()))
-        model = _model(gw, req.model)
+        model = _model(ctx, req.model)
         vocab = model.tokenizer.vocab_size
         if any(t >= vocab for t in req.tokens):
             raise errors.InvalidRequest(f"tokens: token id {max(req.tokens)} is out of the vocabulary ({vocab})",
@@ -117,10 +119,19 @@ def model_card(m) -> dict:
     return {"id": m.model_id, "object": "model", "created": 0, "owned_by": "duet", "max_model_len": m.max_model_len}
 
 
+async def list_models(request: Request) -> Response:
+    """The served models a worker can answer now (healthy, not draining): a client that lists a model can use it;
+    one still loading on every worker is listed once it is ready."""
+    ctx = serving_context(request)
+    answering = {v.model_id for v in ctx.router.views() if v.healthy and not v.draining}
+    data = [model_card(m) for m in ctx.models.values() if m.model_id in answering]
+    return JSONResponse({"object": "list", "data": data})
+
+
 async def retrieve_model(request: Request) -> Response:
-    gw = request.app.state.gateway
+    ctx = serving_context(request)
     name = request.path_params["model_id"]
-    model = gw.models.get(name)
+    model = ctx.models.get(name)
     if model is None:
         return errors.error_response(errors.ModelNotFound(name))
     return JSONResponse(model_card(model))

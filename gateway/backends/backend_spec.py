@@ -1,7 +1,7 @@
-"""External engine servers as pools: what the config says about one (`BackendSpec`) and its validation.
+"""External engine servers as workers: what the config says about one (`BackendSpec`) and its validation.
 
 A backend is a server Duet did not start — vLLM (`vllm serve --enable-scale-out`), SGLang, or any
-OpenAI-compatible completions server — standing in the gateway's worker pool for one engine kind:
+OpenAI-compatible completions server — standing in the gateway's fleet as a worker of one engine kind:
 
     backends:
       - engine: vllm                  # vllm | sglang | openai

@@ -1,4 +1,6 @@
-"""The worker pool: which engine workers exist, whether they are healthy, how loaded they are.
+"""The fleet: every engine worker the gateway knows (Duet's own and external backends), whether it is
+healthy, how loaded it is, and which ones an operator drained. (A *pool* is the workers of one engine
+kind: gateway/control/pool_planner.py sizes them.)
 
 Workers come from the config (static) and from the state store's registry (workers that register
 themselves in Redis with a TTL). One poll loop every `poll_interval_s` refreshes the registry, runs
@@ -6,7 +8,7 @@ a grpc.health.v1 check and `GetLoad` on every worker (and `GetInfo` once per con
 a task follows `WatchKvEvents` into the routing helper's `WorkerBlockIndex`. `views()` is the
 snapshot the routing policy reads; it does no I/O.
 
-Progress: `Worker.progress_at` is when a poll last saw the worker's step counter (`num_steps`)
+Progress: `WorkerHandle.progress_at` is when a poll last saw the worker's step counter (`num_steps`)
 advance, a step running for no longer than `max_step_s` (one long prefill step on a slow device;
 the first-token deadline, since a whole prefill must fit in it), or the worker with no work at all.
 The stream watchdog (gateway/serving/timeouts.py) takes a worker whose progress stopped while it has work for
@@ -37,7 +39,10 @@ _KV_KINDS = {pb.KvEvent.STORED: "stored", pb.KvEvent.EVICTED: "evicted", pb.KvEv
 
 
 @dataclass
-class Worker:
+class WorkerHandle:
+    """The gateway's side of one engine worker: its client and what the polls last saw. (The worker
+    itself, the process serving an engine, is engine_core.worker.Worker.)"""
+
     address: str
     client: EngineClient
     static: bool
@@ -71,7 +76,10 @@ class Worker:
         )
 
 
-class WorkerPool:
+class Fleet:
+    """The known workers by address and by id, polled in the background; `drained` holds the ids an operator
+    drained through the admin API (routing leaves them out; their running requests finish)."""
+
     def __init__(
         self,
         static_addresses: tuple[str, ...],
@@ -88,11 +96,12 @@ class WorkerPool:
         self._state = state
         self._poll_interval_s = poll_interval_s
         self._client_factory = client_factory
-        self._workers: dict[str, Worker] = {}  # by address
-        self._by_id: dict[str, Worker] = {}
+        self._workers: dict[str, WorkerHandle] = {}  # by address
+        self._by_id: dict[str, WorkerHandle] = {}
         self._static = static_addresses
         self._task: asyncio.Task | None = None
         self.polled = asyncio.Event()  # set after the first full poll
+        self.drained: set[str] = set()
 
     async def start(self) -> None:
         for addr in self._static:
@@ -106,13 +115,13 @@ class WorkerPool:
         for w in list(self._workers.values()):
             await self._remove(w)
 
-    def _add(self, address: str, static: bool) -> Worker:
+    def _add(self, address: str, static: bool) -> WorkerHandle:
         w = self._workers.get(address)
         if w is None:
-            w = self._workers[address] = Worker(address, self._client_factory(address), static)
+            w = self._workers[address] = WorkerHandle(address, self._client_factory(address), static)
         return w
 
-    async def _remove(self, w: Worker) -> None:
+    async def _remove(self, w: WorkerHandle) -> None:
         if self._workers.get(w.address) is w and not w.static:
             log.info("worker %s left the registry", w.name)
         self._workers.pop(w.address, None)
@@ -123,18 +132,25 @@ class WorkerPool:
         self._metrics.worker_healthy.labels(w.worker_id, w.info.engine_kind if w.info else "").set(0)
         await w.client.close()
 
-    def get(self, worker_id: str) -> Worker | None:
+    def get(self, worker_id: str) -> WorkerHandle | None:
         return self._by_id.get(worker_id)
 
     def views(self) -> list[WorkerView]:
         return [v for w in self._workers.values() if (v := w.view()) is not None]
 
-    def workers(self) -> list[Worker]:
+    def workers(self) -> list[WorkerHandle]:
         return list(self._workers.values())
 
     def progress_at(self, worker_id: str) -> float:
         w = self._by_id.get(worker_id)
         return w.progress_at if w is not None else -math.inf
+
+    def drain(self, worker_id: str) -> bool:
+        """Stop routing to the worker (running requests finish); False: no such worker."""
+        if worker_id not in self._by_id:
+            return False
+        self.drained.add(worker_id)
+        return True
 
     def mark_failed(self, worker_id: str) -> None:
         """A call to this worker failed: leave it out until the next successful health check."""
@@ -172,7 +188,7 @@ class WorkerPool:
             if not w.static and w.address not in live:
                 await self._remove(w)
 
-    async def _check(self, w: Worker) -> None:
+    async def _check(self, w: WorkerHandle) -> None:
         ok = await w.client.check_health()
         try:
             if ok and (w.info is None or not w.healthy):
@@ -204,7 +220,7 @@ class WorkerPool:
             self._metrics.worker_kv_usage.labels(w.worker_id).set(w.load.kv_pages_used / total if total else 0)
 
     @staticmethod
-    def _log_change(w: Worker, ok: bool) -> None:
+    def _log_change(w: WorkerHandle, ok: bool) -> None:
         """One line when what the polls find changes (a failed call's mark_failed is not a poll's finding)."""
         before = w.poll_state
         if ok and before != "serving":
@@ -224,8 +240,8 @@ class WorkerPool:
             return True
         return 0 < now.step_running_s and (self._max_step_s is None or now.step_running_s <= self._max_step_s)
 
-    async def _watch_kv(self, w: Worker) -> None:
-        """Follow the worker's KV events; reconnect while the worker stays in the pool."""
+    async def _watch_kv(self, w: WorkerHandle) -> None:
+        """Follow the worker's KV events; reconnect while the worker stays in the fleet."""
         wid = w.worker_id
         reconnect = False
         while self._workers.get(w.address) is w:

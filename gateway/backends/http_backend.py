@@ -1,11 +1,11 @@
 """`HttpBackendClient`: an external vLLM, SGLang or OpenAI-compatible server behind the gateway's
-`EngineClient` interface (gateway/backends/engine_client.py), so the worker pool, routing, the watchdog, the
+`EngineClient` interface (gateway/backends/engine_client.py), so the fleet, routing, the watchdog, the
 circuit breaker and gateway/serving/generation.py treat it like one of Duet's gRPC workers.
 
     generate        vLLM: POST /inference/v1/generate; others: POST /v1/completions (backend_wire.py)
     abort           vLLM: POST /inference/v1/abort_requests (closing the stream aborts it as well)
     get_info        GET /v1/models, then the tokenizer check: the backend's POST /tokenize of a probe
-                    string must equal the gateway's own tokens, or the pool is refused (FAILED_PRECONDITION,
+                    string must equal the gateway's own tokens, or the backend is refused (FAILED_PRECONDITION,
                     both token lists in the message and the log)
     get_load        GET /metrics (backend_load.py)
     check_health    GET /health (an unreachable backend is logged once, naming it, until it answers)

@@ -21,7 +21,7 @@ Why a quick subscriber can see nothing (measured on vLLM 0.32, CPU build, docs/o
   meet, and nothing says so. `kv_events.bind: true` makes the gateway the binding side.
 - ZMQ's slow joiner: a SUB receives nothing published before its connection is made, and the
   publisher never waits, so a subscriber that connects as the request starts can miss its batch. The
-  gateway subscribes when the backend joins the pool, before any request, and replays when it can.
+  gateway subscribes when the backend joins the fleet, before any request, and replays when it can.
 - A batch is only published when a whole KV block is cached: 128 tokens on vLLM's CPU build.
 """
 

@@ -2,13 +2,13 @@
 
 Per key (config: `auth.api_keys` entries, `auth.default_key_limits`; docs/operations.md):
 
-    requests_per_minute   requests admitted per minute window
-    tokens_per_minute     prompt tokens + max_tokens × n admitted per minute window (counted up front,
+    requests_per_minute   requests accepted per minute window
+    tokens_per_minute     prompt tokens + max_tokens × n accepted per minute window (counted up front,
                           as OpenAI does: a request's whole budget is known before it runs)
     max_concurrent        requests of the key in flight at once (streams included)
     models                the models the key may use (others answer 404 model_not_found, as OpenAI)
 
-`KeyLimiter.admit` checks all of them in one Redis round trip (a Lua script, so replicas never race)
+`KeyLimiter.acquire` checks all of them in one Redis round trip (a Lua script, so replicas never race)
 and returns a `Lease`; releasing it (the `LeaseMiddleware`, when the response's last byte is sent)
 frees the concurrency slot. Concurrency slots are members of a sorted set scored by a lease expiry
 that a background task renews while the request runs, so a gateway that dies holding slots gives
@@ -39,8 +39,8 @@ WINDOW_S = 60
 LEASE_S = 30.0  # a concurrency slot not renewed for this long is free again (its gateway died)
 
 # KEYS: requests window, tokens window, concurrency set. ARGV: now (s), window ttl, rpm, tpm, conc,
-# member, lease expiry, tokens. Returns 0 (admitted) or which limit refused: 1 rpm, 2 tpm, 3 concurrency.
-_ADMIT_LUA = """
+# member, lease expiry, tokens. Returns 0 (accepted) or which limit refused: 1 rpm, 2 tpm, 3 concurrency.
+_ACQUIRE_LUA = """
 local rpm, tpm, conc = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local tokens = tonumber(ARGV[8])
 if rpm > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') >= rpm then return 1 end
@@ -117,7 +117,7 @@ class _LocalCounters:
         self.windows: dict[tuple[str, str, int], int] = defaultdict(int)
         self.slots: dict[str, set[str]] = defaultdict(set)
 
-    def admit(self, key_id: str, lim: KeyLimits, window: int, member: str, tokens: int) -> int:
+    def acquire(self, key_id: str, lim: KeyLimits, window: int, member: str, tokens: int) -> int:
         reqs, toks = self.windows[(key_id, "req", window)], self.windows[(key_id, "tok", window)]
         if lim.requests_per_minute and reqs >= lim.requests_per_minute:
             return 1
@@ -152,10 +152,10 @@ class KeyLimiter:
             import redis.asyncio as aioredis
 
             self._redis = aioredis.Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
-            self._script = self._redis.register_script(_ADMIT_LUA)
+            self._script = self._redis.register_script(_ACQUIRE_LUA)
 
-    async def admit(self, key_id: str | None, model: str, tokens: int) -> Lease | None:
-        """Admit one request of `tokens` (prompt + max_tokens) for `model`, or raise ModelNotFound /
+    async def acquire(self, key_id: str | None, model: str, tokens: int) -> Lease | None:
+        """Accept one request of `tokens` (prompt + max_tokens) for `model`, or raise ModelNotFound /
         RateLimited. None: the key has no counted limits (nothing to release)."""
         lim = self.limits.get(key_id) if key_id else None
         if lim is None:
@@ -167,9 +167,9 @@ class KeyLimiter:
         now = self.clock()
         window = int(now // WINDOW_S)
         member = uuid.uuid4().hex
-        refused = await self._admit_shared(key_id, lim, now, window, member, tokens)
+        refused = await self._acquire_shared(key_id, lim, now, window, member, tokens)
         if refused is None:  # Redis down: this replica's own counters
-            refused = self._local.admit(key_id, lim, window, member, tokens)
+            refused = self._local.acquire(key_id, lim, window, member, tokens)
         if refused:
             retry = 1 if refused == 3 else max(1, math.ceil((window + 1) * WINDOW_S - now))
             what = {1: f"{lim.requests_per_minute} requests per minute",
@@ -181,7 +181,7 @@ class KeyLimiter:
             self._live[member] = lease
         return lease
 
-    async def _admit_shared(self, key_id, lim: KeyLimits, now, window, member, tokens) -> int | None:
+    async def _acquire_shared(self, key_id, lim: KeyLimits, now, window, member, tokens) -> int | None:
         if self._redis is None:
             return None
         k = f"{self._p}:{key_id}"

@@ -21,8 +21,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from duet.contract import ENGINE_KINDS as KINDS
 from duet.contract import PAGED, PAGED_CAPABILITIES, PREFIX, PREFIX_CAPABILITIES
@@ -124,6 +126,12 @@ class PoolTracker:
             self.metrics.pool_current.labels(k).set(self.current[k])
             self.metrics.pool_work.labels(k).set(work[k])
         return target
+
+    async def run(self, views: Callable[[], Iterable[WorkerView]], interval_s: float = 1.0) -> None:
+        """The planner's tick every `interval_s` over the views routing reads (the gateway's lifespan task)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            self.tick(time.monotonic(), views())
 
     def report(self, now: float) -> dict:
         out = self.planner.report(self.current, self.meter.rates(now))

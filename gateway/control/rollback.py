@@ -16,6 +16,7 @@ a rollback stops the ramp. `judge` is pure; `RollbackController.tick(now)` does 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import math
@@ -203,6 +204,12 @@ class RollbackController:
     def status(self, model: str) -> dict:
         st = self._state.get(model, _ModelState())
         return {"rolled_back": st.rolled_back, "ramp_step": st.ramp_index, "breaching": st.breach_since is not None}
+
+    async def run(self, interval_s: float = 1.0) -> None:
+        """`tick` every `interval_s` (the gateway's lifespan task)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.tick()
 
     async def tick(self, now: float | None = None) -> None:
         """Evaluate every policy once; failures of one model are logged and do not stop the others."""

@@ -16,7 +16,7 @@ that has not measured a rate yet, with prefill queued, has no estimate: the requ
 The bound is `limits.max_queue_wait_s`, lowered for one request by its client's `timeout` (a
 request its client will abandon before it starts is not worth starting). Retry-After says when the
 queue should have drained below the bound: the excess wait, rounded up, at least one second.
-`admit_request` is the request path's call (gateway/api/completions.py, after tokenizing, before per-key limits).
+`admit` is the request path's call (gateway/serving/start.py, after tokenizing, before per-key limits).
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gateway.errors import QueueWaitTooLong
-from gateway.routing.policy import WorkerView
+from gateway.routing.route_types import WorkerView
+from gateway.serving.context import ServingContext
+from gateway.serving.generation import Prepared
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ def queue_wait_s(queued_prefill_tokens: int, prefill_tokens_per_s: float) -> flo
 def best_wait(candidates: Iterable[tuple[WorkerView, float]], model_id: str,
               required_capabilities: frozenset[str] = frozenset()) -> WaitEstimate | None:
     """The shortest estimated wait among (view, prefill rate) pairs able to serve the request;
-    None when there is no candidate or one of them has no estimate (admit: routing decides)."""
+    None when there is no candidate or one of them has no estimate (admitted: routing decides)."""
     best: WaitEstimate | None = None
     for view, rate in candidates:
         if (view.model_id != model_id or not view.healthy or view.draining
@@ -61,7 +63,7 @@ def best_wait(candidates: Iterable[tuple[WorkerView, float]], model_id: str,
     return best
 
 
-def admit(estimate: WaitEstimate | None, max_queue_wait_s: float | None, client_timeout_s: float | None) -> None:
+def check_wait(estimate: WaitEstimate | None, max_queue_wait_s: float | None, client_timeout_s: float | None) -> None:
     """Raise QueueWaitTooLong when the estimated wait is over the bound (module doc)."""
     bounds = [b for b in (max_queue_wait_s, client_timeout_s) if b is not None]
     if estimate is None or not bounds:
@@ -78,15 +80,15 @@ def admit(estimate: WaitEstimate | None, max_queue_wait_s: float | None, client_
         f"Retry after {retry} s.", retry)
 
 
-def admit_request(gw, prep, client_timeout_s: float | None) -> None:
-    """Check one prepared request (gateway.serving.generation.Prepared) against the gateway's workers now."""
+def admit(ctx: ServingContext, prep: Prepared, client_timeout_s: float | None) -> None:
+    """Check one prepared request against the gateway's workers now."""
     candidates = []
-    for view in gw.views():
-        worker = gw.pool.get(view.worker_id)
+    for view in ctx.router.views():
+        worker = ctx.fleet.get(view.worker_id)
         candidates.append((view, worker.load.prefill_tokens_per_s if worker and worker.load else 0.0))
     estimate = best_wait(candidates, prep.model.model_id, prep.api.required_capabilities)
     try:
-        admit(estimate, gw.config.limits.max_queue_wait_s, client_timeout_s)
+        check_wait(estimate, ctx.config.limits.max_queue_wait_s, client_timeout_s)
     except QueueWaitTooLong:
-        gw.metrics.admission_refused.labels(prep.model.model_id).inc()
+        ctx.metrics.admission_refused.labels(prep.model.model_id).inc()
         raise

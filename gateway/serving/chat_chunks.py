@@ -1,6 +1,7 @@
-"""OpenAI response shapes for chat and text completions, streamed chunks and whole responses.
+"""The chat and text completion chunks (`chat.completion.chunk`, `text_completion`) of one run, and its
+whole `chat.completion` / `text_completion` object. (The Responses API is gateway/api/responses.py.)
 
-`ResponseBuilder` turns the generation path's `Delta`s into the dicts the OpenAI SDK expects;
+`ChunkBuilder` turns the generation path's `Delta`s into the dicts the OpenAI SDK expects;
 it knows nothing about routing or HTTP.
 """
 
@@ -27,7 +28,7 @@ def usage_dict(usage: dict) -> dict:
             "prompt_tokens_details": {"cached_tokens": usage.get("cached_tokens", 0)}}
 
 
-class ResponseBuilder:
+class ChunkBuilder:
     def __init__(self, prep: Prepared, index_offset: int = 0) -> None:
         self.prep = prep
         self.index_offset = index_offset  # choice indexes of this prompt start here (a completions batch)

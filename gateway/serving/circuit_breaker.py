@@ -10,18 +10,27 @@ fails requests (a broken engine, a wedged device, streams that stall). States pe
 A failed call is a fault of the worker, never of load (gateway/serving/timeouts.py decides): an error
 before the first token or mid-stream, or a stall (silent while the worker makes no progress). Not
 counted: a request the engine rejected as invalid, a RESOURCE_EXHAUSTED refusal (the worker is full),
-time spent queued, a slow prefill past `first_token_s`, the client's own deadline. Half-open admits
-every request rather than one probe: a failure before the first token is retried on another worker
+time spent queued, a slow prefill past `first_token_s`, the client's own deadline. Half-open lets
+every request through rather than one probe: a failure before the first token is retried on another worker
 anyway, so the cost of a bad probe is one retry per request. When every worker of a model is open, a
 request waits for the first to turn half-open (`reopens_in`), within its own deadline, rather than
-failing at once (gateway/serving/generation.py).
+failing at once (gateway/serving/dispatch.py).
+
+`outcome_recorder(breakers, metrics)` is the stream watchdog's `on_outcome`: how each call went, in the
+breakers and the metrics.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from gateway.metrics import GatewayMetrics
+from gateway.serving import timeouts
+
+log = logging.getLogger("duet.gateway")
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
@@ -75,3 +84,17 @@ class CircuitBreakers:
 
     def open_workers(self) -> list[str]:
         return [w for w in self._by_worker if self.state(w) == OPEN]
+
+
+def outcome_recorder(breakers: CircuitBreakers, metrics: GatewayMetrics) -> Callable[[str, str], None]:
+    """How a call went (gateway/serving/timeouts.py): only errors and stalls count against the breaker."""
+    def on_outcome(worker_id: str, outcome: str) -> None:
+        if outcome in (timeouts.STALL, timeouts.FIRST_TOKEN):
+            metrics.stream_timeouts.labels(worker_id).inc()
+        if outcome == timeouts.OK:
+            breakers.record_success(worker_id)
+        elif outcome in (timeouts.ERROR, timeouts.STALL) and breakers.record_failure(worker_id):
+            metrics.breaker_opened.labels(worker_id).inc()
+            log.warning("circuit breaker of worker %s opened: left out of routing for %.0f s", worker_id,
+                        breakers.open_s)
+    return on_outcome

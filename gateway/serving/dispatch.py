@@ -1,6 +1,6 @@
-"""Route a prepared request and open its engine stream: `dispatch(gw, prep) -> Dispatched`.
+"""Route a prepared request and open its engine stream: `dispatch(ctx, prep) -> Dispatched`.
 
-`gw.route` (gateway.routing.policy.route unless the config names another policy) picks a worker; the
+`Router.decide` (gateway.routing.policy.route unless the config names another policy) picks a worker; the
 stream is opened and its first message awaited. A worker that fails before it is left out, the
 failed attempt recorded in the request stats (ok=False, its variant), and the request re-routed (at
 most `max_attempts` workers); the decision is recorded. When the only workers left are behind open
@@ -24,19 +24,20 @@ from duet.tracing import inject_metadata
 from gateway import errors
 from gateway.backends.engine_client import EngineCallError
 from gateway.routing.route_types import NoCapableWorker, RouteRequest, UnknownVariant
+from gateway.serving.context import ServingContext
 from gateway.serving.generation import Dispatched, Prepared, to_pb
 from gateway.serving.timeouts import ClientDeadline
 
 _SEQUENCE = itertools.count()  # routed requests of this process (RouteRequest.sequence)
 
 
-async def dispatch(gw, prep: Prepared) -> Dispatched:
+async def dispatch(ctx: ServingContext, prep: Prepared) -> Dispatched:
     """Route and open the stream, retrying on other workers until one answers (see module doc)."""
-    tracer = gw.tracer
+    tracer = ctx.tracer
     model_id = prep.model.model_id
-    block_size = gw.block_size(model_id)
+    block_size = ctx.router.block_size(model_id)
     hashes = tuple(block_hashes(prep.prompt_ids, block_size, model_id, prep.cache_salt,
-                                max_blocks=gw.config.max_hash_blocks))
+                                max_blocks=ctx.config.max_hash_blocks))
     api = prep.api
     req = RouteRequest(
         model=model_id, block_hashes=hashes, num_prompt_tokens=len(prep.prompt_ids),
@@ -44,9 +45,9 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
         variant_override=prep.variant_override, turn_count=api.turn_count, sequence=next(_SEQUENCE),
         block_tokens=block_size,
     )
-    config = await gw.state.get_routing(model_id) or gw.config.routing
+    config = await ctx.state.get_routing(model_id) or ctx.config.routing
     affinity_key = prep.session_key or None
-    affinity = await gw.state.get_affinity(affinity_key) if affinity_key else None
+    affinity = await ctx.state.get_affinity(affinity_key) if affinity_key else None
     message = to_pb(prep)
     excluded: set[str] = set()
     last_error: EngineCallError | None = None
@@ -55,41 +56,41 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
     waited_for_breaker = False
     with tracer.start_as_current_span("route") as route_span:
         attempt = 0
-        while attempt < gw.config.limits.max_attempts:
+        while attempt < ctx.config.limits.max_attempts:
             attempt += 1
-            views = [v for v in gw.views() if v.worker_id not in excluded]
+            views = [v for v in ctx.router.views() if v.worker_id not in excluded]
             t0 = time.perf_counter()
             try:
-                decision = gw.route(req, views, config, affinity, gw.seen, gw.index)
+                decision = ctx.router.decide(req, views, config, affinity)
             except UnknownVariant as e:
                 raise errors.UnknownVariantError(str(e), "x-duet-variant") from None
             except NoCapableWorker as e:
-                wait = None if waited_for_breaker else _breaker_wait_s(gw, req, excluded, prep.deadline)
+                wait = None if waited_for_breaker else _breaker_wait_s(ctx, req, excluded, prep.deadline)
                 if wait is not None:  # every capable worker is behind an open breaker: wait for a probe
                     waited_for_breaker = True
                     attempt -= 1
                     await asyncio.sleep(wait)
                     continue
                 detail = f" (last worker error: {last_error})" if last_error else ""
-                raise errors.NoCapableWorker(f"{e}{detail}") from None
-            gw.metrics.route_seconds.observe(time.perf_counter() - t0)
+                raise errors.NoCapableWorkerError(f"{e}{detail}") from None
+            ctx.metrics.route_seconds.observe(time.perf_counter() - t0)
             route_span.set_attributes({
                 "duet.worker": decision.worker_id, "duet.engine": decision.engine_kind,
                 "duet.variant": decision.variant, "duet.route_reason": decision.reason,
                 "duet.estimated_reuse": decision.estimated_reuse, "duet.attempts": attempt})
-            worker = gw.pool.get(decision.worker_id)
-            if worker is None:  # left the pool since the snapshot
+            worker = ctx.fleet.get(decision.worker_id)
+            if worker is None:  # left the fleet since the snapshot
                 excluded.add(decision.worker_id)
                 continue
             span = tracer.start_span("duet.engine.v1.Engine/Generate", kind=trace.SpanKind.CLIENT, attributes={
                 "rpc.system": "grpc", "rpc.service": "duet.engine.v1.Engine", "rpc.method": "Generate",
                 "server.address": worker.address, "duet.worker": decision.worker_id})
-            stream = gw.watchdog.watch(  # first-token and stall timeouts, circuit-breaker outcomes
+            stream = ctx.watchdog.watch(  # first-token and stall timeouts, circuit-breaker outcomes
                 worker.client.generate(message, metadata=inject_metadata(trace.set_span_in_context(span))),
                 decision.worker_id, prep.deadline)
             it = stream.__aiter__()
             # until its first message the request is queued prefill on that worker (routing's load signal)
-            gw.pools.prefill_started(prep.request_id, decision.worker_id, len(prep.prompt_ids) - min(
+            ctx.pool_tracker.prefill_started(prep.request_id, decision.worker_id, len(prep.prompt_ids) - min(
                 decision.cached_blocks * block_size, len(prep.prompt_ids) - 1))
             try:
                 first = await it.__anext__()
@@ -108,11 +109,11 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
                 span.set_status(trace.StatusCode.ERROR, str(last_error))
                 span.end()
                 excluded.add(decision.worker_id)
-                gw.pool.mark_failed(decision.worker_id)
-                gw.metrics.retries.labels(decision.worker_id).inc()
+                ctx.fleet.mark_failed(decision.worker_id)
+                ctx.metrics.retries.labels(decision.worker_id).inc()
                 # the client may still succeed on another worker, but this attempt failed: the canary
                 # analysis must see it, or a variant that fails every first attempt looks healthy
-                gw.stats.record(model=model_id, ok=False, engine_kind=decision.engine_kind,
+                ctx.stats.record(model=model_id, ok=False, engine_kind=decision.engine_kind,
                                 variant=decision.variant, worker_id=decision.worker_id, reason=decision.reason)
                 affinity = None
                 continue
@@ -121,25 +122,26 @@ async def dispatch(gw, prep: Prepared) -> Dispatched:
                 span.end()
                 raise
             finally:
-                gw.pools.prefill_done(prep.request_id)
+                ctx.pool_tracker.prefill_done(prep.request_id)
             if api.stream:  # a stream's client times out between chunks, not on the whole answer
                 stream.deadline = None
-            gw.record_decision(prep, req, decision)
+            ctx.router.record(prep.request_id, req, decision)
             if affinity_key:
-                await gw.state.set_affinity(affinity_key, decision.worker_id, gw.config.affinity_ttl_s)
+                await ctx.state.set_affinity(affinity_key, decision.worker_id, ctx.config.affinity_ttl_s)
             return Dispatched(decision, stream, it, first, attempt, span)
-    raise errors.EngineFailure(f"{gw.config.limits.max_attempts} workers failed before the first token; "
+    raise errors.EngineFailure(f"{ctx.config.limits.max_attempts} workers failed before the first token; "
                                f"last error: {last_error}")
 
 
-def _breaker_wait_s(gw, req: RouteRequest, excluded: set[str], deadline: float | None) -> float | None:
+def _breaker_wait_s(ctx: ServingContext, req: RouteRequest, excluded: set[str],
+                    deadline: float | None) -> float | None:
     """Seconds until the first open breaker among the workers that could serve `req` turns half-open;
     None when no such worker is held out by its breaker alone, or the wait would pass the deadline."""
-    waits = [w for v in gw.pool.views()
+    waits = [w for v in ctx.fleet.views()
              if v.model_id == req.model and v.healthy and not v.draining
-             and v.worker_id not in excluded and v.worker_id not in gw.drained
+             and v.worker_id not in excluded and v.worker_id not in ctx.fleet.drained
              and req.required_capabilities <= v.capabilities
-             and (w := gw.breakers.reopens_in(v.worker_id)) is not None]
+             and (w := ctx.breakers.reopens_in(v.worker_id)) is not None]
     if not waits:
         return None
     wait = min(waits) + 0.01  # just past the moment it turns half-open

@@ -2,8 +2,8 @@
 
     prepare()  render + tokenize, check the context length
     to_pb()    the engine's GenerateRequest
-    dispatch() route and open the stream, retrying on other workers (gateway/serving/dispatch.py): a
-               `Dispatched`, whose `close()` the caller must call (it cancels the gRPC call)
+    Dispatched what dispatch (gateway/serving/dispatch.py: route, open the stream, retry on other
+               workers) returns; the caller must `close()` it (it cancels the gRPC call)
     deadline   the client's `timeout` (Prepared.deadline) ends the request wherever it is: queued,
                prefilling, or (without streaming) generating; the engine aborts it (408, no retry)
     outputs()  engine messages -> per-choice `Delta`s (incremental detokenizer + stop strings);
@@ -24,10 +24,10 @@ from duet.detokenizer import IncrementalDetokenizer
 from duet.rpc import engine_pb2 as pb
 from duet.tokenizer import ChatTemplateError, TokenizerError
 from gateway import errors
-from gateway.api.protocol import ApiRequest
 from gateway.backends.engine_client import EngineCallError, GenerateStream
 from gateway.models import ServedModel
 from gateway.routing.route_types import RouteDecision
+from gateway.serving.api_request import ApiRequest
 from gateway.serving.stops import StopMatcher
 from gateway.serving.timeouts import ClientDeadline
 from gateway.serving.tools import render_chat

@@ -3,7 +3,7 @@ stats, releasing its admission slot, and cancelling the engine call when the cli
 
     chunk_groups()  the chat/completion chunks as the engine produces them
     steps()         the same as text and tool-call pieces (what gateway/api/responses.py and
-                    messages_api.py translate into their events)
+                    messages.py translate into their events)
     stream()        SSE bytes of those chunks
     collect()       the whole JSON answer (`collect(runs, ...)` merges several: a completions batch)
 """
@@ -20,7 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway import errors
-from gateway.serving.chat_chunks import SSE_DONE, ResponseBuilder, sse
+from gateway.serving.chat_chunks import SSE_DONE, ChunkBuilder, sse
+from gateway.serving.context import ServingContext
 from gateway.serving.generation import Dispatched, Prepared, outputs
 from gateway.serving.request_class import request_class
 
@@ -36,16 +37,17 @@ class Step(NamedTuple):
 class Run:
     """One dispatched request until its last byte: timing metrics, stats, release, cancel."""
 
-    def __init__(self, gw, prep: Prepared, d: Dispatched, endpoint: str, index_offset: int = 0) -> None:
-        self.gw, self.prep, self.d, self.endpoint = gw, prep, d, endpoint
-        self.builder = ResponseBuilder(prep, index_offset)
+    def __init__(self, ctx: ServingContext, prep: Prepared, d: Dispatched, endpoint: str,
+                 index_offset: int = 0) -> None:
+        self.ctx, self.prep, self.d, self.endpoint = ctx, prep, d, endpoint
+        self.builder = ChunkBuilder(prep, index_offset)
         self.builder.prompt_lps = list(d.first.prompt_logprobs) if prep.api.sampling.prompt_logprobs is not None \
             else None
         self.usage: dict = {}
         dec = d.decision
         self.labels = (prep.model.model_id, dec.engine_kind, dec.variant,
                        request_class(prep.api, prep.session_key, len(prep.prompt_ids)))
-        self._itl = gw.metrics.itl.labels(*self.labels)  # resolved once, observed per token
+        self._itl = ctx.metrics.itl.labels(*self.labels)  # resolved once, observed per token
         self.first_at: float | None = None
         self.last_at: float | None = None
         self.itls: list[float] = []
@@ -56,7 +58,7 @@ class Run:
         now = time.perf_counter()
         if self.first_at is None:
             self.first_at = now
-            self.gw.metrics.ttft.labels(*self.labels).observe(now - self.prep.arrival)
+            self.ctx.metrics.ttft.labels(*self.labels).observe(now - self.prep.arrival)
         else:
             itl = (now - self.last_at) / len(delta.token_ids)
             self.itls.append(itl)
@@ -64,21 +66,21 @@ class Run:
         self.last_at = now
 
     def finish(self, status: str) -> None:
-        gw, dec = self.gw, self.d.decision
+        ctx, dec = self.ctx, self.d.decision
         self.d.close()
-        gw.release()
-        gw.metrics.requests.labels(self.endpoint, status).inc()
+        ctx.pending.release()
+        ctx.metrics.requests.labels(self.endpoint, status).inc()
         ok = status == "200"
         if ok:
-            gw.metrics.e2e.labels(*self.labels).observe(time.perf_counter() - self.prep.arrival)
+            ctx.metrics.e2e.labels(*self.labels).observe(time.perf_counter() - self.prep.arrival)
             m = self.labels[0]
-            gw.metrics.prompt_tokens.labels(m).inc(self.usage.get("prompt_tokens", 0))
-            gw.metrics.cached_tokens.labels(m, dec.engine_kind).inc(self.usage.get("cached_tokens", 0))
-            gw.metrics.generation_tokens.labels(m).inc(self.usage.get("completion_tokens", 0))
+            ctx.metrics.prompt_tokens.labels(m).inc(self.usage.get("prompt_tokens", 0))
+            ctx.metrics.cached_tokens.labels(m, dec.engine_kind).inc(self.usage.get("cached_tokens", 0))
+            ctx.metrics.generation_tokens.labels(m).inc(self.usage.get("completion_tokens", 0))
             prompt = self.usage.get("prompt_tokens", 0) or len(self.prep.prompt_ids)
-            gw.pools.finished(time.monotonic(), dec, gw.block_size(m), prompt, self.usage.get("cached_tokens", 0),
-                              self.usage.get("completion_tokens", 0))
-        gw.stats.record(
+            ctx.pool_tracker.finished(time.monotonic(), dec, ctx.router.block_size(m), prompt,
+                                      self.usage.get("cached_tokens", 0), self.usage.get("completion_tokens", 0))
+        ctx.stats.record(
             model=self.labels[0], ok=ok or status == "499", engine_kind=dec.engine_kind, variant=dec.variant,
             worker_id=dec.worker_id, reason=dec.reason,
             ttft_s=None if self.first_at is None else self.first_at - self.prep.arrival,
@@ -101,12 +103,12 @@ class Run:
             status = "200"
         except errors.GatewayError as e:
             status = str(e.status)
-            self.gw.metrics.stream_errors.labels(self.d.decision.worker_id).inc()
+            self.ctx.metrics.stream_errors.labels(self.d.decision.worker_id).inc()
             log.warning("request %s: %s", self.prep.request_id, e.message)
             raise
         finally:
             if status == "499":
-                self.gw.metrics.cancelled.inc()
+                self.ctx.metrics.cancelled.inc()
             self.finish(status)
 
     async def steps(self):
@@ -192,7 +194,7 @@ async def collect(runs: list[Run], gone, headers: dict, whole, render_error=erro
         work.cancel()  # after a failure (or a client gone) the other runs may still be reading: stop them
         for r in runs:
             if status == "499":
-                r.gw.metrics.cancelled.inc()
+                r.ctx.metrics.cancelled.inc()
             r.finish(status)
 
 

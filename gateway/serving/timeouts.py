@@ -14,7 +14,7 @@ in one of three phases, and each has its own rule:
 
 In every phase the stream ends as STALLED when it has been silent for `stall_s` AND its worker made
 no progress for `stall_s`: no message on any of its streams and no advance of its step counter
-(`progress_at`, from the worker pool's GetLoad polls). A frozen worker (SIGSTOP) stops both, so its
+(`progress_at`, from the fleet's GetLoad polls). A frozen worker (SIGSTOP) stops both, so its
 streams end within `stall_s` of the freeze; a busy one keeps stepping, so its queued streams wait.
 A client deadline (`deadline`, from the request's `timeout`: `client_timeout_s`) ends the stream in
 any phase.

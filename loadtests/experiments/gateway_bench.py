@@ -178,8 +178,9 @@ async def streams_burst(port: int, model: str, n: int, max_tokens: int) -> tuple
 def route_decision_ms(samples: int) -> tuple[float, float]:
     """(p99 ms of hashing an 8,000-token prompt's head, p99 ms of route())."""
     from duet.hashing import block_hashes
-    from gateway.routing.policy import RouteRequest, RoutingConfig, WorkerView, route
+    from gateway.routing.policy import route
     from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
+    from gateway.routing.route_types import RouteRequest, RoutingConfig, WorkerView
 
     rng = random.Random(0)
     workers = [WorkerView(f"w{i}", "m", "prefix" if i % 2 else "paged", "v1", frozenset({"n", "logprobs"}),

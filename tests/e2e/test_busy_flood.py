@@ -158,8 +158,8 @@ def test_with_a_low_queue_bound_the_overflow_is_refused_at_once_and_never_starte
         # a worker whose rate this gateway has not polled yet has no wait estimate and admits everything
         # (gateway/serving/admission.py); on a loaded machine the flood once beat the new gateway's first poll
         g = gw.gateway
-        assert _wait(lambda: all((w := g.pool.get(v.worker_id)) is not None and w.load is not None
-                                 and w.load.prefill_tokens_per_s > 0 for v in g.views()), 30)
+        assert _wait(lambda: all((w := g.fleet.get(v.worker_id)) is not None and w.load is not None
+                                 and w.load.prefill_tokens_per_s > 0 for v in g.router.views()), 30)
         before = sum(e.started_tokens() for e in engines)
         results = _flood(gw.url, 40, max_tokens=64, seed=1000)
         ok = [r for r in results if r.get("status") == 200]

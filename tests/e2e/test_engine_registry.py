@@ -40,9 +40,9 @@ def test_paged_worker_with_redis_is_discovered_serves_and_deregisters_on_drain(t
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     r = redis.Redis.from_url(clean_redis_url)
     try:
-        found = _wait(lambda: any(v.healthy for v in gw.gateway.views()) or proc.poll() is not None, 120)
+        found = _wait(lambda: any(v.healthy for v in gw.gateway.router.views()) or proc.poll() is not None, 120)
         assert found and proc.poll() is None, (tmp_path / "paged.log").read_text()[-3000:]
-        (view,) = gw.gateway.views()
+        (view,) = gw.gateway.router.views()
         assert (view.worker_id, view.engine_kind, view.version) == ("paged-r", "paged", "v7")
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
         raw = client.completions.with_raw_response.create(model=model_dir().name, prompt="hello", max_tokens=3,
@@ -50,12 +50,12 @@ def test_paged_worker_with_redis_is_discovered_serves_and_deregisters_on_drain(t
         assert raw.headers["x-duet-worker"] == "paged-r" and raw.headers["x-duet-engine"] == "paged"
         assert raw.parse().usage.completion_tokens == 3
         assert r.exists(worker_key("paged-r"))
-        assert gw.gateway.pool.get("paged-r").address == address
+        assert gw.gateway.fleet.get("paged-r").address == address
 
         proc.send_signal(signal.SIGTERM)  # drain: the entry goes at once, well before its 5 s TTL
         assert proc.wait(timeout=30) == 0
         assert not r.exists(worker_key("paged-r"))
-        assert _wait(lambda: not gw.gateway.views(), 3), "the drained worker is still in the gateway's pool"
+        assert _wait(lambda: not gw.gateway.router.views(), 3), "the drained worker is still in the gateway's pool"
     finally:
         if proc.poll() is None:
             proc.kill()

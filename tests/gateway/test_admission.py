@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gateway import errors
-from gateway.routing.policy import WorkerView
-from gateway.serving.admission import WaitEstimate, admit, best_wait, queue_wait_s
+from gateway.routing.route_types import WorkerView
+from gateway.serving.admission import WaitEstimate, best_wait, check_wait, queue_wait_s
 
 
 def view(worker_id: str, queued: int, healthy: bool = True, caps=("logprobs",), model: str = "m") -> WorkerView:
@@ -30,11 +30,11 @@ def test_the_least_busy_capable_worker_sets_the_wait():
 
 
 def test_over_the_bound_is_a_429_with_retry_after():
-    admit(WaitEstimate("a", 9.0), 10.0, None)
-    admit(WaitEstimate("a", 99.0), None, None)  # no bound at all
-    admit(None, 1.0, 1.0)  # no estimate: admitted
+    check_wait(WaitEstimate("a", 9.0), 10.0, None)
+    check_wait(WaitEstimate("a", 99.0), None, None)  # no bound at all
+    check_wait(None, 1.0, 1.0)  # no estimate: admitted
     with pytest.raises(errors.QueueWaitTooLong) as e:
-        admit(WaitEstimate("a", 12.2), 10.0, None)
+        check_wait(WaitEstimate("a", 12.2), 10.0, None)
     assert e.value.status == 429 and e.value.headers == {"retry-after": "3"}
     assert "max_queue_wait_s of 10 s" in e.value.message
     payload = errors.error_payload(e.value)["error"]
@@ -43,5 +43,5 @@ def test_over_the_bound_is_a_429_with_retry_after():
 
 def test_the_client_s_timeout_lowers_the_bound():
     with pytest.raises(errors.QueueWaitTooLong) as e:
-        admit(WaitEstimate("a", 8.0), 600.0, 5.0)
+        check_wait(WaitEstimate("a", 8.0), 600.0, 5.0)
     assert "the client's timeout of 5 s" in e.value.message and e.value.headers == {"retry-after": "3"}

@@ -127,7 +127,7 @@ def test_bad_input_is_anthropics_400_naming_the_field(stack, body, needle):
     err = r.json()
     assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
     assert needle in err["error"]["message"]
-    assert stack.gateway.pending == 0
+    assert stack.gateway.pending.count == 0
 
 
 def test_unknown_model_is_anthropics_not_found(client):
@@ -143,6 +143,6 @@ def test_a_client_that_leaves_mid_stream_frees_its_request(stack):
     with httpx.stream("POST", stack.url + "/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=30) as r:
         next(r.iter_lines())  # the stream has started
     deadline = time.monotonic() + 10
-    while stack.gateway.pending and time.monotonic() < deadline:
+    while stack.gateway.pending.count and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert stack.gateway.pending == 0
+    assert stack.gateway.pending.count == 0

@@ -83,7 +83,7 @@ def test_client_disconnect_cancels_the_engine_request_and_frees_pages(tmp_path, 
                 httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=0.5)
         assert _wait(lambda: sim.load().num_running == 0), "the engine still runs the request"
         assert sim.load().kv_pages_used == 0
-        assert _wait(lambda: gw.gateway.pending == 0)
+        assert _wait(lambda: gw.gateway.pending.count == 0)
     finally:
         gw.stop()
         sim.kill()
@@ -168,11 +168,11 @@ def test_workers_registered_in_redis_are_discovered_and_dropped_when_gone(tmp_pa
     gw = GatewayThread(gateway_config([], redis=redis_url)).start(wait_workers=0)
     sim = start_sims([Sim("prefix", redis=redis_url)], tmp_path)[0]
     try:
-        assert _wait(lambda: any(v.healthy for v in gw.gateway.views()), 10), "registered worker not picked up"
+        assert _wait(lambda: any(v.healthy for v in gw.gateway.router.views()), 10), "registered worker not picked up"
         raw = _client(gw.url).completions.with_raw_response.create(model=MODEL, prompt="hi", max_tokens=2)
         assert raw.headers["x-duet-worker"] == sim.address
         sim.kill()  # no more heartbeats: the entry expires and the worker leaves the pool
-        assert _wait(lambda: not gw.gateway.views(), 15), "expired worker still in the pool"
+        assert _wait(lambda: not gw.gateway.router.views(), 15), "expired worker still in the pool"
     finally:
         gw.stop()
         sim.kill()

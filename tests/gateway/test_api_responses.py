@@ -138,7 +138,7 @@ def test_bad_input_is_a_400_naming_the_field(stack, body, param):
     r = httpx.post(stack[0].url + "/v1/responses", json={"model": MODEL, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
-    assert stack[0].gateway.pending == 0
+    assert stack[0].gateway.pending.count == 0
 
 
 def test_a_function_call_round_trip_in_items_is_accepted(clients):
@@ -157,6 +157,6 @@ def test_a_client_that_leaves_mid_stream_frees_its_request(stack):
     with httpx.stream("POST", stack[0].url + "/v1/responses", json=body, timeout=30) as r:
         next(r.iter_lines())  # the stream has started
     deadline = time.monotonic() + 10
-    while stack[0].gateway.pending and time.monotonic() < deadline:
+    while stack[0].gateway.pending.count and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert stack[0].gateway.pending == 0
+    assert stack[0].gateway.pending.count == 0

@@ -115,7 +115,7 @@ def test_a_streamed_batch_interleaves_choices_and_ends_once(client, stack):
 def test_a_bad_prompt_in_a_batch_fails_the_whole_request_and_leaks_nothing(client, stack):
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL, prompt=[[1, 2], [10 ** 8]], max_tokens=2)
-    assert stack.gateway.pending == 0
+    assert stack.gateway.pending.count == 0
 
 
 def test_suffix_is_refused_naming_it(client):

@@ -22,7 +22,7 @@ def test_an_unreachable_backend_is_named_and_the_other_pool_serves(tmp_path, cap
             for i in range(3):
                 raw = c.completions.with_raw_response.create(model=MODEL, prompt=f"p{i}", max_tokens=2)
                 assert raw.headers["x-duet-worker"] == sims[0].address
-            rows = {r["worker_id"]: r for r in gw.gateway.worker_rows()}
+            rows = {r["worker_id"]: r for r in gw.gateway.admin.worker_rows()}
             assert rows[dead]["healthy"] is False
         finally:
             gw.stop()

@@ -56,7 +56,7 @@ def test_admin_pools_reports_target_and_current_and_the_gauge_matches(stack):
     assert sample(metrics, "duet_route_cached_tokens_error_count") == 3
     # nothing was evicted: no stale decision, and the ledger of queued prefill is empty again
     assert sample(metrics, "duet_route_stale_decisions_total") == 0
-    assert all(v.queued_prefill_tokens == 0 for v in stack.gateway.views())
+    assert all(v.queued_prefill_tokens == 0 for v in stack.gateway.router.views())
 
 
 def decision(cached_blocks: int, kind: str = "prefix", steps: tuple[str, ...] = (), wanted: str = "") -> RouteDecision:

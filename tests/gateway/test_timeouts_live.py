@@ -100,9 +100,9 @@ def test_no_first_token_in_time_is_retried_on_another_worker(tmp_path):
         assert _wait(lambda: sims[0].load().num_running == 0, 15)  # the slow attempt was cancelled
         # the timeout left the slow worker out of routing until its next good health check: wait for that
         # (racing it answered "no healthy worker" instead, when the poll came late)
-        assert _wait(lambda: any(v.worker_id == "slow" and v.healthy for v in gw.gateway.pool.views()), 15)
+        assert _wait(lambda: any(v.worker_id == "slow" and v.healthy for v in gw.gateway.fleet.views()), 15)
         # alone, the slow worker gets a clear 503 naming the timeout instead of a hang
-        gw.gateway.drained.add("fast")
+        gw.gateway.fleet.drained.add("fast")
         r = httpx.post(gw.url + "/v1/completions", json={"model": MODEL, "prompt": "another slow prompt here",
                                                          "max_tokens": 4}, timeout=30)
         assert r.status_code == 503 and "no first token" in r.json()["error"]["message"], r.text

@@ -8,7 +8,7 @@ import math
 
 from duet.rpc import engine_pb2 as pb
 from gateway.backends.engine_client import EngineCallError
-from gateway.backends.fleet import WorkerPool
+from gateway.backends.fleet import Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.routing.prefix_index import WorkerBlockIndex
 
@@ -41,7 +41,7 @@ async def test_a_worker_with_work_shows_progress_only_while_it_steps():
     def factory(address: str) -> ScriptedClient:
         return clients.setdefault(address, ScriptedClient(address))
 
-    pool = WorkerPool(("a:1",), WorkerBlockIndex(), GatewayMetrics(), client_factory=factory, max_step_s=60.0)
+    pool = Fleet(("a:1",), WorkerBlockIndex(), GatewayMetrics(), client_factory=factory, max_step_s=60.0)
     client = factory("a:1")
     busy = {"num_running": 1, "num_waiting": 3}
     client.loads = [pb.EngineLoad(num_steps=10, **busy)]

@@ -132,8 +132,7 @@ class GatewayThread:
         deadline = time.monotonic() + timeout_s
         want = len(self.config.workers) if wait_workers is None else wait_workers
         while time.monotonic() < deadline:
-            if (self._server.started and self.gateway.pool is not None
-                    and sum(1 for v in self.gateway.views() if v.healthy) >= want):
+            if self._server.started and sum(1 for v in self.gateway.router.views() if v.healthy) >= want:
                 return self
             time.sleep(0.05)
         raise RuntimeError("gateway thread did not become ready")

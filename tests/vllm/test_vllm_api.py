@@ -93,7 +93,7 @@ def test_cached_tokens_and_the_routers_view_agree(client, gateways, backend):
     second = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached == (n - 1) // 128 * 128  # vLLM's CPU build caches whole 128-token blocks
-    assert gw.pools.recent[-1] == (0, False)  # the router estimated exactly that (real - estimate, stale)
+    assert gw.pool_tracker.recent[-1] == (0, False)  # the router estimated exactly that (real - estimate, stale)
 
 
 def test_the_index_is_fed_by_vllms_events(gateways, backend):
@@ -102,18 +102,18 @@ def test_the_index_is_fed_by_vllms_events(gateways, backend):
     tok = gw.models[MODEL].tokenizer
     ids = tok.encode(_long_prompt("direct"), add_special_tokens=True)
     hashes = block_hashes(ids, 16, MODEL)
-    assert gw.index.match(backend.url, hashes) == 0
+    assert gw.router.index.match(backend.url, hashes) == 0
     r = httpx.post(backend.url + "/inference/v1/generate", timeout=120, json={
         "token_ids": ids, "sampling_params": {"max_tokens": 1, "temperature": 0, "detokenize": False}})
     assert r.status_code == 200, r.text
     deadline = time.monotonic() + 20
-    while gw.index.match(backend.url, hashes) == 0 and time.monotonic() < deadline:
+    while gw.router.index.match(backend.url, hashes) == 0 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert gw.index.match(backend.url, hashes) * 16 == len(ids) // 128 * 128
+    assert gw.router.index.match(backend.url, hashes) * 16 == len(ids) // 128 * 128
 
 
 def test_backend_load_reaches_the_worker_view(gateways, backend):
-    rows = {r["worker_id"]: r for r in gateways["mixed"].gateway.worker_rows()}
+    rows = {r["worker_id"]: r for r in gateways["mixed"].gateway.admin.worker_rows()}
     row = rows[backend.url]
     assert row["engine_kind"] == "paged" and row["healthy"] and row["version"] == "external"
     assert 0 <= row["kv_usage"] <= 1
@@ -149,7 +149,7 @@ def test_a_backend_with_another_tokenizer_is_refused(backend, caplog):
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and not caplog.records:
                 time.sleep(0.2)
-            assert not [v for v in gw.gateway.views() if v.healthy]
+            assert not [v for v in gw.gateway.router.views() if v.healthy]
         finally:
             gw.stop()
     (said,) = {r.getMessage() for r in caplog.records}

@@ -51,7 +51,7 @@ def test_vllm_killed_mid_stream(gateways, backend):
 
     backend.start()  # same port, same events port
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not any(v.worker_id == backend.url and v.healthy for v in gw.views()):
+    while time.monotonic() < deadline and not any(v.worker_id == backend.url and v.healthy for v in gw.router.views()):
         time.sleep(0.5)
     raw = c.completions.with_raw_response.create(model=MODEL, prompt="Hello again", max_tokens=2, n=2)
     assert raw.headers["x-duet-worker"] == backend.url

@@ -1,0 +1,63 @@
+"""`GatewayAdmin`: the running gateway as the admin API reads it, the `AdminBackend` of
+gateway/control/admin.py (the served models, the state store, the stats and decisions, the rollback
+controller, one row per worker, draining, the pool planner's report). gateway/app.py builds it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gateway.backends.fleet import Fleet
+from gateway.config import GatewayConfig
+from gateway.control.pool_tracker import PoolTracker
+from gateway.control.rollback import RollbackController
+from gateway.control.state import StateStore
+from gateway.control.stats import RequestStats
+from gateway.models import ServedModel
+from gateway.routing.decision_log import DecisionLog
+
+
+@dataclass(frozen=True)
+class GatewayAdmin:
+    config: GatewayConfig  # the admin key, and the routing config a model has until one is set
+    models: Mapping[str, ServedModel]
+    state: StateStore
+    stats: RequestStats
+    decisions: DecisionLog
+    rollback: RollbackController
+    fleet: Fleet
+    pool_tracker: PoolTracker
+
+    @property
+    def admin_key(self) -> str | None:
+        return self.config.admin_key
+
+    def model_ids(self) -> list[str]:
+        return list(self.models)
+
+    def worker_rows(self) -> list[dict]:
+        rows = []
+        for w in self.fleet.workers():
+            load, info = w.load, w.info
+            queries = load.prefix_cache_queries_tokens if load else 0
+            rows.append({
+                "worker_id": w.worker_id, "address": w.address,
+                "model_id": info.model_id if info else "", "engine_kind": info.engine_kind if info else "",
+                "version": info.version if info else "", "healthy": w.healthy,
+                "draining": w.worker_id in self.fleet.drained or bool(load and load.draining),
+                "num_running": load.num_running if load else 0,
+                "num_waiting": load.num_waiting if load else 0,
+                "kv_usage": load.kv_pages_used / load.kv_pages_total if load and load.kv_pages_total else 0.0,
+                "prefix_hit_rate": load.prefix_cache_hits_tokens / queries if queries else 0.0,
+                "num_preemptions": load.num_preemptions if load else 0,
+                "reused_pages_evicted": load.reused_pages_evicted if load else 0,
+            })
+        return rows
+
+    def drain_worker(self, worker_id: str) -> bool:
+        return self.fleet.drain(worker_id)
+
+    def pool_report(self) -> dict:
+        """The pool planner's report (gateway/control/pool_tracker.PoolTracker.report)."""
+        return self.pool_tracker.report(time.monotonic())
