@@ -210,7 +210,7 @@ def admin_routes(gateway: AdminBackend) -> list[Route]:
         except PolicyError as e:
             raise InvalidRequest(str(e)) from None
         if policy.window_s > gateway.stats.max_window_s:
-            raise InvalidRequest(f"window_s must be at most {gateway.control.stats.max_window_s:g} s (the stats horizon)")
+            raise InvalidRequest(f"window_s must be at most {gateway.stats.max_window_s:g} s (the stats horizon)")
         names = {v.name for v in (await _current_routing(gateway, model)).variants}
         missing = {policy.canary, policy.baseline} - names
         if missing:
