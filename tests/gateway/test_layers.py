@@ -12,22 +12,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.test_import_cycles import _import_time_nodes  # what runs at import: one definition
+
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAY = ROOT / "gateway"
 LAYERS = ("routing", "backends", "control", "serving", "api")  # lowest first
 ASSEMBLY = ("gateway.app", "gateway.server", "gateway.openapi", "gateway.middleware")
 MAX_TOP_LEVEL_MODULES = 12
-
-
-def _import_time_nodes(body):
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        yield node
-        for field in ("body", "orelse", "finalbody", "handlers"):
-            inner = getattr(node, field, None)
-            if isinstance(inner, list):
-                yield from _import_time_nodes(inner)
 
 
 def imported(source: str, module: str, is_package: bool = False) -> set[str]:
