@@ -48,7 +48,7 @@ async def test_a_worker_failing_after_started_is_retried_elsewhere_with_the_same
     metrics = (await gw.http.get("/metrics")).text
     assert 'duet_worker_retries_total{worker="first"} 1.0' in metrics
     assert 'duet_worker_retries_total{worker="second"}' not in metrics
-    assert not gw.gateway.pool.get("first").healthy  # left out until its next good health check
+    assert not gw.gateway.fleet.get("first").healthy  # left out until its next good health check
 
 
 async def test_an_engine_refusing_the_request_is_a_400_and_no_other_worker_is_tried(fake_gateway):
@@ -73,7 +73,7 @@ async def test_every_worker_failing_before_its_first_token_is_a_502_naming_the_l
     last = message.rsplit("last error: worker ", 1)[-1].split(":")[0]
     assert last in {e.worker_id for e in engines if e.requests}
     assert message == f"3 workers failed before the first token; last error: worker {last}: UNAVAILABLE: {last} is down"
-    assert gw.gateway.pending == 0
+    assert gw.gateway.pending.count == 0
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -99,7 +99,7 @@ async def test_a_worker_failing_mid_stream_is_an_error_never_a_silent_truncation
     assert error["message"] == "worker flaky failed mid-stream: UNAVAILABLE: worker went away"
     assert len(prefix.requests) == 0  # tokens were sent: no retry could give the same answer
     r = await gw.http.post("/v1/completions", json={"model": MODEL, "prompt": "again", "max_tokens": 2})
-    assert r.status_code == 200 and gw.gateway.pending == 0
+    assert r.status_code == 200 and gw.gateway.pending.count == 0
 
 
 async def test_a_killed_worker_s_streams_end_with_an_error_and_later_requests_go_elsewhere(fake_gateway):
@@ -133,7 +133,7 @@ async def test_a_client_that_leaves_cancels_the_engine_call_and_frees_its_pages(
     assert await gw.wait_for(lambda: not engine.sim.running)  # the sim freed the request's pages
     load = await engine.client.get_load()
     assert load.num_running == 0 and load.kv_pages_used == 0
-    assert gw.gateway.pending == 0
+    assert gw.gateway.pending.count == 0
     # the gateway serves the next one as before
     r = await gw.http.post("/v1/chat/completions", json={**body, "max_tokens": 2, "stream": False})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2

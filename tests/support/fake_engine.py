@@ -206,7 +206,7 @@ class FakeStream:
 
 
 class FakeClient:
-    """The EngineClient of one FakeEngine (what gateway.backends.fleet.WorkerPool holds for its address)."""
+    """The EngineClient of one FakeEngine (what gateway.backends.fleet.Fleet holds for its address)."""
 
     def __init__(self, engine: FakeEngine) -> None:
         self.engine = engine
