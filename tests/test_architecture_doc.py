@@ -70,9 +70,7 @@ def named_paths() -> list[tuple[int, str]]:
     out = []
     for n, line in enumerate(DOC.read_text().splitlines(), 1):
         for m in docs_paths.PATH_RE.finditer(line):
-            named = m.group(1)
-            if named.endswith("**"):  # the closing bold marker, not a glob
-                named = named[:-2]
+            named = m.group(1).removesuffix("**")  # the closing bold marker, not a glob
             if docs_paths.PLACEHOLDER_RE.search(named):
                 continue
             out += [(n, p) for p in docs_paths.expand_braces(named)]
