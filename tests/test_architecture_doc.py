@@ -82,6 +82,26 @@ def test_every_path_the_page_names_exists():
     assert not missing, "docs/architecture.md names paths that do not exist:\n" + "\n".join(missing)
 
 
+PROTO_PACKAGE = "duet.engine.v1"  # the gRPC package in proto/engine.proto, not a Python module
+
+
+def test_every_module_the_page_names_by_dotted_name_exists():
+    """`gateway.routing.policy.route` and `python -m loadtests.engine_bench` must name a module (or package)."""
+    missing = []
+    for n, line in enumerate(DOC.read_text().splitlines(), 1):
+        for m in docs_paths.DOTTED_RE.finditer(line):
+            name = m.group(1).rstrip(".")
+            parts = name.split(".")
+            if parts[-1] in docs_paths.FILE_SUFFIXES or name.startswith(PROTO_PACKAGE):
+                continue
+            if docs_paths._module_file(".".join(parts[:2])) is None:
+                missing.append(f"docs/architecture.md:{n}: {name}")
+        for m in docs_paths.MODULE_RE.finditer(line):
+            if docs_paths._module_file(m.group(1).rstrip(".")) is None:
+                missing.append(f"docs/architecture.md:{n}: python -m {m.group(1)}")
+    assert not missing, "docs/architecture.md names modules that do not exist:\n" + "\n".join(missing)
+
+
 def test_the_path_rule_sees_bold_backticked_and_plain_paths():
     paths = {p for _, p in named_paths()}
     assert {"gateway/routing/policy.py", "tests/test_architecture_doc.py", "duet/contract.py"} <= paths
