@@ -1,16 +1,25 @@
-"""docs/architecture.md has a paragraph for every module (the page promises one paragraph per module).
+"""docs/architecture.md has a paragraph for every module (the page promises one paragraph per module), opens with
+the life of a chat request, names only paths that exist, and keeps each module's paragraph to five lines.
 
 A module is every .py file under the project's packages, read from the file tree as it is now, except
 the generated gRPC stubs (duet/rpc/*_pb2*.py). It counts as described when the page names its path in
 bold (**gateway/routing/policy.py**); one paragraph may name several modules. A package's `__init__.py` or
 `__main__.py` needs a paragraph only when it holds code of its own: one that is empty or only has a
 docstring, imports (re-exports) and `__all__` is part of its package's paragraphs, not a module to describe.
+
+The page's paths are read as tests/test_docs_paths.py reads the other pages (a word that starts with one of the
+project's top-level folders and a slash, `{a,b}` expanded, `*` a glob, a capitalised placeholder a template),
+whether bold, in backticks or plain. A module's paragraph is a block that starts with a bold path
+(`**gateway/app.py** — ...`), up to the next blank line.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+from tests import test_docs_paths as docs_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("duet", "gateway", "engine_core", "engine_paged", "engine_prefix", "loadtests")
@@ -54,3 +63,85 @@ def test_the_rule_sees_the_modules_it_must():
     assert "gateway/routing/policy.py" in found and "duet/cli.py" in found
     assert not any("_pb2" in m for m in found)
     assert "gateway/__init__.py" not in found  # empty: part of its package
+
+
+def named_paths() -> list[tuple[int, str]]:
+    """(line number, path) for every repository path the page names."""
+    out = []
+    for n, line in enumerate(DOC.read_text().splitlines(), 1):
+        for m in docs_paths.PATH_RE.finditer(line):
+            named = m.group(1).removesuffix("**")  # the closing bold marker, not a glob
+            if docs_paths.PLACEHOLDER_RE.search(named):
+                continue
+            out += [(n, p) for p in docs_paths.expand_braces(named)]
+    return out
+
+
+def test_every_path_the_page_names_exists():
+    missing = [f"docs/architecture.md:{n}: {p}" for n, p in named_paths() if not docs_paths._exists(p)]
+    assert not missing, "docs/architecture.md names paths that do not exist:\n" + "\n".join(missing)
+
+
+PROTO_PACKAGE = "duet.engine.v1"  # the gRPC package in proto/engine.proto, not a Python module
+
+
+def test_every_module_the_page_names_by_dotted_name_exists():
+    """`gateway.routing.policy.route` and `python -m loadtests.engine_bench` must name a module (or package)."""
+    missing = []
+    for n, line in enumerate(DOC.read_text().splitlines(), 1):
+        for m in docs_paths.DOTTED_RE.finditer(line):
+            name = m.group(1).rstrip(".")
+            parts = name.split(".")
+            if parts[-1] in docs_paths.FILE_SUFFIXES or name.startswith(PROTO_PACKAGE):
+                continue
+            if docs_paths._module_file(".".join(parts[:2])) is None:
+                missing.append(f"docs/architecture.md:{n}: {name}")
+        for m in docs_paths.MODULE_RE.finditer(line):
+            if docs_paths._module_file(m.group(1).rstrip(".")) is None:
+                missing.append(f"docs/architecture.md:{n}: python -m {m.group(1)}")
+    assert not missing, "docs/architecture.md names modules that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_path_rule_sees_bold_backticked_and_plain_paths():
+    paths = {p for _, p in named_paths()}
+    assert {"gateway/routing/policy.py", "tests/test_architecture_doc.py", "duet/contract.py"} <= paths
+    assert not any(p.endswith("*") and "_pb2" not in p for p in paths)  # bold markers are not globs
+
+
+def test_the_page_opens_with_the_life_of_a_chat_request():
+    headings = [line for line in DOC.read_text().splitlines() if line.startswith("## ")]
+    assert headings and headings[0] == "## The life of a chat request", headings[:1]
+    life = DOC.read_text().split("## The life of a chat request", 1)[1].split("\n## ", 1)[0]
+    for hop in ("gateway/api/completions.py", "gateway/serving/start.py", "gateway/serving/dispatch.py",
+                "engine_core/servicer.py", "engine_core/sampler.py", "gateway/serving/chat_chunks.py",
+                "gateway/serving/runs.py"):
+        assert hop in life, f"the life of a request does not name {hop}"
+
+
+MAX_PARAGRAPH_LINES = 5
+MAX_LINE_CHARS = 110  # five lines of this width: a line may not grow to hold a paragraph
+
+
+def module_paragraphs() -> list[tuple[int, list[str]]]:
+    """(first line number, lines) of every block that starts with a bold path."""
+    out, block, start = [], [], 0
+    for n, line in enumerate(DOC.read_text().splitlines() + [""], 1):
+        if not line.strip():
+            if block and re.match(r"\*\*[\w./-]+\*\*", block[0]):
+                out.append((start, block))
+            block = []
+        else:
+            if not block:
+                start = n
+            block.append(line)
+    return out
+
+
+def test_no_module_paragraph_is_longer_than_five_lines_of_110_characters():
+    paragraphs = module_paragraphs()
+    assert len(paragraphs) > 150  # the rule sees the page's paragraphs
+    long = [f"docs/architecture.md:{n}: {lines[0][:60]} ({len(lines)} lines)"
+            for n, lines in paragraphs if len(lines) > MAX_PARAGRAPH_LINES]
+    long += [f"docs/architecture.md:{n + i}: a line of {len(line)} characters (more than {MAX_LINE_CHARS})"
+             for n, lines in paragraphs for i, line in enumerate(lines) if len(line) > MAX_LINE_CHARS]
+    assert not long, f"paragraphs longer than {MAX_PARAGRAPH_LINES} lines:\n" + "\n".join(long)
