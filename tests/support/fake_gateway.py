@@ -57,7 +57,7 @@ class FakeGateway:
         self._lifespan = self.gateway.lifespan(self.app)
         await self._lifespan.__aenter__()
         deadline = time.monotonic() + timeout_s
-        while sum(v.healthy for v in self.gateway.views()) < len(self.engines):
+        while sum(v.healthy for v in self.gateway.router.views()) < len(self.engines):
             if time.monotonic() > deadline:
                 raise RuntimeError("the fake engines did not become healthy in the gateway's pool")
             await asyncio.sleep(0.01)
