@@ -83,8 +83,8 @@ class Gateway:
         self.breakers = CircuitBreakers(t.breaker_failures, t.breaker_open_s)
         self.pool_tracker = PoolTracker(self.metrics, config.pool_planner)
         self.decisions = DecisionLog()
-        self.router = Router(config, self.fleet, index, self.pool_tracker, self.breakers, self.decisions,
-                             self.metrics)
+        self.router = Router.for_gateway(config, self.fleet, index, self.pool_tracker, self.breakers,
+                                         self.decisions, self.metrics)
         self.limiter = KeyLimiter(config.key_limits, config.redis)
         self.watchdog = StreamWatchdog(t, on_outcome=outcome_recorder(self.breakers, self.metrics),
                                        progress_at=self.fleet.progress_at)

@@ -23,6 +23,8 @@ The seven steps, in order (docs/routing.md explains each and every default):
                  caching most of it unless that one's prefill wait is `shed_tokens` longer;
 7. decision    - the worker plus the reason, one of REASONS (a metric label).
 
+`capable` is steps 1-3 as a list (empty when no worker can serve the request): the one answer to "which
+workers can serve this" that routing, admission and dispatch's wait for a circuit breaker all use.
 `eligible` is steps 1-3 alone: the benchmarks' baseline policies (loadtests/sim/routing/baselines.py),
 which the gateway runs in place of `route` when its config names one (`routing_policy`), share them.
 """
@@ -40,6 +42,7 @@ from gateway.routing.route_types import (
     RouteDecision,
     RouteRequest,
     RoutingConfig,
+    UnknownVariant,
     WorkerView,
 )
 
@@ -65,6 +68,15 @@ def eligible(req: RouteRequest, workers: Sequence[WorkerView], config: RoutingCo
     if req.variant_override is not None:
         steps.append("override")
     return Eligible(variant, in_variant, steps)
+
+
+def capable(req: RouteRequest, workers: Sequence[WorkerView], config: RoutingConfig) -> list[WorkerView]:
+    """The workers routing may pick for `req` (steps 1-3: its model, healthy, not draining, its capabilities,
+    its canary arm); empty when there is none or its variant override names no variant."""
+    try:
+        return eligible(req, workers, config).workers
+    except (NoCapableWorker, UnknownVariant):
+        return []
 
 
 def route(

@@ -2,7 +2,8 @@
 
 Refusing up front (429 + Retry-After, before routing, before any engine sees the request) beats
 queueing a request that times out later, after an engine spent prefill on it. The estimate per
-candidate worker (serving the model, healthy, not draining, with the capabilities the request needs):
+worker that can serve the request (the Router's `capable`: serving the model, healthy, not draining, with
+the capabilities the request needs, in its canary arm):
 
     wait_s = queued prefill tokens / prefill rate
 
@@ -26,8 +27,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gateway.errors import QueueWaitTooLong
-from gateway.routing.route_types import WorkerView
+from gateway.routing.policy import capable
+from gateway.routing.route_types import RouteRequest, RoutingConfig, WorkerView
 from gateway.serving.context import ServingContext
+from gateway.serving.dispatch import route_request
 from gateway.serving.generation import Prepared
 
 
@@ -47,13 +50,18 @@ def queue_wait_s(queued_prefill_tokens: int, prefill_tokens_per_s: float) -> flo
 
 
 def best_wait(candidates: Iterable[tuple[WorkerView, float]], model_id: str,
-              required_capabilities: frozenset[str] = frozenset()) -> WaitEstimate | None:
-    """The shortest estimated wait among (view, prefill rate) pairs able to serve the request;
+              required_capabilities: frozenset[str] = frozenset(), *, request: RouteRequest | None = None,
+              config: RoutingConfig | None = None) -> WaitEstimate | None:
+    """The shortest estimated wait among (view, prefill rate) pairs able to serve the request (`request`,
+    or one of `model_id` needing `required_capabilities`; `config` names the canary arms);
     None when there is no candidate or one of them has no estimate (admitted: routing decides)."""
+    candidates = list(candidates)
+    req = request or RouteRequest(model=model_id, block_hashes=(), num_prompt_tokens=0,
+                                  required_capabilities=required_capabilities)
+    able = {v.worker_id for v in capable(req, [v for v, _ in candidates], config or RoutingConfig())}
     best: WaitEstimate | None = None
     for view, rate in candidates:
-        if (view.model_id != model_id or not view.healthy or view.draining
-                or not required_capabilities <= view.capabilities):
+        if view.worker_id not in able:
             continue
         wait = queue_wait_s(view.queued_prefill_tokens, rate)
         if wait is None:
@@ -80,13 +88,17 @@ def check_wait(estimate: WaitEstimate | None, max_queue_wait_s: float | None, cl
         f"Retry after {retry} s.", retry)
 
 
-def admit(ctx: ServingContext, prep: Prepared, client_timeout_s: float | None) -> None:
+async def admit(ctx: ServingContext, prep: Prepared, client_timeout_s: float | None) -> None:
     """Check one prepared request against the gateway's workers now."""
+    if ctx.config.limits.max_queue_wait_s is None and client_timeout_s is None:
+        return  # no bound: nothing to estimate
     candidates = []
     for view in ctx.router.views():
         worker = ctx.fleet.get(view.worker_id)
         candidates.append((view, worker.load.prefill_tokens_per_s if worker and worker.load else 0.0))
-    estimate = best_wait(candidates, prep.model.model_id, prep.api.required_capabilities)
+    model_id = prep.model.model_id
+    config = await ctx.state.get_routing(model_id) or ctx.config.routing
+    estimate = best_wait(candidates, model_id, request=route_request(ctx, prep), config=config)
     try:
         check_wait(estimate, ctx.config.limits.max_queue_wait_s, client_timeout_s)
     except QueueWaitTooLong:

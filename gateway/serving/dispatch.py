@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from dataclasses import replace
 
 from opentelemetry import trace
 
@@ -23,7 +24,7 @@ from duet.hashing import block_hashes
 from duet.tracing import inject_metadata
 from gateway import errors
 from gateway.backends.engine_client import EngineCallError
-from gateway.routing.route_types import NoCapableWorker, RouteRequest, UnknownVariant
+from gateway.routing.route_types import NoCapableWorker, RouteRequest, RoutingConfig, UnknownVariant
 from gateway.serving.context import ServingContext
 from gateway.serving.generation import Dispatched, Prepared, to_pb
 from gateway.serving.timeouts import ClientDeadline
@@ -35,16 +36,9 @@ async def dispatch(ctx: ServingContext, prep: Prepared) -> Dispatched:
     """Route and open the stream, retrying on other workers until one answers (see module doc)."""
     tracer = ctx.tracer
     model_id = prep.model.model_id
-    block_size = ctx.router.block_size(model_id)
-    hashes = tuple(block_hashes(prep.prompt_ids, block_size, model_id, prep.cache_salt,
-                                max_blocks=ctx.config.max_hash_blocks))
     api = prep.api
-    req = RouteRequest(
-        model=model_id, block_hashes=hashes, num_prompt_tokens=len(prep.prompt_ids),
-        session_key=prep.session_key, user_key=api.user, required_capabilities=api.required_capabilities,
-        variant_override=prep.variant_override, turn_count=api.turn_count, sequence=next(_SEQUENCE),
-        block_tokens=block_size,
-    )
+    req = route_request(ctx, prep, next(_SEQUENCE))
+    block_size = req.block_tokens
     config = await ctx.state.get_routing(model_id) or ctx.config.routing
     affinity_key = prep.session_key or None
     affinity = await ctx.state.get_affinity(affinity_key) if affinity_key else None
@@ -65,7 +59,7 @@ async def dispatch(ctx: ServingContext, prep: Prepared) -> Dispatched:
             except UnknownVariant as e:
                 raise errors.UnknownVariantError(str(e), "x-duet-variant") from None
             except NoCapableWorker as e:
-                wait = None if waited_for_breaker else _breaker_wait_s(ctx, req, excluded, prep.deadline)
+                wait = None if waited_for_breaker else _breaker_wait_s(ctx, req, config, excluded, prep.deadline)
                 if wait is not None:  # every capable worker is behind an open breaker: wait for a probe
                     waited_for_breaker = True
                     attempt -= 1
@@ -133,15 +127,30 @@ async def dispatch(ctx: ServingContext, prep: Prepared) -> Dispatched:
                                f"last error: {last_error}")
 
 
-def _breaker_wait_s(ctx: ServingContext, req: RouteRequest, excluded: set[str],
+def route_request(ctx: ServingContext, prep: Prepared, sequence: int = 0) -> RouteRequest:
+    """What routing reads of a prepared request: its prompt's chained block hashes, keys and capabilities
+    (admission asks the Router the same question about the same request)."""
+    model_id = prep.model.model_id
+    block_size = ctx.router.block_size(model_id)
+    hashes = tuple(block_hashes(prep.prompt_ids, block_size, model_id, prep.cache_salt,
+                                max_blocks=ctx.config.max_hash_blocks))
+    api = prep.api
+    return RouteRequest(
+        model=model_id, block_hashes=hashes, num_prompt_tokens=len(prep.prompt_ids),
+        session_key=prep.session_key, user_key=api.user, required_capabilities=api.required_capabilities,
+        variant_override=prep.variant_override, turn_count=api.turn_count, sequence=sequence,
+        block_tokens=block_size,
+    )
+
+
+def _breaker_wait_s(ctx: ServingContext, req: RouteRequest, config: RoutingConfig, excluded: set[str],
                     deadline: float | None) -> float | None:
     """Seconds until the first open breaker among the workers that could serve `req` turns half-open;
     None when no such worker is held out by its breaker alone, or the wait would pass the deadline."""
-    waits = [w for v in ctx.fleet.views()
-             if v.model_id == req.model and v.healthy and not v.draining
-             and v.worker_id not in excluded and v.worker_id not in ctx.fleet.drained
-             and req.required_capabilities <= v.capabilities
-             and (w := ctx.breakers.reopens_in(v.worker_id)) is not None]
+    held_out = [replace(v, draining=v.draining or v.worker_id in ctx.fleet.drained)
+                for v in ctx.fleet.views() if v.worker_id not in excluded]
+    waits = [w for v in ctx.router.capable(req, held_out, config)
+             if (w := ctx.breakers.reopens_in(v.worker_id)) is not None]
     if not waits:
         return None
     wait = min(waits) + 0.01  # just past the moment it turns half-open

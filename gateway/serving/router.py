@@ -1,19 +1,26 @@
-"""The routing step of the request path, around the policy: which workers routing may pick now (`views`),
-the policy's choice (`decide`), what is recorded after it (`record`), and the block size a model's prompts
-are hashed with (`block_size`).
+"""The routing step, around the policy: the one `Router` that the gateway's dispatch and admission and both
+simulators (loadtests/sim/fleet, loadtests/sim/routing) call, so that the bookkeeping has no second copy.
 
-    views()    the fleet's snapshot with drained workers draining, workers behind an open circuit breaker
-               unhealthy, and this gateway's own queued prefill per worker (the load signal)
-    decide()   the policy (Duet's gateway.routing.policy.route unless the config names a baseline), after
-               noting the capability demand of the request for the pool planner: a request only one engine
-               kind can serve keeps a worker of that kind, also when none exists now and it gets a 503
-    record()   after a worker answered: the planner's routed kinds, the seen blocks, the worker's block index
-               (the blocks it will cache), the metrics and the decision log
+    views()      the workers routing may pick from now (the caller's snapshot function; the gateway's is
+                 `gateway_views`: drained workers draining, workers behind an open circuit breaker unhealthy,
+                 this gateway's own queued prefill per worker, the load signal)
+    capable()    which of them can serve a request (gateway.routing.policy.capable: model, health,
+                 capabilities, canary arm); admission and the wait for a circuit breaker ask it too
+    decide()     the policy (Duet's gateway.routing.policy.route, or a baseline), after noting the
+                 capability demand of the request for the pool planner: a request only one engine kind can
+                 serve keeps a worker of that kind, also when none exists now and it gets a 503
+    record()     after a worker answered: the planner's routed kinds, the seen blocks, the worker's block
+                 index (the blocks it will cache: an external engine caches whole engine blocks only), then
+                 `on_record` (the gateway's metrics and decision log)
+    block_size() the tokens per hashed block of a model's prompts
+
+`Router.for_gateway` assembles the gateway's; a simulator passes its own views, clock and tables.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from duet.contract import (
@@ -24,63 +31,89 @@ from gateway.config import GatewayConfig, load_routing_policy
 from gateway.control.pool_tracker import PoolTracker
 from gateway.metrics import GatewayMetrics
 from gateway.routing.decision_log import DecisionLog
-from gateway.routing.policy import route
+from gateway.routing.policy import capable, route
 from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.routing.route_types import RouteDecision, RouteRequest, RoutingConfig, WorkerView
 from gateway.serving.circuit_breaker import CircuitBreakers
 
+Policy = Callable[[RouteRequest, list[WorkerView], RoutingConfig, "str | None", SeenBlocks, WorkerBlockIndex],
+                  RouteDecision]
+
 
 class Router:
-    def __init__(self, config: GatewayConfig, fleet: Fleet, index: WorkerBlockIndex,
-                 pool_tracker: PoolTracker, breakers: CircuitBreakers, decisions: DecisionLog,
-                 metrics: GatewayMetrics) -> None:
-        # Duet's policy, or the one the config names (a benchmark baseline: config.load_routing_policy)
-        self.policy = route if config.routing_policy is None else load_routing_policy(config.routing_policy)()
-        self.seen = SeenBlocks()
+    def __init__(self, views: Callable[[], list[WorkerView]], index: WorkerBlockIndex, *,
+                 policy: Policy = route, seen: SeenBlocks | None = None, pool_tracker: PoolTracker | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 engine_block_tokens: Callable[[str], int] = lambda worker_id: 0,
+                 block_size: Callable[[str], int] = lambda model_id: HASH_BLOCK_TOKENS,
+                 on_record: Callable[[str, RouteRequest, RouteDecision], None] | None = None) -> None:
+        """`engine_block_tokens(worker_id)`: the tokens per KV block of an external engine that caches whole
+        blocks only (0: the worker caches every block the gateway hashes)."""
+        self.views = views
         self.index = index
-        self._external = {b.url for b in config.backends}
-        self._fleet = fleet
+        self.policy = policy
+        self.seen = seen if seen is not None else SeenBlocks()
+        self.block_size = block_size
         self._pool_tracker = pool_tracker
-        self._breakers = breakers
-        self._decisions = decisions
-        self._metrics = metrics
+        self._clock = clock
+        self._engine_block_tokens = engine_block_tokens
+        self._on_record = on_record
 
-    def views(self) -> list[WorkerView]:
-        queued = self._pool_tracker.queued
-        open_breakers = self._breakers.open_workers()
-        drained = self._fleet.drained
-        return [replace(v, healthy=v.healthy and v.worker_id not in open_breakers,
-                        draining=v.draining or v.worker_id in drained,
-                        queued_prefill_tokens=queued(v.worker_id)) for v in self._fleet.views()]
+    @classmethod
+    def for_gateway(cls, config: GatewayConfig, fleet: Fleet, index: WorkerBlockIndex, pool_tracker: PoolTracker,
+                    breakers: CircuitBreakers, decisions: DecisionLog, metrics: GatewayMetrics) -> Router:
+        external = {b.url for b in config.backends}
+
+        def views() -> list[WorkerView]:
+            queued = pool_tracker.queued
+            open_breakers = breakers.open_workers()
+            drained = fleet.drained
+            return [replace(v, healthy=v.healthy and v.worker_id not in open_breakers,
+                            draining=v.draining or v.worker_id in drained,
+                            queued_prefill_tokens=queued(v.worker_id)) for v in fleet.views()]
+
+        def engine_block_tokens(worker_id: str) -> int:
+            w = fleet.get(worker_id) if worker_id in external else None
+            return w.info.page_size if w is not None and w.info is not None else 0
+
+        def block_size(model_id: str) -> int:
+            for w in fleet.workers():
+                if w.info is not None and w.info.model_id == model_id:
+                    return w.info.hash_block_size or w.info.page_size or HASH_BLOCK_TOKENS
+            return HASH_BLOCK_TOKENS
+
+        def on_record(request_id: str, req: RouteRequest, decision: RouteDecision) -> None:
+            metrics.route_decisions.labels(decision.reason, decision.engine_kind, decision.variant).inc()
+            metrics.estimated_reuse.observe(decision.estimated_reuse)
+            decisions.record(request_id=request_id, model=req.model, decision=decision,
+                             num_prompt_tokens=req.num_prompt_tokens)
+
+        # Duet's policy, or the one the config names (a benchmark baseline: config.load_routing_policy)
+        policy = route if config.routing_policy is None else load_routing_policy(config.routing_policy)()
+        return cls(views, index, policy=policy, pool_tracker=pool_tracker, engine_block_tokens=engine_block_tokens,
+                   block_size=block_size, on_record=on_record)
+
+    def capable(self, req: RouteRequest, views: Sequence[WorkerView], config: RoutingConfig) -> list[WorkerView]:
+        return capable(req, views, config)
 
     def decide(self, req: RouteRequest, views: list[WorkerView], config: RoutingConfig,
                affinity_worker: str | None) -> RouteDecision:
-        self._pool_tracker.capability_demand(time.monotonic(), req.required_capabilities)
+        if self._pool_tracker is not None:
+            self._pool_tracker.capability_demand(self._clock(), req.required_capabilities)
         return self.policy(req, views, config, affinity_worker, self.seen, self.index)
 
     def record(self, request_id: str, req: RouteRequest, decision: RouteDecision) -> None:
-        self._pool_tracker.routed(time.monotonic(), decision)
+        if self._pool_tracker is not None:
+            self._pool_tracker.routed(self._clock(), decision)
         self.seen.add(req.block_hashes)
-        cached = self._cacheable(decision.worker_id, req.block_hashes, req.block_tokens)
-        self.index.add(decision.worker_id, cached)
-        self._metrics.route_decisions.labels(decision.reason, decision.engine_kind, decision.variant).inc()
-        self._metrics.estimated_reuse.observe(decision.estimated_reuse)
-        self._decisions.record(request_id=request_id, model=req.model, decision=decision,
-                               num_prompt_tokens=req.num_prompt_tokens)
-
-    def block_size(self, model_id: str) -> int:
-        for w in self._fleet.workers():
-            if w.info is not None and w.info.model_id == model_id:
-                return w.info.hash_block_size or w.info.page_size or HASH_BLOCK_TOKENS
-        return HASH_BLOCK_TOKENS
+        self.index.add(decision.worker_id, self._cacheable(decision.worker_id, req.block_hashes, req.block_tokens))
+        if self._on_record is not None:
+            self._on_record(request_id, req, decision)
 
     def _cacheable(self, worker_id: str, hashes: tuple, block_tokens: int) -> tuple:
         """The blocks the worker will cache of a prompt: an external engine whose KV block holds several of
         the gateway's (vLLM's 128 tokens against 16) caches only whole engine blocks."""
-        if worker_id not in self._external:
-            return hashes
-        w = self._fleet.get(worker_id)
-        page = w.info.page_size if w is not None and w.info is not None else 0
+        page = self._engine_block_tokens(worker_id)
         if block_tokens and page > block_tokens and page % block_tokens == 0:
             step = page // block_tokens
             return hashes[:len(hashes) // step * step]

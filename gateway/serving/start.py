@@ -83,7 +83,7 @@ async def start(request: Request, apis: list[ApiRequest], session_key: str | Non
         if deadline is not None:
             preps = [replace(p, deadline=deadline) for p in preps]
         for p in preps:  # a wait past max_queue_wait_s (or the client's timeout) is a 429 before any work
-            admission.admit(ctx, p, None if deadline is None else deadline - time.monotonic())
+            await admission.admit(ctx, p, None if deadline is None else deadline - time.monotonic())
         request.state.key_lease = await ctx.limiter.acquire(  # per-key limits; LeaseMiddleware releases it
             getattr(request.state, "api_key_id", None), apis[0].model,
             sum(len(p.prompt_ids) + p.max_tokens * p.api.sampling.n for p in preps))

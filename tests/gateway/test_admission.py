@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gateway import errors
-from gateway.routing.route_types import WorkerView
+from gateway.routing.policy import capable, route
+from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
+from gateway.routing.route_types import Pool, RouteRequest, RoutingConfig, Variant, WorkerView
 from gateway.serving.admission import WaitEstimate, best_wait, check_wait, queue_wait_s
 
 
@@ -45,3 +49,25 @@ def test_the_client_s_timeout_lowers_the_bound():
     with pytest.raises(errors.QueueWaitTooLong) as e:
         check_wait(WaitEstimate("a", 8.0), 600.0, 5.0)
     assert "the client's timeout of 5 s" in e.value.message and e.value.headers == {"retry-after": "3"}
+
+
+def test_the_wait_is_the_requests_canary_arms_as_routing_would_pick():
+    """Admission asks the Router's `capable`, the routing policy's own steps 1-3: a request pinned to the canary
+    waits behind the canary's queue, not the idle stable workers' (the copy admission had ignored the arm)."""
+    config = RoutingConfig(variants=(Variant("stable", (Pool("paged", "v1"),), 0.5),
+                                     Variant("canary", (Pool("paged", "v2"),), 0.5)))
+    stable = view("s", 0)
+    canary = dataclasses.replace(view("c", 10_000), version="v2")
+    pinned = RouteRequest(model="m", block_hashes=(1,), num_prompt_tokens=20, variant_override="canary")
+    assert [w.worker_id for w in capable(pinned, [stable, canary], config)] == ["c"]
+    assert best_wait([(stable, 100.0), (canary, 100.0)], "m", request=pinned, config=config) == WaitEstimate("c", 100.0)
+    # an unknown variant or a missing capability: nobody can serve it, admitted (routing answers 400 / 503)
+    assert capable(dataclasses.replace(pinned, variant_override="nightly"), [stable, canary], config) == []
+    assert capable(dataclasses.replace(pinned, required_capabilities=frozenset({"beam_search"})),
+                   [stable, canary], config) == []
+    # sticky arms: every session's capable workers are exactly its arm, the one route() picks from
+    for i in range(50):
+        r = dataclasses.replace(pinned, variant_override=None, session_key=f"s{i}")
+        (able,) = capable(r, [stable, canary], config)
+        arm = route(r, [stable, canary], config, None, SeenBlocks(), WorkerBlockIndex()).variant
+        assert able.worker_id == ("c" if arm == "canary" else "s")

@@ -9,9 +9,10 @@ pool loop) and the end of a worker's kind switch. A token reaches the client `Ga
 step that made it. When it reaches the gateway's routing the request is routed exactly as gateway/serving/generation.py routes it: its prompt's chained block
 hashes (duet.hashing, HASH_BLOCK_TOKENS each, at most 256), a `RouteRequest` with the session key and turn count,
 worker views (running, waiting, KV usage: live, or as the last poll saw them; the gateway's own
-queued-prefill count from gateway/control/pool_tracker.PoolTracker), the policy (`gateway.routing.policy.route`, or the SGLang-style baseline
-`routing_baselines.SGLangRoute` for the homogeneous stacks, as `duet bench compare` runs them), then the
-decision recorded (SeenBlocks, WorkerBlockIndex, session affinity). At a step boundary a worker first
+queued-prefill count from gateway/control/pool_tracker.PoolTracker), and the gateway's own `Router`
+(gateway/serving/router.py) on the simulation's clock: its `decide` (`gateway.routing.policy.route`, or the
+SGLang-style baseline `routing_baselines.SGLangRoute` for the homogeneous stacks, as `duet bench compare` runs
+them) and its `record` (planner, SeenBlocks, WorkerBlockIndex); the session affinity is kept here. At a step boundary a worker first
 delivers what its previous step produced (outputs stamped with the boundary's time; its KV events applied to
 the gateway's index, as gateway/backends/fleet.py applies them), then runs its next real step; the step's modelled
 seconds put the next boundary (longer by `neighbour_slowdown` when another worker is mid-step: workers sharing
@@ -36,8 +37,9 @@ from gateway.control.pool_planner import PlannerConfig
 from gateway.control.pool_tracker import PoolTracker
 from gateway.metrics import GatewayMetrics
 from gateway.routing.policy import route
-from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
+from gateway.routing.prefix_index import WorkerBlockIndex
 from gateway.routing.route_types import RouteRequest, RoutingConfig, WorkerView
+from gateway.serving.router import Router
 from loadtests.sim.fleet.cost_models import for_engine
 from loadtests.sim.fleet.engine import MODEL_ID, EngineProfile, SimEngine, make_request
 from loadtests.sim.fleet.gateway_path import GatewayPath, GatewayQueue
@@ -105,10 +107,12 @@ class FleetSim:
         self.generation = itertools.count()
         for i, kind in enumerate(spec.kinds):
             self._add_worker(kind, i)
-        self.policy = route if spec.policy == "duet" else SGLangRoute()
-        self.seen = SeenBlocks()
-        self.index = WorkerBlockIndex(max(1, profile.kv_cache_tokens // HASH_BLOCK_TOKENS))
         self.tracker = PoolTracker(GatewayMetrics(), self.s.planner)
+        # the gateway's own Router: its decide and record, on this simulation's clock
+        self.router = Router(self.views, WorkerBlockIndex(max(1, profile.kv_cache_tokens // HASH_BLOCK_TOKENS)),
+                             policy=route if spec.policy == "duet" else SGLangRoute(), pool_tracker=self.tracker,
+                             clock=lambda: self.now)
+        self.index = self.router.index  # corrected by the workers' KV events, as the gateway's fleet does
         self.affinity: dict[str, str] = {}
         self.served: dict[str, Served] = {}
         self.backlog: dict[str, deque[FleetRequest]] = {}  # session -> turns waiting for the previous answer
@@ -196,11 +200,8 @@ class FleetSim:
         hashes = tuple(block_hashes(prompt, HASH_BLOCK_TOKENS, MODEL_ID, max_blocks=MAX_HASH_BLOCKS))
         rr = RouteRequest(model=MODEL_ID, block_hashes=hashes, num_prompt_tokens=len(prompt), session_key=req.session,
                           turn_count=req.turn, sequence=next(self.sequence), block_tokens=HASH_BLOCK_TOKENS)
-        decision = self.policy(rr, self.views(), self.s.routing, self.affinity.get(req.session), self.seen,
-                               self.index)
-        self.tracker.routed(self.now, decision)
-        self.seen.add(hashes)
-        self.index.add(decision.worker_id, hashes)
+        decision = self.router.decide(rr, self.router.views(), self.s.routing, self.affinity.get(req.session))
+        self.router.record(req.request_id, rr, decision)
         if req.session is not None:
             self.affinity[req.session] = decision.worker_id
         cached = min(decision.cached_blocks * HASH_BLOCK_TOKENS, len(prompt) - 1)

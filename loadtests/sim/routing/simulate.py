@@ -10,9 +10,9 @@ its requests in flight (queued for prefill, prefilling or decoding), and cache h
 it. `load_max_over_mean` is the busiest worker's time-averaged in-flight count over the mean
 of all workers'.
 
-The "duet" policy is gateway.routing.policy.route itself, called exactly as the gateway calls it:
-with the session affinity it recorded, a SeenBlocks table, and a WorkerBlockIndex fed by the
-decisions and corrected by the simulated workers' eviction (KV) events. Mooncake has no
+The "duet" policy is gateway.routing.policy.route itself, called through the gateway's own Router
+(gateway/serving/router.py: decide, then record): with the session affinity it recorded, a SeenBlocks
+table, and a WorkerBlockIndex fed by the decisions and corrected by the simulated workers' eviction (KV) events. Mooncake has no
 session field: loadtests.traces.mooncake.session_key derives one (the conversation's first block),
 and the turn count is the number of requests of that session so far.
 """
@@ -24,9 +24,9 @@ import statistics
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
-from gateway.routing.policy import route
 from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.routing.route_types import RouteRequest, RoutingConfig, WorkerView
+from gateway.serving.router import Router
 from loadtests.sim.routing.baselines import (
     POLICY_NAMES,
     ConsistentHash,
@@ -104,7 +104,8 @@ class SimWorker:
 
 
 class DuetPolicy:
-    """gateway.routing.policy.route with the bookkeeping the gateway does after each decision."""
+    """gateway.routing.policy.route through the gateway's own Router (gateway/serving/router.py): its decide,
+    and its record of each decision."""
 
     name = "duet"
 
@@ -115,8 +116,10 @@ class DuetPolicy:
         # in the kind routing sees, so a mixed fleet shows what routing by kind does to caches and queues
         self.kinds = kinds or ["prefix"] * num_workers
         self.config = (config or RoutingConfig()).validate()
-        self.seen = SeenBlocks(seen_capacity)
-        self.index = WorkerBlockIndex(cache_blocks or 1 << 30)
+        self.views: list[WorkerView] = []  # the snapshot of the request being routed
+        # the gateway's own Router (its decide and record); this replay has no pool planner
+        self.router = Router(lambda: self.views, WorkerBlockIndex(cache_blocks or 1 << 30),
+                             seen=SeenBlocks(seen_capacity))
         self.affinity: dict[str, str] = {}
         self.turns: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
@@ -128,7 +131,7 @@ class DuetPolicy:
         key = session_key(rec) if self.sessions else None
         if key is not None:
             self.turns[key] += 1
-        views = [
+        self.views = [
             WorkerView(
                 worker_id=w.worker_id, model_id="trace", engine_kind=self.kinds[i], version="v1",
                 capabilities=frozenset(), healthy=True, draining=False,
@@ -145,18 +148,17 @@ class DuetPolicy:
         )
         self.sequence += 1
         affinity = self.affinity.get(key) if key is not None else None
-        d = route(req, views, self.config, affinity, self.seen, self.index)
+        d = self.router.decide(req, self.router.views(), self.config, affinity)
+        self.router.record(f"trace-{req.sequence}", req, d)
         self.reasons[d.reason] += 1
         self.engines[d.engine_kind] += 1
-        self.seen.add(rec.hash_ids)
-        self.index.add(d.worker_id, rec.hash_ids)
         if key is not None:
             self.affinity[key] = d.worker_id
         return next(i for i, w in enumerate(workers) if w.worker_id == d.worker_id)
 
     def observe(self, worker: int, rec: TraceRecord, evicted: list[int], workers: list[SimWorker]) -> None:
         if evicted:  # the worker's KV events
-            self.index.apply_kv_event(workers[worker].worker_id, "evicted", evicted)
+            self.router.index.apply_kv_event(workers[worker].worker_id, "evicted", evicted)
 
     def extra(self) -> dict:
         return {"reasons": dict(self.reasons), "engines": dict(self.engines)}
