@@ -27,12 +27,13 @@ from duet.traffic_classes import (
     classify,
     markdown,
 )
-from gateway.api.protocol import parse_chat, parse_completions
+from gateway.api.protocol import parse_completions
 from gateway.serving.request_class import request_class
 from loadtests.load.class_slo import COST_MODEL_PROFILES, FLEET_SLOS, ClassSlo, parse_class_slos
 from loadtests.load.class_workloads import CLASSES as BENCH_WORKLOAD_CLASSES
 from loadtests.sim.fleet.cost_models import COST_MODELS
 from loadtests.sim.fleet.workload import CLASSES as FLEET_WORKLOAD_CLASSES
+from tests.gateway.test_request_class import _chat  # a parsed chat of these user turns
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,15 +53,6 @@ def test_every_class_of_every_vocabulary_is_one_row_of_the_table():
         bound_of("poetry", GPU)
     with pytest.raises(ValueError, match="unknown SLO profile"):
         bound_of("session", "tpu")
-
-
-def _chat(*turns: str, **kw):
-    messages = []
-    for i, t in enumerate(turns):
-        if i:
-            messages.append({"role": "assistant", "content": "ok"})
-        messages.append({"role": "user", "content": t})
-    return parse_chat({"model": "m", "messages": messages, **kw})
 
 
 def test_the_gateway_labels_requests_by_the_tables_rule():
