@@ -95,6 +95,9 @@ def pick_variant(
     return v.name, found
 
 
+STICKY_BLOCKS = 4  # an anonymous request's sticky key reads this many leading block hashes (and its length)
+
+
 def _sticky_key(req: RouteRequest, config: RoutingConfig) -> str:
     first, second = (req.session_key, req.user_key)
     if config.sticky_key == "user":
@@ -104,4 +107,4 @@ def _sticky_key(req: RouteRequest, config: RoutingConfig) -> str:
     if second is not None:
         return second
     # anonymous: spread by prompt head, so identical prompts land in the same arm
-    return "prompt:" + ",".join(map(str, req.block_hashes[:4])) + f":{req.num_prompt_tokens}"
+    return "prompt:" + ",".join(map(str, req.block_hashes[:STICKY_BLOCKS])) + f":{req.num_prompt_tokens}"

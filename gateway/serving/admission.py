@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gateway.errors import QueueWaitTooLong
+from gateway.routing.canary import STICKY_BLOCKS
 from gateway.routing.policy import capable
 from gateway.routing.route_types import RouteRequest, RoutingConfig, WorkerView
 from gateway.serving.context import ServingContext
@@ -98,7 +99,8 @@ async def admit(ctx: ServingContext, prep: Prepared, client_timeout_s: float | N
         candidates.append((view, worker.load.prefill_tokens_per_s if worker and worker.load else 0.0))
     model_id = prep.model.model_id
     config = await ctx.state.get_routing(model_id) or ctx.config.routing
-    estimate = best_wait(candidates, model_id, request=route_request(ctx, prep), config=config)
+    estimate = best_wait(candidates, model_id, request=route_request(ctx, prep, max_blocks=STICKY_BLOCKS),
+                         config=config)
     try:
         check_wait(estimate, ctx.config.limits.max_queue_wait_s, client_timeout_s)
     except QueueWaitTooLong:

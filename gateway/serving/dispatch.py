@@ -127,13 +127,15 @@ async def dispatch(ctx: ServingContext, prep: Prepared) -> Dispatched:
                                f"last error: {last_error}")
 
 
-def route_request(ctx: ServingContext, prep: Prepared, sequence: int = 0) -> RouteRequest:
-    """What routing reads of a prepared request: its prompt's chained block hashes, keys and capabilities
-    (admission asks the Router the same question about the same request)."""
+def route_request(ctx: ServingContext, prep: Prepared, sequence: int = 0,
+                  max_blocks: int | None = None) -> RouteRequest:
+    """What routing reads of a prepared request: its prompt's chained block hashes (the first `max_blocks`,
+    default the config's head), keys and capabilities. Admission asks the Router which workers could serve
+    the same request, for which the canary's sticky key's leading blocks are enough."""
     model_id = prep.model.model_id
     block_size = ctx.router.block_size(model_id)
     hashes = tuple(block_hashes(prep.prompt_ids, block_size, model_id, prep.cache_salt,
-                                max_blocks=ctx.config.max_hash_blocks))
+                                max_blocks=max_blocks or ctx.config.max_hash_blocks))
     api = prep.api
     return RouteRequest(
         model=model_id, block_hashes=hashes, num_prompt_tokens=len(prep.prompt_ids),
