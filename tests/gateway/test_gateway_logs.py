@@ -50,7 +50,9 @@ def test_polls_stay_out_of_the_default_log_and_changes_are_in_it(tmp_path):
             time.sleep(0.2)
     default, debug = _read(logs / "outer.log"), _read(logs / "outer-debug.log")
     assert not [line for line in default.splitlines() if POLL.search(line)], default
-    assert len(default.splitlines()) <= 6, default  # a handful of lines for a whole run
+    # a handful of lines for a whole run (~6 on a quiet machine); logging each poll would write 30 or more,
+    # and the bound leaves room for a worker that a loaded machine makes miss a poll and come back
+    assert len(default.splitlines()) <= 14, default
     sim_a = f"worker sim-a at 127.0.0.1:{grpc_port}"
     assert f"INFO {sim_a}: serving tiny-llama-v2 (prefix, v1)" in default
     assert f"INFO worker {backend}: serving tiny-llama-v2 (paged, external)" in default
