@@ -36,6 +36,9 @@ from duet.rpc import engine_pb2 as pb
 # what a worker reports in GetInfo (hash_block_size, else page_size) and this when a model has no worker yet;
 # the fleet simulator routes with it.
 HASH_BLOCK_TOKENS = 16
+# Tokens per block of a Mooncake trace record's `hash_ids` (one id per block, chained): what the gateway's traffic
+# capture writes (gateway/control/capture.py) and the trace readers rebuild prompts from (loadtests/traces/).
+TRACE_BLOCK_TOKENS = 512
 
 # -- engine kinds ---------------------------------------------------------------------------
 PAGED = "paged"  # engine_paged: paged KV, continuous batching, automatic prefix caching

@@ -32,6 +32,7 @@ from gateway.control.pool_tracker import PoolTracker
 from gateway.control.rollback import RollbackController
 from gateway.control.state.memory import MemoryStore
 from gateway.control.stats import RequestStats
+from gateway.control.workload import Workload, workload_routes
 from gateway.errors import http_exception_response
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import (
@@ -88,12 +89,14 @@ class Gateway:
         self.limiter = KeyLimiter(config.key_limits, config.redis)
         self.watchdog = StreamWatchdog(t, on_outcome=outcome_recorder(self.breakers, self.metrics),
                                        progress_at=self.fleet.progress_at)
+        self.workload = Workload(config.capture, self.state, self.metrics.registry)
         self.pending = PendingRequests(config.limits.max_pending_requests, self.metrics.pending)
         self.serving = ServingContext(
             config=config, models=self.models, metrics=self.metrics,
             tracer=trace.get_tracer("duet.gateway", tracer_provider=tracer_provider), state=self.state,
             fleet=self.fleet, router=self.router, watchdog=self.watchdog, breakers=self.breakers,
-            pending=self.pending, limiter=self.limiter, stats=self.stats, pool_tracker=self.pool_tracker)
+            pending=self.pending, limiter=self.limiter, stats=self.stats, pool_tracker=self.pool_tracker,
+            workload=self.workload)
         self.admin = GatewayAdmin(
             config=config, models=self.models, state=self.state, stats=self.stats, decisions=self.decisions,
             rollback=self.rollback, fleet=self.fleet, pool_tracker=self.pool_tracker)
@@ -104,7 +107,8 @@ class Gateway:
             await self.state.start()
         await self.fleet.start()
         tasks = [asyncio.create_task(work) for work in (self.rollback.run(), self.watchdog.run(), self.limiter.run(),
-                                                        self.pool_tracker.run(self.router.views))]
+                                                        self.pool_tracker.run(self.router.views),
+                                                        self.workload.capture.run())]
         try:
             yield
         finally:
@@ -135,6 +139,7 @@ def build_app(config: GatewayConfig, **gateway_kwargs) -> Starlette:
         Route("/metrics", health.metrics, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
         *admin_routes(gw.admin),
+        *workload_routes(gw.admin, gw.workload),
     ]
     middleware = [
         Middleware(RequestIdMiddleware),

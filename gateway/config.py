@@ -27,6 +27,8 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
     pool_planner: {cooldown_s: 30, ...}     # defaults of gateway.control.pool_planner.PlannerConfig
     tracing: {enabled: false}
     timeouts: {first_token_s: 120, stall_s: 30, ...}   # gateway.serving.timeouts.Timeouts (null: no limit)
+    capture: {enabled: false, sample_rate: 1.0, max_records: 100000, max_age_s: null, models: []}
+                                  # the privacy-safe traffic capture (gateway/control/capture.py); off by default
 
 Environment `DUET_API_KEYS` (comma separated) and `DUET_ADMIN_KEY` add to / override `auth`;
 `DUET_REDIS_URL` overrides `redis` (a URL with a password can then come from a Secret).
@@ -43,6 +45,7 @@ from pathlib import Path
 import yaml
 
 from gateway.backends.backend_spec import BackendSpec, BackendSpecError, parse_backends
+from gateway.control.capture import CaptureConfig
 from gateway.control.limits import KeyLimits, parse_key_limits
 from gateway.control.pool_planner import PlannerConfig
 from gateway.routing.route_types import Pool, RoutingConfig, RoutingConfigError, Variant
@@ -89,6 +92,7 @@ class GatewayConfig:
     tracing: bool = False
     timeouts: Timeouts = field(default_factory=Timeouts)
     pool_planner: PlannerConfig = field(default_factory=PlannerConfig)
+    capture: CaptureConfig = field(default_factory=CaptureConfig)  # the traffic capture (gateway/control/capture.py)
 
 
 def _section(raw: dict, name: str) -> dict:
@@ -130,6 +134,13 @@ def routing_from_dict(d: dict) -> RoutingConfig:
         return RoutingConfig(variants=variants, **_known(RoutingConfig, d, "routing")).validate()
     except (RoutingConfigError, TypeError, KeyError) as e:
         raise ConfigError(f"routing: {e}") from None
+
+
+def capture_from_dict(d: dict) -> CaptureConfig:
+    d = dict(_known(CaptureConfig, d, "capture"))
+    if "models" in d:
+        d["models"] = tuple(str(m) for m in d["models"] or ())
+    return CaptureConfig(**d).validate()
 
 
 def load_routing_policy(spec: str) -> Callable[[], Callable]:
@@ -195,6 +206,7 @@ def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
             timeouts=Timeouts(**_known(Timeouts, _section(raw, "timeouts"), "timeouts")).validate(),
             pool_planner=PlannerConfig(**_known(PlannerConfig, _section(raw, "pool_planner"),
                                                 "pool_planner")).validate(),
+            capture=capture_from_dict(_section(raw, "capture")),
         )
     except (TypeError, ValueError) as e:
         if isinstance(e, ConfigError):

@@ -20,6 +20,7 @@ from gateway.control.limits import KeyLimiter
 from gateway.control.pool_tracker import PoolTracker
 from gateway.control.state import StateStore
 from gateway.control.stats import RequestStats
+from gateway.control.workload import Workload
 from gateway.metrics import GatewayMetrics
 from gateway.models import ServedModel
 from gateway.serving.circuit_breaker import CircuitBreakers
@@ -43,6 +44,7 @@ class ServingContext:
     limiter: KeyLimiter  # per-API-key limits
     stats: RequestStats  # each request's outcome (the dashboard, the canary rollback)
     pool_tracker: PoolTracker  # queued prefill per worker, finished work per engine kind
+    workload: Workload  # the live profile and the traffic capture (each request that ends well)
 
 
 def serving_context(request: Request) -> ServingContext:

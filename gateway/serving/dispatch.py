@@ -122,7 +122,7 @@ async def dispatch(ctx: ServingContext, prep: Prepared) -> Dispatched:
             ctx.router.record(prep.request_id, req, decision)
             if affinity_key:
                 await ctx.state.set_affinity(affinity_key, decision.worker_id, ctx.config.affinity_ttl_s)
-            return Dispatched(decision, stream, it, first, attempt, span)
+            return Dispatched(decision, stream, it, first, attempt, span, req.block_hashes)
     raise errors.EngineFailure(f"{ctx.config.limits.max_attempts} workers failed before the first token; "
                                f"last error: {last_error}")
 

@@ -145,6 +145,7 @@ class Dispatched:
     first: pb.GenerateResponse
     attempts: int
     span: trace.Span | None = None
+    block_hashes: tuple[int, ...] = ()  # the prompt head's routing hashes (the workload profile reads them)
 
     def close(self) -> None:
         self.stream.cancel()

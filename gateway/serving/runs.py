@@ -80,6 +80,13 @@ class Run:
             prompt = self.usage.get("prompt_tokens", 0) or len(self.prep.prompt_ids)
             ctx.pool_tracker.finished(time.monotonic(), dec, ctx.router.block_size(m), prompt,
                                       self.usage.get("cached_tokens", 0), self.usage.get("completion_tokens", 0))
+            ctx.workload.finished(  # the live profile and the traffic capture (gateway/control/workload.py)
+                model=m, session=self.prep.session_key, turns=self.prep.api.turn_count, hashes=self.d.block_hashes,
+                prompt_ids=self.prep.prompt_ids, tenant_salt=self.prep.cache_salt, traffic_class=self.labels[3],
+                output_tokens=self.usage.get("completion_tokens", 0), cached_tokens=self.usage.get("cached_tokens", 0),
+                engine=dec.engine_kind, duration_s=time.perf_counter() - self.prep.arrival,
+                ttft_s=None if self.first_at is None else self.first_at - self.prep.arrival,
+                tpot_s=sum(self.itls) / len(self.itls) if self.itls else None)
         ctx.stats.record(
             model=self.labels[0], ok=ok or status == "499", engine_kind=dec.engine_kind, variant=dec.variant,
             worker_id=dec.worker_id, reason=dec.reason,

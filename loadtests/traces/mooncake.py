@@ -20,7 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-MOONCAKE_BLOCK_TOKENS = 512
+from duet.contract import TRACE_BLOCK_TOKENS
+
+MOONCAKE_BLOCK_TOKENS = TRACE_BLOCK_TOKENS
 
 
 class TraceError(ValueError):
@@ -34,6 +36,7 @@ class TraceRecord:
     output_length: int
     hash_ids: tuple[int, ...]
     session: str | None = None  # the trace's own conversation id; "" = none; None = derive (session_key)
+    traffic_class: str | None = None  # the gateway capture's class (duet/traffic_classes.py); None: not recorded
 
 
 def json_lines(path: Path, what: str) -> Iterator[tuple[int, object]]:
@@ -62,6 +65,9 @@ def load_trace(path: str | Path) -> list[TraceRecord]:
                 input_length=int(obj["input_length"]),
                 output_length=int(obj["output_length"]),
                 hash_ids=tuple(int(h) for h in obj["hash_ids"]),
+                # a gateway capture (gateway/control/capture.py) adds its hashed session key and class
+                session=None if obj.get("session") is None else str(obj["session"]),
+                traffic_class=obj.get("class"),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise TraceError(f"{path}:{lineno}: not {what}: {e}") from None

@@ -7,7 +7,8 @@ What lives here: session affinity (key -> worker id, with a TTL the gateway refr
 calling `set_affinity` on every routed request), the routing config of each model (with a
 change feed, `watch_routing`), the worker registry (entries expire unless heartbeated), and
 an audit log of config changes, and stored conversation documents (the Responses API's
-`store: true` responses, JSON with a TTL). Routing configs are served from a local copy, so reading
+`store: true` responses, JSON with a TTL), and the traffic capture (its salt and its records,
+gateway/control/capture.py). Routing configs are served from a local copy, so reading
 them costs no round trip and survives a Redis outage.
 """
 
@@ -68,6 +69,17 @@ class StateStore(Protocol):
 
     async def delete_document(self, kind: str, doc_id: str) -> bool:
         """Forget the document; False when there was none. Raises StateUnavailable when down."""
+
+    async def capture_salt(self) -> str:
+        """The deployment's random capture salt (gateway/control/capture.py), made on first use and the same
+        for every replica; never exported. Raises StateUnavailable when the shared backend is down."""
+
+    async def append_capture(self, lines: list[str], max_records: int) -> None:
+        """Append captured trace records (JSON lines), keeping the newest `max_records`. Raises
+        StateUnavailable when the shared backend cannot take them."""
+
+    async def capture_lines(self) -> list[str]:
+        """Every kept capture record, oldest first (every replica's). Raises StateUnavailable when down."""
 
     async def close(self) -> None:
         """Stop background work and release connections."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
@@ -30,6 +31,8 @@ class MemoryStore:
         self._watchers: set[asyncio.Queue[str]] = set()
         self._max_documents = max_documents
         self._documents: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()  # -> (json, expires)
+        self._capture_salt = secrets.token_hex(16)  # one gateway process is the deployment
+        self._capture: deque[str] = deque()
 
     async def get_affinity(self, key: str) -> str | None:
         entry = self._affinity.get(key)
@@ -107,6 +110,17 @@ class MemoryStore:
 
     async def delete_document(self, kind: str, doc_id: str) -> bool:
         return self._documents.pop((kind, doc_id), None) is not None
+
+    async def capture_salt(self) -> str:
+        return self._capture_salt
+
+    async def append_capture(self, lines: list[str], max_records: int) -> None:
+        self._capture.extend(lines)
+        while len(self._capture) > max_records:
+            self._capture.popleft()
+
+    async def capture_lines(self) -> list[str]:
+        return list(self._capture)
 
     async def close(self) -> None:
         self._watchers.clear()

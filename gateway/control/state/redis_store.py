@@ -6,6 +6,8 @@ Keys (under `prefix`, default "duet"):
   {p}:routing:changed pub/sub channel: a model name each time its config changes
   {p}:worker:{id}     worker registration JSON, a TTL key renewed by heartbeats (duet/registry.py)
   {p}:audit           capped list (LPUSH + LTRIM) of config changes, newest first
+  {p}:capture:salt    the deployment's capture salt (SET NX: the first replica's wins), never exported
+  {p}:capture         capped list (RPUSH + LTRIM) of captured trace records, oldest first
 
 Every replica keeps a local copy of all routing configs, loaded at start and kept current by
 a background task subscribed to the channel, so `get_routing` costs no round trip and a
@@ -25,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -321,10 +324,38 @@ class RedisStore:
         return bool(await self._document_call(lambda: self._redis.delete(f"{self._p}:doc:{kind}:{doc_id}")))
 
     async def _document_call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        return await self._shared_call(fn, "stored responses are unavailable")
+
+    # traffic capture (gateway/control/capture.py) -------------------------------------------
+
+    async def capture_salt(self) -> str:
+        key = f"{self._p}:capture:salt"
+
+        async def fetch() -> str:
+            await self._redis.set(key, secrets.token_hex(16), nx=True)  # every replica reads the first one's
+            return await self._redis.get(key)
+
+        return await self._shared_call(fetch, "the capture salt cannot be read")
+
+    async def append_capture(self, lines: list[str], max_records: int) -> None:
+        key = f"{self._p}:capture"
+
+        async def push() -> None:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.rpush(key, *lines)
+                pipe.ltrim(key, -max_records, -1)
+                await pipe.execute()
+
+        await self._shared_call(push, "captured records cannot be shared")
+
+    async def capture_lines(self) -> list[str]:
+        return await self._shared_call(lambda: self._redis.lrange(f"{self._p}:capture", 0, -1), "the capture cannot be read")
+
+    async def _shared_call(self, fn: Callable[[], Awaitable[T]], what: str) -> T:
         try:
             return await self._call(fn)
         except _Down:
-            raise StateUnavailable(f"Redis at {self.url} is unreachable: stored responses are unavailable") from None
+            raise StateUnavailable(f"Redis at {self.url} is unreachable: {what}") from None
 
     # audit ---------------------------------------------------------------------------------
 

@@ -1,0 +1,213 @@
+"""The live workload profile: what the traffic looks like, per model and overall, over a sliding window.
+
+The first step of choosing a deployment is to characterize the traffic where it is. The gateway calls
+`WorkloadProfile.record(...)` once per successful request (gateway/control/workload.py) and `snapshot(window_s)`
+answers, per model and for all models together (`"*"`):
+
+- prefix repetition: the share of the prompt's routing blocks (duet/contract.py HASH_BLOCK_TOKENS tokens each,
+  the chained hashes dispatch already computed) seen before, split into blocks this request's own session sent
+  first (`within_session`) and blocks another session or a session-less request sent first (`cross_session`);
+- prompt and output length distributions, session length in turns (histograms with fixed bounds);
+- arrival rate, mean concurrency (Little's law: busy request-seconds over the window) and peak concurrency;
+- the traffic-class mix (duet/traffic_classes.py) and each engine kind's prefix hit rate (cached/prompt tokens).
+
+Memory is bounded: at most `max_requests` requests are kept (older than `max_window_s` dropped), and the block
+owners live in two generations of at most `max_blocks` hashes each (when the young one fills, the old one is
+dropped: about 20 MB at the defaults). A block evicted that way counts as new when it comes back.
+
+Chained hashes make "seen" monotone along a prompt (block i seen implies blocks before i seen), so the seen
+prefix and the boundary between other sessions' blocks and this session's own are found by binary search: a
+few dict lookups per request, whatever the prompt's length, plus one C-level `dict.update` of the new blocks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
+
+ALL = "*"  # the snapshot's key for every model together
+PROMPT_BOUNDS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)  # tokens; a last bucket above
+OUTPUT_BOUNDS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+TURN_BOUNDS = (1, 2, 3, 5, 10, 20)
+
+
+class Finished(NamedTuple):
+    """One profiled request (a tuple: cheap to build on the request path)."""
+
+    start: float  # clock() at arrival
+    end: float  # clock() at its last byte
+    model: str
+    session: str  # "" none
+    turns: int  # user turns in the request (a session's length is its largest)
+    prompt_tokens: int
+    output_tokens: int
+    blocks: int  # full routing blocks hashed
+    within_session: int  # of them, first sent by this session
+    cross_session: int  # of them, first sent by another session (or a session-less request)
+    traffic_class: str
+    engine: str
+    cached_tokens: int
+
+
+class BlockOwners:
+    """Which session first sent each block hash, in two bounded generations (module docstring)."""
+
+    def __init__(self, max_blocks: int = 100_000) -> None:
+        if max_blocks < 1:
+            raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
+        self.max_blocks = max_blocks
+        self._young: dict[int, object] = {}
+        self._old: dict[int, object] = {}
+
+    def _owner(self, h: int) -> object | None:
+        owner = self._young.get(h)
+        return self._old.get(h) if owner is None else owner
+
+    def classify(self, hashes: Sequence[int], owner: object) -> tuple[int, int]:
+        """(blocks first sent by `owner`, blocks first sent by someone else) among `hashes`, a chain; then
+        remembers the new blocks as `owner`'s."""
+        lo, hi = 0, len(hashes)
+        while lo < hi:  # seen = the longest prefix already known
+            mid = (lo + hi) // 2
+            if self._owner(hashes[mid]) is None:
+                hi = mid
+            else:
+                lo = mid + 1
+        seen = lo
+        lo, hi = 0, seen
+        while lo < hi:  # within the seen prefix: other sessions' blocks first, then the owner's own
+            mid = (lo + hi) // 2
+            if self._owner(hashes[mid]) == owner:
+                hi = mid
+            else:
+                lo = mid + 1
+        others = lo
+        young = self._young
+        if seen and hashes[seen - 1] not in young:  # known from the old generation only: keep it alive
+            young.update({h: self._owner(h) for h in hashes[:seen]})
+        young.update(dict.fromkeys(hashes[seen:], owner))
+        if len(young) > self.max_blocks:
+            self._old, self._young = young, {}
+        return seen - others, others
+
+    def __len__(self) -> int:
+        return len(self._young) + len(self._old)
+
+
+class WorkloadProfile:
+    def __init__(self, max_window_s: float = 300.0, max_requests: int = 50_000, max_blocks: int = 100_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if max_window_s <= 0 or max_requests < 1:
+            raise ValueError("WorkloadProfile needs max_window_s > 0 and max_requests >= 1")
+        self.max_window_s = max_window_s
+        self.clock = clock
+        self._requests: deque[Finished] = deque(maxlen=max_requests)
+        self._owners = BlockOwners(max_blocks)
+        self._anonymous = itertools.count()  # the owner of a session-less request's blocks: itself alone
+
+    def record(self, *, model: str, session: str | None, turns: int, hashes: Sequence[int], prompt_tokens: int,
+               output_tokens: int, traffic_class: str, engine: str, cached_tokens: int, duration_s: float) -> None:
+        """One successful request that just ended after `duration_s` seconds."""
+        owner = session if session else next(self._anonymous)
+        within, cross = self._owners.classify(hashes, owner)  # hashes differ per model: no clash
+        now = self.clock()
+        self._requests.append(Finished(now - duration_s, now, model, session or "", turns, prompt_tokens,
+                                       output_tokens, len(hashes), within, cross, traffic_class, engine,
+                                       cached_tokens))
+        horizon = now - self.max_window_s
+        ring = self._requests
+        while ring[0].end < horizon:
+            ring.popleft()
+
+    def recent(self, window_s: float) -> list[Finished]:
+        horizon = self.clock() - min(window_s, self.max_window_s)
+        out = []
+        for r in reversed(self._requests):
+            if r.end < horizon:
+                break
+            out.append(r)
+        out.reverse()
+        return out
+
+    def snapshot(self, window_s: float = 60.0) -> dict:
+        """{"window_s", "models": {model or "*": profile}} over the requests that ended in the window."""
+        window_s = min(window_s, self.max_window_s)
+        now = self.clock()
+        recent = self.recent(window_s)
+        groups: dict[str, list[Finished]] = {ALL: recent}
+        for r in recent:
+            groups.setdefault(r.model, []).append(r)
+        return {"window_s": window_s, "tracked_blocks": len(self._owners),
+                "models": {name: summarize(rs, window_s, now) for name, rs in sorted(groups.items())}}
+
+
+def histogram(values: Iterable[int], bounds: Sequence[int]) -> dict:
+    """Counts per bucket: `le[i]` is each bucket's upper bound (None: above the last bound)."""
+    counts = [0] * (len(bounds) + 1)
+    for v in values:
+        counts[bisect.bisect_left(bounds, v)] += 1
+    return {"le": [*bounds, None], "counts": counts}
+
+
+def _quantiles(values: list[int]) -> dict:
+    if not values:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    s = sorted(values)
+    at = lambda q: s[min(len(s) - 1, int(q * len(s)))]
+    return {"mean": round(sum(s) / len(s), 1), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
+
+
+def _concurrency(requests: list[Finished], window_s: float, now: float) -> tuple[float, int]:
+    """(mean requests in flight over the window, the most at once), from the finished requests' spans."""
+    start = now - window_s
+    busy = sum(r.end - max(r.start, start) for r in requests)
+    edges = sorted([(r.start, 1) for r in requests] + [(r.end, -1) for r in requests])
+    peak = level = 0
+    for _, step in edges:
+        level += step
+        peak = max(peak, level)
+    return busy / window_s, peak
+
+
+def summarize(requests: list[Finished], window_s: float, now: float) -> dict:
+    n = len(requests)
+    blocks = sum(r.blocks for r in requests)
+    within = sum(r.within_session for r in requests)
+    cross = sum(r.cross_session for r in requests)
+    sessions: dict[str, int] = {}
+    for r in requests:
+        if r.session:
+            sessions[r.session] = max(sessions.get(r.session, 0), r.turns)
+    lengths = list(sessions.values()) + [r.turns for r in requests if not r.session]
+    classes: dict[str, int] = {}
+    engines: dict[str, list[int]] = {}
+    for r in requests:
+        classes[r.traffic_class] = classes.get(r.traffic_class, 0) + 1
+        e = engines.setdefault(r.engine or "none", [0, 0, 0])
+        e[0] += 1
+        e[1] += r.cached_tokens
+        e[2] += r.prompt_tokens
+    mean_conc, peak = _concurrency(requests, window_s, now)
+    share = lambda part: round(part / blocks, 4) if blocks else None
+    prompts = [r.prompt_tokens for r in requests]
+    outputs = [r.output_tokens for r in requests]
+    return {
+        "requests": n,
+        "arrival_rps": round(n / window_s, 4),
+        "concurrency_mean": round(mean_conc, 3),
+        "concurrency_peak": peak,
+        "prefix_repetition": {"blocks": blocks, "any": share(within + cross), "within_session": share(within),
+                              "cross_session": share(cross)},
+        "prompt_tokens": {**_quantiles(prompts), "histogram": histogram(prompts, PROMPT_BOUNDS)},
+        "output_tokens": {**_quantiles(outputs), "histogram": histogram(outputs, OUTPUT_BOUNDS)},
+        "session_turns": {"sessions": len(sessions), **_quantiles(lengths),
+                          "histogram": histogram(lengths, TURN_BOUNDS)},
+        "classes": {c: round(k / n, 4) for c, k in sorted(classes.items())},
+        "engines": {e: {"requests": k, "share": round(k / n, 4),
+                        "hit_rate": round(cached / prompt, 4) if prompt else None}
+                    for e, (k, cached, prompt) in sorted(engines.items())},
+    }
