@@ -139,6 +139,12 @@ def _add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
     sp.set_defaults(func=_run_scale_pools)
 
 
+def _run_capture_export(args: argparse.Namespace) -> int:
+    from duet.capture_export import main
+
+    return main(args)
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     from loadtests.cli import main
 
@@ -198,6 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_engine_parser(sub)
     _add_deploy_parsers(sub)
+
+    capture = sub.add_parser("capture", help="the gateway's privacy-safe traffic capture (Mooncake trace)")
+    capture_sub = capture.add_subparsers(dest="capture_command", required=True)
+    export = capture_sub.add_parser("export", help="write a gateway's capture as a Mooncake JSONL trace")
+    export.add_argument("--gateway", required=True, help="gateway base URL, e.g. http://127.0.0.1:8000")
+    export.add_argument("--admin-key", default=None, help="the gateway's admin key (or DUET_ADMIN_KEY)")
+    export.add_argument("--out", required=True, help="the JSONL file to write")
+    export.set_defaults(func=_run_capture_export)
 
     model = sub.add_parser("model", help="model utilities")
     model_sub = model.add_subparsers(dest="model_command", required=True)

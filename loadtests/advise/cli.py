@@ -1,5 +1,8 @@
 """`duet bench advise`: its flags, checked per mode, and the run of each mode (imported lazily).
 
+`--from-gateway URL` replays the gateway's own traffic capture (gateway/control/capture.py, fetched as `duet capture
+export` does) in the fleet simulator; a capture file given as `--trace FILE --fleet` is replayed the same way.
+
 Three modes, one rule (loadtests/advise/rule.py) and the same outputs (loadtests/advise/report.py: markdown, or
 --json; with --out, advice.md, advice.json and advice.png):
 
@@ -70,6 +73,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--class-slo", default=None, help="--fleet: per-class SLOs in ms, e.g. chat.ttft=3000,"
                    "document.ttft=6s (defaults: duet/traffic_classes.py, the cost model's profile)")
     p.add_argument("--worker-hour-usd", type=float, default=None, help="--fleet: price of one worker-hour")
+    p.add_argument("--from-gateway", default=None, metavar="URL",
+                   help="replay a running gateway's traffic capture (GET /admin/capture; implies --fleet): the "
+                   "answer adds the canary config that would start the move")
+    p.add_argument("--admin-key", default=None, help="--from-gateway: the gateway's admin key (or DUET_ADMIN_KEY)")
     p.set_defaults(func=_run)
 
 
@@ -77,6 +84,13 @@ def mode_of(args: argparse.Namespace) -> str:
     """The mode the flags ask for; every mode flag given checked against it, then the mode's defaults filled in."""
     if args.simulate and args.fleet:
         raise ValueError("give --simulate or --fleet, not both")
+    if args.from_gateway:
+        if args.simulate or args.trace:
+            raise ValueError("--from-gateway replays the gateway's capture in the fleet simulator: give neither "
+                             "--simulate nor --trace with it")
+        args.fleet = True
+    elif args.admin_key:
+        raise ValueError("--admin-key goes with --from-gateway")
     mode = SIMULATE if args.simulate else FLEET if args.fleet else LOCAL
     for flag, (dest, modes, default) in MODE_FLAGS.items():
         if mode not in modes and getattr(args, dest) is not None:
@@ -90,6 +104,25 @@ def mode_of(args: argparse.Namespace) -> str:
 
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def _capture_file(args: argparse.Namespace) -> str:
+    """--from-gateway: the gateway's capture, written into --out (or a temporary folder) as capture.jsonl."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from duet.capture_export import fetch_capture
+
+    text = fetch_capture(args.from_gateway, args.admin_key or os.environ.get("DUET_ADMIN_KEY"))
+    if not text.strip():
+        raise ValueError(f"the gateway at {args.from_gateway} has captured no request yet: send traffic first")
+    folder = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="duet-advise-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "capture.jsonl"
+    path.write_text(text)
+    _progress(f"{sum(1 for line in text.splitlines() if line.strip())} captured requests -> {path}")
+    return str(path)
 
 
 def _fleet(args: argparse.Namespace) -> dict:
@@ -127,6 +160,8 @@ def _run(args: argparse.Namespace) -> int:
     from loadtests.advise.report import format_markdown, write_out
 
     mode = mode_of(args)
+    if args.from_gateway:
+        args.trace = _capture_file(args)
     result = _fleet(args) if mode == FLEET else _trace(args, mode)
     text = format_markdown(result)
     if args.out:

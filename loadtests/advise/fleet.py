@@ -8,16 +8,68 @@ a half and three quarters of the workers paged). For each: predicted goodput, SL
 and the cost per million tokens served within their SLO (`worker_hour_usd` x workers / goodput tokens per hour;
 default prices: $3.50 an H200-hour, $0.05 a CPU core-hour, assumptions to replace with the team's own).
 Sensitivity: the same at half and at double the traffic, with the answer at each.
+
+A gateway's capture (gateway/control/capture.py) says which engine kinds served it (`engine`); when the
+recommendation differs, `canary` holds the move's first step: the routing config (the current kinds as variant
+`current`, the recommended ones as `candidate` at 5%) and the canary policy whose ramp walks the candidate to 100%
+under the automatic rollback (gateway/control/rollback.py), as the admin API takes them.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 from loadtests.advise.rule import BASELINES, ROUTING_ONLY, recommend
 from loadtests.sim.fleet.bench import FleetSettings, run
 
 WORKER_HOUR_USD = {"h200": 3.50, "h200-70b": 3.50, "cpu": 0.05}
+
+
+CANARY_START = 5.0  # percent of the model's traffic the candidate starts with
+CANARY_RAMP = ((5.0, 600.0), (25.0, 600.0), (50.0, 600.0), (100.0, 0.0))  # (weight %, hold s)
+
+
+def served_by(mix: dict) -> tuple[str | None, set[str]]:
+    """(model, engine kinds) a capture file in the mix was served by; (None, empty) for other traces."""
+    model, kinds = None, set()
+    for name in mix:
+        path = Path(name)
+        if not path.is_file():
+            continue
+        with path.open() as f:
+            for line in f:
+                if line.strip().startswith("{"):
+                    rec = json.loads(line)
+                    kinds.add(rec.get("engine") or "")
+                    model = model or rec.get("model")
+    kinds.discard("")
+    return model, kinds
+
+
+def canary_move(recommendation: dict, model: str | None, current: set[str]) -> dict | None:
+    """The routing config and canary policy that start moving `model` from the `current` engine kinds to the
+    recommended deployment; None when the current kinds are unknown; `needed` False when they already match."""
+    if not current:
+        return None
+    split = recommendation["split"]
+    wanted = {k for k in ("paged", "prefix") if split[k]}
+    if wanted == current:
+        return {"needed": False, "why": f"the traffic is served by {' + '.join(sorted(current))} already"}
+    pools = lambda kinds: [{"engine_kind": k, "version": "*"} for k in sorted(kinds)]
+    name = model or "MODEL"
+    return {"needed": True, "model": name,
+            "workers": {k: split[k] for k in ("paged", "prefix")},
+            "routing": {"variants": [{"name": "current", "weight": 100.0 - CANARY_START, "pools": pools(current)},
+                                     {"name": "candidate", "weight": CANARY_START, "pools": pools(wanted)}]},
+            "canary_policy": {"canary": "candidate", "baseline": "current",
+                              "ramp": [{"weight": w, "hold_s": h} for w, h in CANARY_RAMP]},
+            "steps": [(f"start workers of {', '.join(sorted(wanted - current)) or 'the same'} kind "
+                      f"({split['paged']} paged + {split['prefix']} prefix in all)"),
+                      f"PUT /admin/models/{name}/routing with `routing`",
+                      (f"PUT /admin/models/{name}/canary-policy with `canary_policy`: the rollback controller "
+                      f"ramps the candidate to 100% or rolls it back")]}
 
 
 def default_splits(n: int) -> tuple[tuple[int, int], ...]:
@@ -51,4 +103,8 @@ def advise(s: FleetSettings, worker_hour_usd: float | None = None, progress=None
         out["rates"][label] = {"rate": s.rate * factor, "options": options, "recommendation": recommend(options)}
     out["recommendation"] = out["rates"]["traffic"]["recommendation"]
     out["sensitivity"] = {label: r["recommendation"]["deployment"] for label, r in out["rates"].items()}
+    model, current = served_by(s.mix)
+    if current:
+        out["served_by"] = sorted(current)
+        out["canary"] = canary_move(out["recommendation"], model, current)
     return out

@@ -53,6 +53,14 @@ def _fleet_markdown(result: dict) -> list[str]:
                          f"{o['slo_attainment']:.1%} | {o['ttft_p50_s']} / {o['ttft_p99_s']} | "
                          f"{1000 * (o['tpot_p50_s'] or 0):.1f} / {1000 * (o['tpot_p99_s'] or 0):.1f} | "
                          f"{o['usd_per_million_tokens']} |")
+    canary = result.get("canary")
+    if canary and canary["needed"]:
+        lines += ["", f"**The move** (now served by {' + '.join(result['served_by'])}):", ""]
+        lines += [f"{i}. {step}" for i, step in enumerate(canary["steps"], 1)]
+        lines += ["", "```json", json.dumps({"routing": canary["routing"], "canary_policy": canary["canary_policy"]},
+                                            indent=2), "```"]
+    elif canary:
+        lines += ["", f"No move: {canary['why']}."]
     return lines
 
 

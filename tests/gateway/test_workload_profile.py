@@ -1,0 +1,150 @@
+"""The live workload profile and the capture's records, in process: repetition within and across sessions,
+windows and bounds, salting. The live stack (tests/e2e/test_workload_capture.py) checks them end to end."""
+
+import json
+import random
+
+import pytest
+
+from duet.contract import TRACE_BLOCK_TOKENS
+from duet.hashing import block_hashes
+from gateway.control.capture import CaptureConfig, TraceCapture, salted_ids
+from gateway.control.profile import ALL, BlockOwners, WorkloadProfile
+from gateway.control.state.memory import MemoryStore
+from loadtests.traces.mooncake import load_trace
+
+
+class Clock:
+    now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def _ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(10, 30000) for _ in range(n)]
+
+
+def _record(profile: WorkloadProfile, prompt: list[int], session: str | None = None, model: str = "m",
+            engine: str = "prefix", cached: int = 0, turns: int = 1, cls: str = "oneshot") -> None:
+    profile.record(model=model, session=session, turns=turns, hashes=block_hashes(prompt, 16, model),
+                   prompt_tokens=len(prompt), output_tokens=20, traffic_class=cls, engine=engine,
+                   cached_tokens=cached, duration_s=0.5)
+
+
+def test_shared_system_prompt_counts_as_cross_session_repetition():
+    rng = random.Random(1)
+    system = _ids(rng, 1024)  # 64 blocks
+    profile = WorkloadProfile(clock=Clock())
+    for _ in range(10):
+        _record(profile, system + _ids(rng, 256))  # 16 unique blocks each
+    p = profile.snapshot(60)["models"][ALL]["prefix_repetition"]
+    # the first request is new; the 9 others repeat the 64 system blocks of their 80
+    assert p["blocks"] == 800
+    assert p["cross_session"] == pytest.approx(9 * 64 / 800, abs=1e-4)
+    assert p["within_session"] == 0.0
+
+
+def test_a_conversation_repeats_its_own_history_within_its_session():
+    rng = random.Random(2)
+    profile = WorkloadProfile(clock=Clock())
+    history = _ids(rng, 320)  # 20 blocks
+    _record(profile, history, session="a")
+    history += _ids(rng, 160)  # the second turn resends the first and adds 10 blocks
+    _record(profile, history, session="a", turns=2)
+    _record(profile, history, session="b")  # another session sending the same text: a cross-session repeat
+    p = profile.snapshot(60)["models"][ALL]
+    assert p["prefix_repetition"]["within_session"] == pytest.approx(20 / 80, abs=1e-4)
+    assert p["prefix_repetition"]["cross_session"] == pytest.approx(30 / 80, abs=1e-4)
+    assert p["session_turns"]["sessions"] == 2 and p["session_turns"]["p99"] == 2
+
+
+def test_lengths_rates_classes_and_engine_hit_rates_per_model_and_overall():
+    clock = Clock()
+    profile = WorkloadProfile(clock=clock)
+    rng = random.Random(3)
+    for i in range(30):
+        _record(profile, _ids(rng, 100 if i % 3 else 3000), model="a" if i % 2 else "b",
+                engine="prefix" if i % 2 else "paged", cached=50 if i % 2 else 0,
+                cls="document" if i % 3 == 0 else "oneshot")
+        clock.now += 1
+    snap = profile.snapshot(60)["models"]
+    assert set(snap) == {ALL, "a", "b"}
+    overall = snap[ALL]
+    assert overall["requests"] == 30 and overall["arrival_rps"] == 0.5
+    assert overall["classes"] == {"document": pytest.approx(1 / 3, abs=1e-3), "oneshot": pytest.approx(2 / 3, abs=1e-3)}
+    hist = overall["prompt_tokens"]["histogram"]
+    assert sum(hist["counts"]) == 30 and hist["counts"][hist["le"].index(128)] == 20
+    assert hist["counts"][hist["le"].index(4096)] == 10
+    # model a: 15 requests on prefix with 50 cached tokens each; 10 prompts of 100 tokens and 5 of 3,000
+    assert snap["a"]["engines"]["prefix"]["hit_rate"] == pytest.approx(15 * 50 / (10 * 100 + 5 * 3000), abs=1e-4)
+    assert snap["b"]["engines"]["paged"]["hit_rate"] == 0.0
+    # each request took 0.5 s, one a second: half a request in flight on average, never two at once
+    assert overall["concurrency_peak"] == 1
+    assert overall["concurrency_mean"] == pytest.approx(15 / 60, abs=1e-3)
+
+
+def test_old_requests_leave_the_window_and_memory_is_bounded():
+    clock = Clock()
+    profile = WorkloadProfile(max_window_s=60, max_requests=50, max_blocks=100, clock=clock)
+    rng = random.Random(4)
+    for _ in range(200):
+        _record(profile, _ids(rng, 160))
+    assert profile.snapshot(60)["models"][ALL]["requests"] == 50
+    assert profile.snapshot(60)["tracked_blocks"] <= 2 * 100 + 10
+    clock.now += 61
+    assert profile.snapshot(60)["models"] == {ALL: profile.snapshot(60)["models"][ALL]}
+    assert profile.snapshot(60)["models"][ALL]["requests"] == 0
+
+
+def test_block_owners_keep_hot_blocks_across_generations():
+    owners = BlockOwners(max_blocks=50)
+    hot = list(range(1, 21))
+    assert owners.classify(hot, "a") == (0, 0)
+    for k in range(10):  # cold traffic turns the generations over several times; the hot chain is resent
+        owners.classify([10_000 * (k + 1) + i for i in range(30)], f"x{k}")
+        assert owners.classify(hot, "b") == (0, 20)
+
+
+def test_capture_ids_share_a_prefix_within_a_deployment_and_nothing_across():
+    rng = random.Random(5)
+    system = _ids(rng, 1200)
+    one, two = system + _ids(rng, 300), system + _ids(rng, 300)
+    a, a_again, a_two = salted_ids(one, "m", "salt-A"), salted_ids(one, "m", "salt-A"), salted_ids(two, "m", "salt-A")
+    b = salted_ids(one, "m", "salt-B")
+    assert len(a) == -(-len(one) // TRACE_BLOCK_TOKENS) == 3
+    assert a == a_again  # a repeat within one deployment matches
+    assert a_two[:2] == a[:2] and a_two[2] != a[2]  # two full shared blocks, then the prompts differ
+    assert not set(a) & set(b)  # under another salt: unrelated
+    assert salted_ids(one, "m", "salt-A", tenant_salt="t") != a  # tenants never share ids
+    assert len(salted_ids([7, 8, 9], "m", "salt-A")) == 1  # a prompt shorter than a block still has its id
+
+
+async def test_capture_records_are_mooncake_records_and_rotate_by_count(tmp_path):
+    store = MemoryStore()
+    cap = TraceCapture(CaptureConfig(enabled=True, max_records=5), store)
+    await cap.flush()  # loads the salt
+    rng = random.Random(6)
+    for i in range(8):
+        cap.record(model="m", prompt_ids=_ids(rng, 700), tenant_salt="", session="s1" if i % 2 else None,
+                   output_tokens=9, traffic_class="session", engine="paged", ttft_s=0.1, tpot_s=0.02)
+    lines = await cap.export()
+    assert len(lines) == 5  # the newest five
+    path = tmp_path / "capture.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    records = load_trace(path)
+    assert [r.input_length for r in records] == [700] * 5 and all(len(r.hash_ids) == 2 for r in records)
+    sessions = {r.session for r in records}
+    assert "" in sessions and len(sessions) == 2 and "s1" not in "".join(sessions)
+    assert json.loads(lines[0])["ttft_ms"] == 100.0
+
+
+async def test_capture_samples_whole_sessions_and_only_the_configured_models():
+    cap = TraceCapture(CaptureConfig(enabled=True, sample_rate=0.5, models=("m",)), MemoryStore())
+    await cap.flush()
+    assert not cap.wants("other", "s")
+    picks = {s: cap.wants("m", s) for s in (f"s{i}" for i in range(200))}
+    assert 60 < sum(picks.values()) < 140
+    assert all(cap.wants("m", s) == picked for s, picked in picks.items())  # a session is in or out, whole
+    with pytest.raises(ValueError):
+        CaptureConfig(sample_rate=0).validate()
