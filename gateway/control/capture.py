@@ -2,7 +2,7 @@
 
 One JSON line per captured request, what loadtests/traces/mooncake.py reads (and so `duet bench advise` replays):
 
-    {"timestamp": ms since the epoch, "input_length": prompt tokens, "output_length": generated tokens,
+    {"timestamp": arrival, ms since the epoch, "input_length": prompt tokens, "output_length": generated tokens,
      "hash_ids": [one id per TRACE_BLOCK_TOKENS-token block, chained], "session": "s-<hash>" or "",
      "class": traffic class, "engine": engine kind, "model": model id, "ttft_ms": ..., "tpot_ms": ...}
 
@@ -95,13 +95,13 @@ class TraceCapture:
         return draw < self._threshold
 
     def record(self, *, model: str, prompt_ids: Sequence[int], tenant_salt: str, session: str | None,
-               output_tokens: int, traffic_class: str, engine: str, ttft_s: float | None,
+               output_tokens: int, traffic_class: str, engine: str, duration_s: float, ttft_s: float | None,
                tpot_s: float | None) -> None:
-        """Capture one finished request (when the config wants it)."""
+        """Capture one request that ended `duration_s` seconds after it arrived (when the config wants it)."""
         if not self.wants(model, session):
             return
         salt = self.salt
-        rec = {"timestamp": int(time.time() * 1000), "input_length": len(prompt_ids),
+        rec = {"timestamp": int((time.time() - duration_s) * 1000), "input_length": len(prompt_ids),  # at arrival
                "output_length": output_tokens, "hash_ids": salted_ids(prompt_ids, model, salt, tenant_salt),
                "session": f"s-{salted_key(session, salt):016x}" if session else "", "class": traffic_class,
                "engine": engine, "model": model,

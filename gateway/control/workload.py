@@ -41,8 +41,8 @@ class Workload:
                             prompt_tokens=len(prompt_ids), output_tokens=output_tokens, traffic_class=traffic_class,
                             engine=engine, cached_tokens=cached_tokens, duration_s=duration_s)
         self.capture.record(model=model, prompt_ids=prompt_ids, tenant_salt=tenant_salt, session=session,
-                            output_tokens=output_tokens, traffic_class=traffic_class, engine=engine, ttft_s=ttft_s,
-                            tpot_s=tpot_s)
+                            output_tokens=output_tokens, traffic_class=traffic_class, engine=engine,
+                            duration_s=duration_s, ttft_s=ttft_s, tpot_s=tpot_s)
 
 
 class _ProfileCollector:

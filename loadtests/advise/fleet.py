@@ -65,11 +65,13 @@ def canary_move(recommendation: dict, model: str | None, current: set[str]) -> d
                                      {"name": "candidate", "weight": CANARY_START, "pools": pools(wanted)}]},
             "canary_policy": {"canary": "candidate", "baseline": "current",
                               "ramp": [{"weight": w, "hold_s": h} for w, h in CANARY_RAMP]},
-            "steps": [(f"start workers of {', '.join(sorted(wanted - current)) or 'the same'} kind "
-                      f"({split['paged']} paged + {split['prefix']} prefix in all)"),
+            "steps": [(f"start {' and '.join(sorted(wanted - current))} workers" if wanted - current
+                       else f"no new kind: the candidate is the {' and '.join(sorted(wanted))} workers already serving")
+                      + f" (the recommendation: {split['paged']} paged + {split['prefix']} prefix)",
                       f"PUT /admin/models/{name}/routing with `routing`",
                       (f"PUT /admin/models/{name}/canary-policy with `canary_policy`: the rollback controller "
-                      f"ramps the candidate to 100% or rolls it back")]}
+                       f"ramps the candidate to 100% or rolls it back"),
+                      f"once at 100%: retire the {' and '.join(sorted(current - wanted)) or 'old'} workers"]}
 
 
 def default_splits(n: int) -> tuple[tuple[int, int], ...]:

@@ -127,7 +127,8 @@ async def test_capture_records_are_mooncake_records_and_rotate_by_count(tmp_path
     rng = random.Random(6)
     for i in range(8):
         cap.record(model="m", prompt_ids=_ids(rng, 700), tenant_salt="", session="s1" if i % 2 else None,
-                   output_tokens=9, traffic_class="session", engine="paged", ttft_s=0.1, tpot_s=0.02)
+                   output_tokens=9, traffic_class="session", engine="paged", duration_s=0.3, ttft_s=0.1,
+                   tpot_s=0.02)
     lines = await cap.export()
     assert len(lines) == 5  # the newest five
     path = tmp_path / "capture.jsonl"

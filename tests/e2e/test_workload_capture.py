@@ -1,0 +1,164 @@
+"""The selection path's first steps on a live stack (sim workers over real gRPC, gateways in this process, the
+openai SDK as the client): traffic of a known shape -> the profile reports its repetition; the capture holds the
+shape and nothing of the content, round-trips through the Mooncake reader, and `duet bench advise` on it answers
+what it answers on the workload that generated it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import httpx
+import openai
+import pytest
+
+from duet.cli import main as duet_main
+from gateway.control.rollback import CanaryPolicy
+from gateway.control.state.codec import config_from_dict
+from loadtests.advise import fleet
+from loadtests.sim.fleet.bench import FleetSettings
+from loadtests.traces.mooncake import TraceRecord, load_trace, prompt_token_ids
+from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
+
+MODEL = model_dir().name
+VOCAB = 1000  # the tiny test model's
+ADMIN_KEY = "adm-profile"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+SHARED, REQUESTS, OUTPUT = 0.8, 60, 8
+SYSTEM_IDS = (7, 8)  # two trace blocks: a 1,024-token system prompt
+UNIQUE_TOKENS = 100
+
+
+def known_workload(path) -> list[TraceRecord]:
+    """60 requests at 10 per second; 80% start with the same 1,024-token system prompt, every one then has 100
+    tokens of its own. Written as a Mooncake trace (the generating workload advise also reads)."""
+    rng = random.Random(44)
+    records, lines = [], []
+    shared = set(rng.sample(range(REQUESTS), int(SHARED * REQUESTS)))
+    for i in range(REQUESTS):
+        own = 1000 + 3 * i
+        ids = (*SYSTEM_IDS, own) if i in shared else (own, own + 1, own + 2)
+        rec = TraceRecord(i * 100.0, 1024 + UNIQUE_TOKENS, OUTPUT, ids)
+        records.append(rec)
+        lines.append(json.dumps({"timestamp": rec.timestamp_ms, "input_length": rec.input_length,
+                                 "output_length": OUTPUT, "hash_ids": list(ids)}))
+    path.write_text("\n".join(lines) + "\n")
+    return records
+
+
+async def replay(url: str, records: list[TraceRecord]) -> list[list[int]]:
+    """Each record's prompt (as token ids) at its timestamp; the prompts, in order."""
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    prompts = [prompt_token_ids(r, VOCAB, low=3) for r in records]
+
+    async def one(rec: TraceRecord, prompt: list[int]) -> None:
+        await asyncio.sleep(rec.timestamp_ms / 1000)
+        out = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=OUTPUT, temperature=0,
+                                              extra_body={"ignore_eos": True})
+        assert out.usage.completion_tokens == OUTPUT
+
+    await asyncio.gather(*(one(r, p) for r, p in zip(records, prompts, strict=True)))
+    await client.close()
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def sims(tmp_path_factory):
+    started = start_sims([Sim("prefix"), Sim("paged")], tmp_path_factory.mktemp("sims"))
+    yield started
+    for s in started:
+        s.kill()
+
+
+def _gateway(sims) -> GatewayThread:
+    return GatewayThread(gateway_config(sims, auth={"admin_key": ADMIN_KEY}, capture={"enabled": True})).start()
+
+
+@pytest.mark.timeout(300)
+def test_known_traffic_is_profiled_captured_and_advised_alike(sims, tmp_path, capsys):
+    workload = known_workload(tmp_path / "workload.jsonl")
+    gw = _gateway(sims)
+    try:
+        prompts = asyncio.run(replay(gw.url, workload))
+        # a chat turn with a text to look for in the capture
+        secret = "the purple elephant 7731 sings"
+        openai.OpenAI(base_url=gw.url + "/v1", api_key="none").chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": secret}], max_tokens=2,
+            extra_headers={"x-session-id": "conversation-secret-42"})
+
+        profile = httpx.get(gw.url + "/admin/profile?window_s=300", headers=ADMIN, timeout=10).json()
+        out = tmp_path / "capture.jsonl"
+        assert duet_main(["capture", "export", "--gateway", gw.url, "--admin-key", ADMIN_KEY, "--out",
+                          str(out)]) == 0
+        metrics = httpx.get(gw.url + "/metrics", timeout=10).text
+        capsys.readouterr()
+        assert duet_main(["bench", "advise", "--from-gateway", gw.url, "--admin-key", ADMIN_KEY, "--workers", "8",
+                          "--window-s", "60", "--json", "--out", str(tmp_path / "advice")]) == 0
+        on_capture = json.loads(capsys.readouterr().out)
+    finally:
+        gw.stop()
+
+    # the profile: the share of prompt tokens that repeat the system prompt sent before, known by construction
+    shared = [r for r in workload if r.hash_ids[:2] == SYSTEM_IDS]
+    known = (len(shared) - 1) * 1024 / sum(r.input_length for r in workload)
+    measured = profile["models"][MODEL]["prefix_repetition"]
+    assert measured["cross_session"] == pytest.approx(known, abs=0.05), (measured, known)
+    assert measured["within_session"] == 0.0  # no request of the replay has a session
+    assert profile["models"][MODEL]["requests"] == REQUESTS + 1
+    assert 'duet_profile_prefix_repetition{model="*",scope="cross_session"}' in metrics
+
+    # the capture: Mooncake records the reader takes, one per request, with the workload's lengths and reuse
+    records = load_trace(out)
+    assert len(records) == REQUESTS + 1
+    replayed = [r for r in records if r.session == ""]
+    assert sorted(r.input_length for r in replayed) == sorted(r.input_length for r in workload)
+    assert all(r.output_length == OUTPUT for r in replayed)
+    heads = {}
+    for r in replayed:
+        heads[r.hash_ids[:2]] = heads.get(r.hash_ids[:2], 0) + 1
+    assert max(heads.values()) == len(shared)  # the shared system prompt is one chain of ids
+    assert not {h for r in records for h in r.hash_ids} & {h for r in workload for h in r.hash_ids}
+
+    # no content: no text, no token ids, no session key in clear, only the record's fields
+    text = out.read_text()
+    assert "purple" not in text and "elephant" not in text and "conversation-secret-42" not in text
+    for rec in map(json.loads, text.splitlines()):
+        assert set(rec) == {"timestamp", "input_length", "output_length", "hash_ids", "session", "class", "engine",
+                            "model", "ttft_ms", "tpot_ms"}
+        assert all(h >= 1 << 20 for h in rec["hash_ids"])  # salted 64-bit hashes, never token ids (< 1,000)
+    for prompt in prompts:
+        assert ",".join(map(str, prompt[:4])) not in text.replace(" ", "")
+
+    # advise on the capture (`--from-gateway`, the same flags' defaults) answers as advise on the workload that
+    # generated it, and says how to start the move from the deployment that served it
+    on_workload = fleet.advise(FleetSettings(cost_model="h200", workers=8, mix={str(tmp_path / "workload.jsonl"): 1.0},
+                                             window_s=60.0))
+    assert on_capture["recommendation"]["deployment"] == on_workload["recommendation"]["deployment"]
+    assert on_capture["sensitivity"] == on_workload["sensitivity"]
+    assert on_capture["served_by"] == ["paged", "prefix"] and "served_by" not in on_workload
+    move = on_capture["canary"]
+    assert move["needed"] and move["routing"]["variants"][0]["name"] == "current"
+    assert CanaryPolicy.from_dict(MODEL, move["canary_policy"]).ramp[-1].weight == 100.0  # the admin API takes it
+    config_from_dict(move["routing"]).validate()
+    assert (tmp_path / "advice" / "capture.jsonl").read_text() == out.read_text()
+
+
+@pytest.mark.timeout(120)
+def test_the_same_prompt_under_two_deployments_gives_unrelated_ids(sims, tmp_path):
+    one, other = _gateway(sims), _gateway(sims)  # each its own in-memory state: its own salt
+    prompt = [5 + (i * 37) % 990 for i in range(1100)]
+    try:
+        for gw in (one, one, other):
+            r = httpx.post(gw.url + "/v1/completions", timeout=30,
+                           json={"model": MODEL, "prompt": prompt, "max_tokens": 2})
+            assert r.status_code == 200, r.text
+        a = [json.loads(line) for line in httpx.get(one.url + "/admin/capture", headers=ADMIN).text.splitlines()]
+        b = [json.loads(line) for line in httpx.get(other.url + "/admin/capture", headers=ADMIN).text.splitlines()]
+        assert httpx.get(one.url + "/admin/capture").status_code == 401  # the admin key is required
+    finally:
+        one.stop()
+        other.stop()
+    assert len(a) == 2 and len(b) == 1
+    assert a[0]["hash_ids"] == a[1]["hash_ids"] and len(a[0]["hash_ids"]) == 3  # a repeat matches
+    assert not set(a[0]["hash_ids"]) & set(b[0]["hash_ids"])  # another deployment's salt: nothing in common
