@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 
 import httpx
 import openai
 import pytest
 
 from duet.cli import main as duet_main
+from duet.launcher import free_port
 from gateway.control.rollback import CanaryPolicy
 from gateway.control.state.codec import config_from_dict
 from loadtests.advise import fleet
@@ -162,3 +164,24 @@ def test_the_same_prompt_under_two_deployments_gives_unrelated_ids(sims, tmp_pat
     assert len(a) == 2 and len(b) == 1
     assert a[0]["hash_ids"] == a[1]["hash_ids"] and len(a[0]["hash_ids"]) == 3  # a repeat matches
     assert not set(a[0]["hash_ids"]) & set(b[0]["hash_ids"])  # another deployment's salt: nothing in common
+
+
+@pytest.mark.timeout(120)
+def test_replicas_sharing_redis_share_one_salt_and_one_capture(sims, clean_redis_url):
+    config = gateway_config(sims, auth={"admin_key": ADMIN_KEY}, capture={"enabled": True}, redis=clean_redis_url)
+    one = GatewayThread(config).start()
+    other = GatewayThread(dict(config, port=free_port())).start()
+    prompt = [5 + (i * 41) % 990 for i in range(600)]
+    try:
+        for gw in (one, other):
+            r = httpx.post(gw.url + "/v1/completions", timeout=30, json={"model": MODEL, "prompt": prompt, "max_tokens": 2})
+            assert r.status_code == 200, r.text
+        time.sleep(1.5)  # each replica flushes its records once a second
+        from_one = httpx.get(one.url + "/admin/capture", headers=ADMIN, timeout=10).text.splitlines()
+        from_other = httpx.get(other.url + "/admin/capture", headers=ADMIN, timeout=10).text.splitlines()
+    finally:
+        one.stop()
+        other.stop()
+    assert from_one == from_other and len(from_one) == 2  # every replica's records, from either
+    a, b = (json.loads(line) for line in from_one)
+    assert a["hash_ids"] == b["hash_ids"]  # one deployment, one salt: the same prompt has the same ids
