@@ -192,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "--paged/--prefix split; starts half of each)")
     up.add_argument("--pool-planner", default=None,
                     help='with --workers: planner settings as JSON, e.g. \'{"cooldown_s": 30, "window_s": 30}\'')
+    up.add_argument("--no-capture", action="store_true",
+                    help="do not capture the traffic's shape (on by default: the newest 50,000 requests as Mooncake "
+                         "records, salted block hashes and lengths, no text; `duet capture export`)")
     up.set_defaults(func=_run_up)
 
     gw = sub.add_parser("gateway", help="the gateway alone")

@@ -53,6 +53,7 @@ from duet.startup_watch import StartupWatch
 from duet.supervisor import Event, RestartPolicy
 
 SHUTDOWN_GRACE_S = 20.0
+UP_CAPTURE_RECORDS = 50_000  # the traffic capture `duet up` keeps (gateway/control/capture.py), about 10 MB
 
 
 def _say(message: str, **kw) -> None:
@@ -173,7 +174,10 @@ class _Up:
     def start_gateways(self, redis_url: str | None) -> None:
         """One gateway on the public port, or N replicas on private ports behind `duet lb` on it."""
         p = self.plan
-        extra = {}
+        # the traffic capture is on in `duet up` (bounded: the newest UP_CAPTURE_RECORDS requests), off in a
+        # `duet gateway` config unless asked for
+        extra: dict = {"capture": {"enabled": not getattr(self.args, "no_capture", False),
+                                   "max_records": UP_CAPTURE_RECORDS}}
         if getattr(self.args, "pool_planner", None):
             extra["pool_planner"] = json.loads(self.args.pool_planner)
         if redis_url:

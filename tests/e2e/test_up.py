@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import time
@@ -39,6 +40,9 @@ def test_duet_up_with_sim_workers_serves_and_ctrl_c_leaves_no_orphans():
         client = openai.OpenAI(base_url=up.url + "/v1", api_key="k", max_retries=0)
         r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
         assert r.choices[0].finish_reason == "length"
+        # `duet up` captures the traffic's shape by default: that request is one Mooncake record
+        captured = httpx.get(up.url + "/admin/capture", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        assert [json.loads(line)["output_length"] for line in captured.text.splitlines()] == [3]
     finally:
         code = up.stop(signal.SIGINT)
     assert code == 0
