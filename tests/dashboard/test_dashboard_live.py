@@ -109,6 +109,19 @@ async def test_dashboard_live(stack, tmp_path):
             await page.wait_for_selector("#workers tbody tr >> text=paged-v2")
             assert await page.locator("#workers tbody tr").count() == 3
             await page.wait_for_selector("#decisions tbody tr", timeout=10000)
+            # the workload profile's histograms: every request in the prompt-length histogram, the two-turn chats
+            # in the session-length one, and their shared preamble as blocks other sessions sent before
+            await page.wait_for_function("Number(document.body.dataset.profiled || 0) >= 20", timeout=20000)
+            profiled = await page.evaluate("""() => {
+                const sum = (id) => Chart.getChart(id).data.datasets[0].data.reduce((a, b) => a + b, 0);
+                const turns = Chart.getChart('chart-turns').data;
+                const reuse = Chart.getChart('chart-reuse').data;
+                return {requests: Number(document.body.dataset.profiled), prompts: sum('chart-prompt-len'),
+                        twoTurns: turns.datasets[0].data[turns.labels.indexOf('2')],
+                        crossShare: reuse.datasets[0].data[reuse.labels.indexOf("blocks: other sessions'")]};
+            }""")
+            assert profiled["prompts"] == profiled["requests"] and profiled["twoTurns"] > 0, profiled
+            assert profiled["crossShare"] > 10, profiled
             await page.wait_for_timeout(4000)  # a few more seconds of lines on the charts
             # the committed docs/dashboard.png is refreshed only on request, so test runs leave the tree clean
             shot = SCREENSHOT if os.environ.get("DUET_UPDATE_SCREENSHOT") or not SCREENSHOT.exists() \

@@ -76,6 +76,52 @@ function initCharts() {
   charts.tokens = lineChart("chart-tokens", "tokens/s");
   charts.reasons = barChart("chart-reasons", true);
   charts.workers = barChart("chart-workers", false);
+  charts.promptLen = barChart("chart-prompt-len", false);
+  charts.outputLen = barChart("chart-output-len", false);
+  charts.turns = barChart("chart-turns", false);
+  charts.reuse = barChart("chart-reuse", true);
+}
+
+// ---- the workload profile (GET /admin/profile): histograms of the last minute, per model or all ("*") ----
+function setBars(chart, labels, values, label, color) {
+  chart.data.labels = labels;
+  chart.data.datasets = [{ label, data: values, backgroundColor: color }];
+  chart.update("none");
+}
+
+function bucketLabels(h) {
+  return h.le.map((b, i) => {
+    if (b === null) return `> ${h.le[i - 1]}`;
+    if (i === 0) return `<= ${b}`;
+    return h.le[i - 1] + 1 === b ? String(b) : `${h.le[i - 1] + 1}-${b}`;
+  });
+}
+
+async function refreshProfile() {
+  const snap = await api("GET", "/admin/profile?window_s=60");
+  const select = $("#profile-model");
+  const names = Object.keys(snap.models);
+  if (select.options.length !== names.length) {
+    const keep = select.value || "*";
+    select.innerHTML = names.map((n) => `<option value="${esc(n)}">${n === "*" ? "all models" : esc(n)}</option>`).join("");
+    select.value = names.includes(keep) ? keep : "*";
+  }
+  const p = snap.models[select.value] || snap.models["*"];
+  document.body.dataset.profiled = String(p.requests);
+  if (!p.requests) { $("#profile-summary").textContent = "no finished requests yet"; return; }
+  const r = p.prefix_repetition;
+  $("#profile-summary").textContent = `${p.requests} requests, ${p.arrival_rps.toFixed(2)} req/s, ` +
+    `${fmt(p.concurrency_mean)} in flight on average (peak ${p.concurrency_peak}); prompt p50 ${p.prompt_tokens.p50} tokens, ` +
+    `output p50 ${p.output_tokens.p50}; ${(100 * (r.any || 0)).toFixed(0)}% of prompt blocks seen before ` +
+    `(${(100 * (r.cross_session || 0)).toFixed(0)}% from other sessions, ${(100 * (r.within_session || 0)).toFixed(0)}% ` +
+    `from the same session); ${p.session_turns.sessions} sessions`;
+  setBars(charts.promptLen, bucketLabels(p.prompt_tokens.histogram), p.prompt_tokens.histogram.counts, "requests", PALETTE[0]);
+  setBars(charts.outputLen, bucketLabels(p.output_tokens.histogram), p.output_tokens.histogram.counts, "requests", PALETTE[2]);
+  setBars(charts.turns, bucketLabels(p.session_turns.histogram), p.session_turns.histogram.counts, "sessions", PALETTE[3]);
+  const bars = { "blocks: other sessions'": r.cross_session, "blocks: same session's": r.within_session };
+  for (const [c, share] of Object.entries(p.classes)) bars[`class ${c}`] = share;
+  for (const [e, v] of Object.entries(p.engines)) if (v.hit_rate !== null) bars[`${e} hit rate`] = v.hit_rate;
+  setBars(charts.reuse, Object.keys(bars), Object.values(bars).map((v) => 100 * (v || 0)), "%", PALETTE[4]);
 }
 
 function groupValues(groups, field, prefix) {
@@ -243,6 +289,7 @@ async function refreshTables() {
       `<tr><td>${new Date(d.at * 1000).toLocaleTimeString()}</td><td>${esc(d.model)}</td><td>${esc(d.variant)}</td>` +
       `<td>${esc(d.engine_kind)}</td><td>${esc(d.worker_id)}</td><td>${esc(d.reason)}</td>` +
       `<td>${(100 * d.estimated_reuse).toFixed(0)}%</td><td>${d.cached_blocks}</td></tr>`).join("");
+    await refreshProfile();
   } catch (e) { if (e.status === 401 || e.status === 403) logout(); }
 }
 
@@ -308,5 +355,6 @@ $("#login-form").onsubmit = async (e) => {
   catch (err) { logout(err.status === 401 || err.status === 403 ? "The admin key was refused." : err.message); }
 };
 $("#logout").onclick = () => logout();
+$("#profile-model").onchange = () => refreshProfile().catch(() => {});
 setInterval(() => { if (adminKey()) refreshTables(); }, 3000);
 if (adminKey()) start(); else logout();
