@@ -89,7 +89,7 @@ class Gateway:
         self.limiter = KeyLimiter(config.key_limits, config.redis)
         self.watchdog = StreamWatchdog(t, on_outcome=outcome_recorder(self.breakers, self.metrics),
                                        progress_at=self.fleet.progress_at)
-        self.workload = Workload(config.capture, self.state, self.metrics.registry)
+        self.workload = Workload(config.capture, self.state, self.metrics.registry, profile=config.profile)
         self.pending = PendingRequests(config.limits.max_pending_requests, self.metrics.pending)
         self.serving = ServingContext(
             config=config, models=self.models, metrics=self.metrics,

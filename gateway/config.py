@@ -27,6 +27,7 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
     pool_planner: {cooldown_s: 30, ...}     # defaults of gateway.control.pool_planner.PlannerConfig
     tracing: {enabled: false}
     timeouts: {first_token_s: 120, stall_s: 30, ...}   # gateway.serving.timeouts.Timeouts (null: no limit)
+    profile: {enabled: true}      # the live workload profile (gateway/control/profile.py)
     capture: {enabled: false, sample_rate: 1.0, max_records: 100000, max_age_s: null, models: []}
                                   # the privacy-safe traffic capture (gateway/control/capture.py); off by default
 
@@ -92,6 +93,7 @@ class GatewayConfig:
     tracing: bool = False
     timeouts: Timeouts = field(default_factory=Timeouts)
     pool_planner: PlannerConfig = field(default_factory=PlannerConfig)
+    profile: bool = True  # the live workload profile (gateway/control/profile.py)
     capture: CaptureConfig = field(default_factory=CaptureConfig)  # the traffic capture (gateway/control/capture.py)
 
 
@@ -134,6 +136,11 @@ def routing_from_dict(d: dict) -> RoutingConfig:
         return RoutingConfig(variants=variants, **_known(RoutingConfig, d, "routing")).validate()
     except (RoutingConfigError, TypeError, KeyError) as e:
         raise ConfigError(f"routing: {e}") from None
+
+
+@dataclass(frozen=True)
+class _Switch:
+    enabled: bool = True  # a section whose one key turns its feature on or off
 
 
 def capture_from_dict(d: dict) -> CaptureConfig:
@@ -206,6 +213,7 @@ def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
             timeouts=Timeouts(**_known(Timeouts, _section(raw, "timeouts"), "timeouts")).validate(),
             pool_planner=PlannerConfig(**_known(PlannerConfig, _section(raw, "pool_planner"),
                                                 "pool_planner")).validate(),
+            profile=bool(_known(_Switch, _section(raw, "profile"), "profile").get("enabled", True)),
             capture=capture_from_dict(_section(raw, "capture")),
         )
     except (TypeError, ValueError) as e:

@@ -26,7 +26,8 @@ METRICS_WINDOW_S = 60.0  # the /metrics gauges describe the last minute
 
 
 class Workload:
-    def __init__(self, capture: CaptureConfig, state, registry=None) -> None:
+    def __init__(self, capture: CaptureConfig, state, registry=None, profile: bool = True) -> None:
+        self.profiling = profile  # off: the profile stays empty (the cost benchmark's baseline)
         self.profile = WorkloadProfile()
         self.capture = TraceCapture(capture, state)
         if registry is not None:
@@ -37,9 +38,11 @@ class Workload:
                  traffic_class: str, engine: str, duration_s: float, ttft_s: float | None,
                  tpot_s: float | None) -> None:
         """One request answered in full (status 200)."""
-        self.profile.record(model=model, session=session, turns=turns, hashes=hashes,
-                            prompt_tokens=len(prompt_ids), output_tokens=output_tokens, traffic_class=traffic_class,
-                            engine=engine, cached_tokens=cached_tokens, duration_s=duration_s)
+        if self.profiling:
+            self.profile.record(model=model, session=session, turns=turns, hashes=hashes,
+                                prompt_tokens=len(prompt_ids), output_tokens=output_tokens,
+                                traffic_class=traffic_class, engine=engine, cached_tokens=cached_tokens,
+                                duration_s=duration_s)
         self.capture.record(model=model, prompt_ids=prompt_ids, tenant_salt=tenant_salt, session=session,
                             output_tokens=output_tokens, traffic_class=traffic_class, engine=engine,
                             duration_s=duration_s, ttft_s=ttft_s, tpot_s=tpot_s)
