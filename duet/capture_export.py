@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 
-class CaptureExportError(RuntimeError):
+class CaptureExportError(ValueError):
     """The gateway did not hand over its capture (the message says why and what to do)."""
 
 

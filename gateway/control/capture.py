@@ -128,7 +128,10 @@ class TraceCapture:
 
     async def run(self) -> None:
         while True:
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception:  # a bad flush must not stop the next ones (or the gateway)
+                log.exception("capture flush failed")
             await asyncio.sleep(FLUSH_INTERVAL_S)
 
     async def export(self) -> list[str]:

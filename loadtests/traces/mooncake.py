@@ -2,7 +2,9 @@
 
 A Mooncake record (one JSON object a line) has `timestamp` (ms from the trace start),
 `input_length`, `output_length` (tokens) and `hash_ids`: one id per 512-token block, chained
-(two records share their first k ids exactly when their first k*512 tokens are equal).
+(two records share their first k ids exactly when their first k*512 tokens are equal). A gateway's
+capture (gateway/control/capture.py) adds `session` (a hashed conversation key, "" for none) and `class`,
+which the reader keeps, and timing and engine fields, which it ignores.
 
 `prompt_token_ids` turns the ids back into tokens: each id always becomes the same run of
 512 token ids (drawn from a generator seeded by the id), and the last block is cut to fit

@@ -158,6 +158,8 @@ def test_the_same_prompt_under_two_deployments_gives_unrelated_ids(sims, tmp_pat
         a = [json.loads(line) for line in httpx.get(one.url + "/admin/capture", headers=ADMIN).text.splitlines()]
         b = [json.loads(line) for line in httpx.get(other.url + "/admin/capture", headers=ADMIN).text.splitlines()]
         assert httpx.get(one.url + "/admin/capture").status_code == 401  # the admin key is required
+        bad = httpx.get(one.url + "/admin/profile?window_s=0", headers=ADMIN)
+        assert bad.status_code == 400 and "window_s must be within (0, 300]" in bad.json()["error"]["message"]
     finally:
         one.stop()
         other.stop()

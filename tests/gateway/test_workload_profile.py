@@ -149,3 +149,16 @@ async def test_capture_samples_whole_sessions_and_only_the_configured_models():
     assert all(cap.wants("m", s) == picked for s, picked in picks.items())  # a session is in or out, whole
     with pytest.raises(ValueError):
         CaptureConfig(sample_rate=0).validate()
+
+
+def test_the_capture_and_profile_config_sections_are_checked():
+    from gateway.config import ConfigError, from_dict
+
+    config = from_dict({"capture": {"enabled": True, "sample_rate": 0.5, "models": ["m"], "max_age_s": 3600}})
+    assert config.capture == CaptureConfig(enabled=True, sample_rate=0.5, max_age_s=3600, models=("m",))
+    assert from_dict({}).capture.enabled is False and from_dict({}).profile is True
+    assert from_dict({"profile": {"enabled": False}}).profile is False
+    with pytest.raises(ConfigError, match=r"capture: unknown keys \['rate'\]"):
+        from_dict({"capture": {"rate": 1}})
+    with pytest.raises(ConfigError, match="capture.sample_rate must be in"):
+        from_dict({"capture": {"sample_rate": 2}})
