@@ -3,8 +3,8 @@
 A Mooncake record (one JSON object a line) has `timestamp` (ms from the trace start),
 `input_length`, `output_length` (tokens) and `hash_ids`: one id per 512-token block, chained
 (two records share their first k ids exactly when their first k*512 tokens are equal). A gateway's
-capture (gateway/control/capture.py) adds `session` (a hashed conversation key, "" for none) and `class`,
-which the reader keeps, and timing and engine fields, which it ignores.
+capture (gateway/control/capture.py) adds `session` (a hashed conversation key, "" for none), which the
+reader keeps, and class, timing and engine fields, which it ignores.
 
 `prompt_token_ids` turns the ids back into tokens: each id always becomes the same run of
 512 token ids (drawn from a generator seeded by the id), and the last block is cut to fit
@@ -38,7 +38,6 @@ class TraceRecord:
     output_length: int
     hash_ids: tuple[int, ...]
     session: str | None = None  # the trace's own conversation id; "" = none; None = derive (session_key)
-    traffic_class: str | None = None  # the gateway capture's class (duet/traffic_classes.py); None: not recorded
 
 
 def json_lines(path: Path, what: str) -> Iterator[tuple[int, object]]:
@@ -67,9 +66,8 @@ def load_trace(path: str | Path) -> list[TraceRecord]:
                 input_length=int(obj["input_length"]),
                 output_length=int(obj["output_length"]),
                 hash_ids=tuple(int(h) for h in obj["hash_ids"]),
-                # a gateway capture (gateway/control/capture.py) adds its hashed session key and class
+                # a gateway capture (gateway/control/capture.py) adds its hashed session key
                 session=None if obj.get("session") is None else str(obj["session"]),
-                traffic_class=obj.get("class"),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise TraceError(f"{path}:{lineno}: not {what}: {e}") from None
