@@ -53,7 +53,7 @@ from duet.startup_watch import StartupWatch
 from duet.supervisor import Event, RestartPolicy
 
 SHUTDOWN_GRACE_S = 20.0
-UP_CAPTURE_RECORDS = 50_000  # the traffic capture `duet up` keeps (gateway/control/capture.py), about 10 MB
+UP_CAPTURE_RECORDS = 50_000  # the traffic capture `duet up` keeps (gateway/control/capture.py), about 10 MB of short prompts
 
 
 def _say(message: str, **kw) -> None:

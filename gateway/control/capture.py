@@ -44,7 +44,7 @@ FLUSH_INTERVAL_S = 1.0
 class CaptureConfig:
     enabled: bool = False
     sample_rate: float = 1.0  # share of sessions (session-less: requests) captured
-    max_records: int = 100_000  # kept in the state store, newest; about 200 bytes each
+    max_records: int = 100_000  # kept in the state store, newest; about 200 bytes each (20 more per 512 prompt tokens)
     max_age_s: float | None = None  # rotation: older records are dropped at export; None: kept until pushed out
     models: tuple[str, ...] = ()  # the models captured; empty: every model
 

@@ -13,7 +13,8 @@ answers, per model and for all models together (`"*"`):
 
 Memory is bounded: at most `max_requests` requests are kept (older than `max_window_s` dropped), and the block
 owners live in two generations of at most `max_blocks` hashes each (when the young one fills, the old one is
-dropped: about 20 MB at the defaults). A block evicted that way counts as new when it comes back.
+dropped; 27 MB under tracemalloc at the defaults, 50,000 requests and 180,000 blocks). A block evicted that
+way counts as new when it comes back.
 
 Chained hashes make "seen" monotone along a prompt (block i seen implies blocks before i seen), so the seen
 prefix and the boundary between other sessions' blocks and this session's own are found by binary search: a
