@@ -62,8 +62,8 @@ class _ProfileCollector:
         rep = GaugeMetricFamily("duet_profile_prefix_repetition", "Share of prompt blocks seen before, last "
                                 "minute (scope: within_session, cross_session, any)", labels=("model", "scope"))
         rate = GaugeMetricFamily("duet_profile_arrival_rate", "Requests per second, last minute", labels=("model",))
-        conc = GaugeMetricFamily("duet_profile_concurrency", "Requests in flight, last minute (stat: mean, peak)",
-                                 labels=("model", "stat"))
+        conc = GaugeMetricFamily("duet_profile_concurrency", "Mean requests in flight, last minute",
+                                 labels=("model",))
         lengths = GaugeMetricFamily("duet_profile_tokens", "Prompt and output length, last minute (kind: prompt, "
                                     "output; stat: mean, p50, p90, p99)", labels=("model", "kind", "stat"))
         turns = GaugeMetricFamily("duet_profile_session_turns", "Session length in turns, last minute (stat: mean, "
@@ -77,8 +77,7 @@ class _ProfileCollector:
                 if p["prefix_repetition"][scope] is not None:
                     rep.add_metric((model, scope), p["prefix_repetition"][scope])
             rate.add_metric((model,), p["arrival_rps"])
-            conc.add_metric((model, "mean"), p["concurrency_mean"])
-            conc.add_metric((model, "peak"), p["concurrency_peak"])
+            conc.add_metric((model,), p["concurrency_mean"])
             for stat in ("mean", "p50", "p90", "p99"):
                 for kind in ("prompt", "output"):
                     if p[f"{kind}_tokens"][stat] is not None:

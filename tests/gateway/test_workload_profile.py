@@ -79,8 +79,7 @@ def test_lengths_rates_classes_and_engine_hit_rates_per_model_and_overall():
     # model a: 15 requests on prefix with 50 cached tokens each; 10 prompts of 100 tokens and 5 of 3,000
     assert snap["a"]["engines"]["prefix"]["hit_rate"] == pytest.approx(15 * 50 / (10 * 100 + 5 * 3000), abs=1e-4)
     assert snap["b"]["engines"]["paged"]["hit_rate"] == 0.0
-    # each request took 0.5 s, one a second: half a request in flight on average, never two at once
-    assert overall["concurrency_peak"] == 1
+    # each request took 0.5 s, one a second: 15 busy seconds over the minute
     assert overall["concurrency_mean"] == pytest.approx(15 / 60, abs=1e-3)
 
 
@@ -162,3 +161,16 @@ def test_the_capture_and_profile_config_sections_are_checked():
         from_dict({"capture": {"rate": 1}})
     with pytest.raises(ConfigError, match="capture.sample_rate must be in"):
         from_dict({"capture": {"sample_rate": 2}})
+
+
+def test_a_busy_window_is_read_from_a_sample_with_true_counts():
+    clock = Clock()
+    profile = WorkloadProfile(clock=clock)
+    rng = random.Random(7)
+    system = _ids(rng, 320)
+    for i in range(10_000):  # every other request repeats a 20-block system prompt; 30 blocks each
+        _record(profile, (system if i % 2 else _ids(rng, 320)) + _ids(rng, 160))
+    p = profile.snapshot(60)["models"][ALL]
+    assert (p["requests"], p["sampled"], p["arrival_rps"]) == (10_000, 2000, pytest.approx(10_000 / 60, abs=0.01))
+    assert p["prefix_repetition"]["cross_session"] == pytest.approx(0.5 * 20 / 30, abs=0.02)
+    assert sum(p["prompt_tokens"]["histogram"]["counts"]) == 2000
