@@ -2,7 +2,8 @@
 (gateway/serving/events.py): the chunks (`chat.completion.chunk`, `text_completion`) and SSE stream, and
 the whole `chat.completion` / `text_completion` object. (The Responses API is gateway/api/responses.py.)
 
-`ChunkBuilder` knows nothing about routing or HTTP; `stream(run)` is the SSE body of a streamed answer.
+`ChunkBuilder` knows nothing about routing or HTTP; `stream(run, builder)` is the SSE body of a streamed
+answer. (An OpenAI chat stream with tools sends no chunk for logprobs alone: they ride on its next chunk.)
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class ChunkBuilder:
         # text_offset counts characters of the returned text, which starts with the prompt when echoed
         self._offsets = [len(prep.prompt_text) if self.echo else 0] * prep.api.sampling.n
         self.prompt_lps = run.prompt_logprobs  # the engine's, for echo and `prompt_logprobs`
-        self.tools = run.prep.api.tools is not None and run.prep.api.tools.active
+        self.tools = prep.api.tools is not None and prep.api.tools.active
 
     # -- logprobs -----------------------------------------------------------------------------
     @staticmethod
@@ -123,7 +124,6 @@ class ChunkBuilder:
                                   "logprobs": self._logprobs(lps, choice), "finish_reason": finish}],
                                 with_usage=self.prep.api.include_usage)]
         deltas = [d for d in map(_delta, events) if d is not None]
-        # logprobs alone make a chunk of their own; a tool-parsing stream sends them with its next event
         if not deltas and (finish is not None or (lps and not self.tools)):
             deltas = [{}]
         logprobs = self._logprobs(lps, choice) if lps or not self.tools else None

@@ -76,8 +76,7 @@ class Run:
             ctx.metrics.prompt_tokens.labels(m).inc(usage.prompt_tokens)
             ctx.metrics.cached_tokens.labels(m, dec.engine_kind).inc(usage.cached_tokens)
             ctx.metrics.generation_tokens.labels(m).inc(usage.completion_tokens)
-            prompt = usage.prompt_tokens or len(self.prep.prompt_ids)
-            ctx.pool_tracker.finished(time.monotonic(), dec, ctx.router.block_size(m), prompt,
+            ctx.pool_tracker.finished(time.monotonic(), dec, ctx.router.block_size(m), usage.prompt_tokens,
                                       usage.cached_tokens, usage.completion_tokens)
         ctx.stats.record(
             model=self.labels[0], ok=ok or status == "499", engine_kind=dec.engine_kind, variant=dec.variant,
