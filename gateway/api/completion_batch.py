@@ -14,28 +14,36 @@ import asyncio
 
 from starlette.responses import Response
 
-from gateway.serving.chat_chunks import SSE_DONE, sse, usage_dict
+from gateway.serving.chat_chunks import SSE_DONE, ChunkBuilder, sse
+from gateway.serving.chat_chunks import stream as run_stream
+from gateway.serving.events import Usage
 from gateway.serving.runs import collect as run_all
 
-_KEYS = ("prompt_tokens", "completion_tokens", "cached_tokens")
+
+def _usage(runs) -> Usage:
+    return Usage(prompt_tokens=sum(r.usage.prompt_tokens for r in runs),
+                 completion_tokens=sum(r.usage.completion_tokens for r in runs),
+                 cached_tokens=sum(r.usage.cached_tokens for r in runs))
 
 
-def _usage(runs) -> dict:
-    return {k: sum(r.usage.get(k, 0) for r in runs) for k in _KEYS}
+def _builders(runs) -> list[ChunkBuilder]:
+    n = runs[0].prep.api.sampling.n
+    return [ChunkBuilder(r, index_offset=i * n) for i, r in enumerate(runs)]
 
 
 async def stream(runs):
     """SSE bytes of every run as they arrive, then one usage chunk (when asked for) and [DONE]."""
     queue: asyncio.Queue = asyncio.Queue()
+    builders = _builders(runs)
 
-    async def pump(run) -> None:
+    async def pump(run, builder) -> None:
         try:
-            async for part in run.stream(last=False):
+            async for part in run_stream(run, builder, last=False):
                 await queue.put(part)
         finally:
             await queue.put(None)
 
-    tasks = [asyncio.ensure_future(pump(r)) for r in runs]
+    tasks = [asyncio.ensure_future(pump(r, b)) for r, b in zip(runs, builders)]
     try:
         open_runs = len(tasks)
         while open_runs:
@@ -46,7 +54,7 @@ async def stream(runs):
                 yield part
         tail = []
         if runs[0].prep.api.include_usage:
-            tail.append(sse(runs[0].builder.usage_chunk(_usage(runs))))
+            tail.append(sse(builders[0].usage_chunk(_usage(runs))))
         yield b"".join([*tail, SSE_DONE])
     finally:
         for t in tasks:  # the client went away: every engine call is cancelled
@@ -55,11 +63,9 @@ async def stream(runs):
 
 async def collect(runs, headers: dict, gone) -> Response:
     """The whole response of every run; `gone` (a coroutine) finishing first means the client left."""
-    async def whole() -> dict:
-        usage = _usage(runs)
-        merged = runs[0].builder.whole(usage)
-        merged["choices"] = [c for r in runs for c in r.builder.whole(r.usage)["choices"]]
-        merged["usage"] = usage_dict(usage)
-        return merged
+    builders = _builders(runs)
+
+    async def whole(events: list) -> dict:
+        return builders[0].whole([c for b, e in zip(builders, events) for c in b.choices(e)], _usage(runs))
 
     return await run_all(runs, gone, headers, whole)

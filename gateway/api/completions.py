@@ -1,8 +1,9 @@
 """The OpenAI completion endpoints: `POST /v1/chat/completions` and `POST /v1/completions`.
 
 A request: parse the body (gateway/api/protocol.py) -> start it on the serving path (the in-flight cap,
-prepare, admission control, per-key limits, dispatch: gateway/serving/start.py) -> stream SSE or collect one JSON
-response; a completions batch merges its prompts' runs (gateway/api/completion_batch.py). The client's
+prepare, admission control, per-key limits, dispatch: gateway/serving/start.py) -> render the run's events
+(gateway/serving/chat_chunks.py) as an SSE stream or, once all are in, one JSON response; a completions batch
+merges its prompts' runs (gateway/api/completion_batch.py). The client's
 `timeout` (`client_timeout_s`) bounds all of it. Every error becomes an OpenAI error object through
 gateway/errors.py.
 """
@@ -16,8 +17,9 @@ from gateway import errors
 from gateway.api import completion_batch as batch
 from gateway.api.protocol import parse_chat, parse_completions
 from gateway.body_parser import parse_json_body
+from gateway.serving.chat_chunks import ChunkBuilder, stream
 from gateway.serving.context import serving_context
-from gateway.serving.runs import disconnected
+from gateway.serving.runs import collect, disconnected
 from gateway.serving.start import start
 from gateway.serving.timeouts import client_timeout_s
 
@@ -50,7 +52,12 @@ async def _generate(request: Request, parse) -> Response:
                                      headers={**headers, "cache-control": "no-cache"})
         return await batch.collect(runs, headers, disconnected(request))
     run = runs[0]
+    builder = ChunkBuilder(run)
     if run.prep.api.stream:
-        return StreamingResponse(run.stream(), media_type="text/event-stream",
+        return StreamingResponse(stream(run, builder), media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache"})
-    return await run.collect(request, headers)
+
+    async def whole(events: list) -> dict:
+        return builder.whole(builder.choices(events[0]), run.usage)
+
+    return await collect(runs, disconnected(request), headers, whole)

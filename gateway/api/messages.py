@@ -1,9 +1,9 @@
 """The Anthropic Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
 
-A request becomes a chat request (gateway/api/messages_input.py) and runs on the chat path; its answer
-becomes a Message: `text` and `tool_use` content blocks, `stop_reason` (end_turn, max_tokens,
-stop_sequence with the `stop_sequence` that matched, tool_use), and usage with
-`cache_read_input_tokens` (prompt tokens served from the prefix cache; `input_tokens` counts the
+A request becomes a chat request (gateway/api/messages_input.py) and runs on the serving path; the run's
+typed events (gateway/serving/events.py) render as a Message: `text` and `tool_use` content blocks,
+`stop_reason` (end_turn, max_tokens, stop_sequence with the `stop_sequence` that matched, tool_use), and
+usage with `cache_read_input_tokens` (prompt tokens served from the prefix cache; `input_tokens` counts the
 rest, as Anthropic counts them). Streaming sends Anthropic's events: message_start, per block
 content_block_start / content_block_delta (text_delta, input_json_delta) / content_block_stop, then
 message_delta (stop_reason, usage) and message_stop; a failure mid-stream is an `error` event.
@@ -26,6 +26,8 @@ from gateway.api.messages_input import CountTokensRequest, MessagesRequest, pars
 from gateway.api.protocol import parse_chat
 from gateway.body_parser import parse_json_body
 from gateway.serving.context import serving_context
+from gateway.serving.events import Arguments, CallStart, Content, Finish, ToolCall, Usage, answer
+from gateway.serving.runs import collect, disconnected
 from gateway.serving.start import start
 from gateway.serving.timeouts import client_timeout_s
 from gateway.serving.tools import render_chat
@@ -39,18 +41,18 @@ def _stop_reason(finish: str | None, stop_sequence: str | None) -> str:
     return _STOP.get(finish, "end_turn")
 
 
-def _usage(usage: dict) -> dict:
-    cached = usage.get("cached_tokens", 0)
-    return {"input_tokens": usage.get("prompt_tokens", 0) - cached, "output_tokens": usage.get("completion_tokens", 0),
+def _usage(usage: Usage) -> dict:
+    cached = usage.cached_tokens
+    return {"input_tokens": usage.prompt_tokens - cached, "output_tokens": usage.completion_tokens,
             "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
 
 
-def _tool_use(call: dict) -> dict:
+def _tool_use(call: ToolCall) -> dict:
     try:
-        arguments = json.loads(call["function"]["arguments"] or "{}")
+        arguments = json.loads(call.arguments or "{}")
     except json.JSONDecodeError:  # "auto" parses what the model said; keep it visible rather than drop it
-        arguments = {"_unparsed": call["function"]["arguments"]}
-    return {"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": arguments}
+        arguments = {"_unparsed": call.arguments}
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": arguments}
 
 
 def parse_request(body: object, model: type[CountTokensRequest] = MessagesRequest):
@@ -65,23 +67,21 @@ async def create(request: Request) -> Response:
         runs, headers = await start(request, [api], timeout_s=client_timeout_s(request.headers, None))
     except errors.GatewayError as e:
         return errors.anthropic_response(e)
-    run = runs[0]
     message_id = "msg_" + request.state.request_id
     if api.stream:
-        return StreamingResponse(_events(run, message_id, api.model), media_type="text/event-stream",
+        return StreamingResponse(_events(runs[0], message_id, api.model), media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache"})
 
-    async def shape(whole: dict) -> dict:
-        choice = whole["choices"][0]
-        msg = choice["message"]
-        content = ([{"type": "text", "text": msg["content"]}] if msg.get("content") else [])
-        content += [_tool_use(c) for c in msg.get("tool_calls") or ()]
-        stop_sequence = run.builder.stop_sequences[0]
+    async def whole(events: list) -> dict:
+        a = answer(events[0])
+        content = [{"type": "text", "text": a.text}] if a.text else []
+        content += [_tool_use(c) for c in a.calls]
+        stop_sequence = a.finish.stop_sequence
         return {"id": message_id, "type": "message", "role": "assistant", "model": api.model, "content": content,
-                "stop_reason": _stop_reason(choice["finish_reason"], stop_sequence), "stop_sequence": stop_sequence,
-                "usage": _usage(run.usage)}
+                "stop_reason": _stop_reason(a.finish.reason, stop_sequence), "stop_sequence": stop_sequence,
+                "usage": _usage(a.finish.usage)}
 
-    return await run.collect(request, headers, shape, errors.anthropic_response)
+    return await collect(runs, disconnected(request), headers, whole, errors.anthropic_response)
 
 
 def _event(kind: str, **fields) -> bytes:
@@ -89,7 +89,7 @@ def _event(kind: str, **fields) -> bytes:
 
 
 async def _events(run, message_id: str, model: str):
-    """Anthropic's event stream, translated from the chat path's chunks (see the module doc)."""
+    """Anthropic's event stream, rendered from the run's events (see the module doc)."""
     block = -1  # index of the open content block
     kind = None  # "text" | "tool_use"
     finish, stop_sequence = None, None
@@ -108,27 +108,26 @@ async def _events(run, message_id: str, model: str):
             out.append(_event("content_block_stop", index=block))
             kind = None
 
-    prompt = run.d.first.prompt  # the engine's first message says how much of the prompt was cached
-    usage = {"prompt_tokens": prompt.prompt_tokens or len(run.prep.prompt_ids), "cached_tokens": prompt.cached_tokens}
+    usage = run.usage  # the prompt's so far (the engine's first message says how much of it was cached)
     out.append(_event("message_start", message={
         "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": _usage(usage)}))
     try:
-        async with contextlib.aclosing(run.steps()) as steps:
+        async with contextlib.aclosing(run.events()) as steps:
             async for step in steps:
-                for piece, *value in step.pieces:
-                    if piece == "text":
+                for e in step:
+                    if isinstance(e, Content) and e.text:
                         if kind != "text":
                             open_block({"type": "text", "text": ""})
                         out.append(_event("content_block_delta", index=block,
-                                          delta={"type": "text_delta", "text": value[0]}))
-                    elif piece == "call":
-                        open_block({"type": "tool_use", "id": value[0], "name": value[1], "input": {}})
-                    else:
+                                          delta={"type": "text_delta", "text": e.text}))
+                    elif isinstance(e, CallStart):
+                        open_block({"type": "tool_use", "id": e.id, "name": e.name, "input": {}})
+                    elif isinstance(e, Arguments):
                         out.append(_event("content_block_delta", index=block, delta={
-                            "type": "input_json_delta", "partial_json": value[0]}))
-                finish = step.finish_reason or finish
-                stop_sequence = step.stop_sequence or stop_sequence
+                            "type": "input_json_delta", "partial_json": e.text}))
+                    elif isinstance(e, Finish):
+                        finish, stop_sequence, usage = e.reason, e.stop_sequence, e.usage
                 if out:
                     yield b"".join(out)
                     out = []
@@ -138,7 +137,7 @@ async def _events(run, message_id: str, model: str):
     close_block()
     out.append(_event("message_delta", delta={"stop_reason": _stop_reason(finish, stop_sequence),
                                               "stop_sequence": stop_sequence},
-                      usage={"output_tokens": run.usage.get("completion_tokens", 0)}))
+                      usage={"output_tokens": usage.completion_tokens}))
     out.append(_event("message_stop"))
     yield b"".join(out)
 

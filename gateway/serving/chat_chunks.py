@@ -1,18 +1,22 @@
-"""The chat and text completion chunks (`chat.completion.chunk`, `text_completion`) of one run, and its
-whole `chat.completion` / `text_completion` object. (The Responses API is gateway/api/responses.py.)
+"""The OpenAI chat and text completion answers of one run, rendered from its events
+(gateway/serving/events.py): the chunks (`chat.completion.chunk`, `text_completion`) and SSE stream, and
+the whole `chat.completion` / `text_completion` object. (The Responses API is gateway/api/responses.py.)
 
-`ChunkBuilder` turns the generation path's `Delta`s into the dicts the OpenAI SDK expects;
-it knows nothing about routing or HTTP.
+`ChunkBuilder` knows nothing about routing or HTTP; `stream(run, builder)` is the SSE body of a streamed
+answer. (An OpenAI chat stream with tools sends no chunk for logprobs alone: they ride on its next chunk.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
+from gateway import errors
 from gateway.serving import prompt_logprobs
-from gateway.serving.generation import Delta, Prepared
-from gateway.serving.tool_calls import Arguments, CallStart, Content, ToolCallParser, parse_whole
+from gateway.serving.events import Arguments, CallStart, Content, Event, Finish, TokenLogprob, Usage, answer
+from gateway.serving.runs import Run
+from gateway.serving.tool_calls import openai_calls
 
 
 def sse(obj) -> bytes:
@@ -22,64 +26,54 @@ def sse(obj) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-def usage_dict(usage: dict) -> dict:
-    p, c = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+def usage_dict(usage: Usage) -> dict:
+    p, c = usage.prompt_tokens, usage.completion_tokens
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-            "prompt_tokens_details": {"cached_tokens": usage.get("cached_tokens", 0)}}
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+
+
+_LEGACY_KEYS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")  # a completion's `logprobs`
 
 
 class ChunkBuilder:
-    def __init__(self, prep: Prepared, index_offset: int = 0) -> None:
-        self.prep = prep
+    def __init__(self, run: Run, index_offset: int = 0) -> None:
+        prep = self.prep = run.prep
         self.index_offset = index_offset  # choice indexes of this prompt start here (a completions batch)
         self.chat = prep.api.kind == "chat"
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + prep.request_id
         self.created = int(time.time())
         self.model = prep.model.model_id
         self.want_logprobs = prep.api.sampling.logprobs
-        n = prep.api.sampling.n
-        self._texts = [[] for _ in range(n)]
-        self._lp_parts = [[] for _ in range(n)]
-        self._finish: list[str | None] = [None] * n
-        self.stop_sequences: list[str | None] = [None] * n  # which stop string ended each choice
         self.echo = not self.chat and prep.api.echo
         # text_offset counts characters of the returned text, which starts with the prompt when echoed
-        self._offsets = [len(prep.prompt_text) if self.echo else 0] * n
-        self.prompt_lps = None  # the engine's prompt logprobs (set by the caller from the first message)
-        tools = prep.api.tools
-        self.tool_mode = None
-        if self.chat and tools is not None and tools.active:
-            self.tool_mode = ("function" if tools.choice == "function" else tools.choice, tools.function)
-        self._parsers = [ToolCallParser(*self.tool_mode) for _ in range(n)] if self.tool_mode else None
+        self._offsets = [len(prep.prompt_text) if self.echo else 0] * prep.api.sampling.n
+        self.prompt_lps = run.prompt_logprobs  # the engine's, for echo and `prompt_logprobs`
+        self.tools = prep.api.tools is not None and prep.api.tools.active
 
     # -- logprobs -----------------------------------------------------------------------------
-    def _token(self, token_id: int) -> str:
-        return self.prep.model.tokenizer.decode([token_id], skip_special_tokens=False)
+    @staticmethod
+    def _chat_logprobs(lps: tuple[TokenLogprob, ...]) -> list[dict]:
+        return [{"token": lp.token, "logprob": lp.logprob, "bytes": list(lp.token.encode()),
+                 "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in lp.top]}
+                for lp in lps]
 
-    def _chat_logprobs(self, d: Delta) -> list[dict]:
-        out = []
-        for lp in d.logprobs:
-            tok = self._token(lp.token_id)
-            top = [{"token": (t := self._token(a.token_id)), "logprob": a.logprob, "bytes": list(t.encode())}
-                   for a in lp.top[: self.prep.api.sampling.top_logprobs]]
-            out.append({"token": tok, "logprob": lp.logprob, "bytes": list(tok.encode()), "top_logprobs": top})
-        return out
+    @staticmethod
+    def _completion_logprobs(lps: tuple[TokenLogprob, ...], offset: int) -> tuple[dict, int]:
+        """The legacy shape of `lps`, whose text starts at `offset` of the returned text; and where it ends."""
+        offsets = []
+        for lp in lps:
+            offsets.append(offset)
+            offset += len(lp.token)
+        return {"tokens": [lp.token for lp in lps], "token_logprobs": [lp.logprob for lp in lps],
+                "top_logprobs": [prompt_logprobs.top_map(lp.top) for lp in lps], "text_offset": offsets}, offset
 
-    def _completion_logprobs(self, d: Delta) -> dict:
-        tokens, lps, tops, offsets = [], [], [], []
-        for lp in d.logprobs:
-            tok = self._token(lp.token_id)
-            offsets.append(self._offsets[d.index])
-            self._offsets[d.index] += len(tok)
-            tokens.append(tok)
-            lps.append(lp.logprob)
-            tops.append(prompt_logprobs.top_map(self.prep.model.tokenizer, lp.top[: self.prep.api.sampling.top_logprobs]))
-        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
-
-    def _logprobs(self, d: Delta):
+    def _logprobs(self, lps: tuple[TokenLogprob, ...], choice: int):
         if not self.want_logprobs:
             return None
-        return {"content": self._chat_logprobs(d)} if self.chat else self._completion_logprobs(d)
+        if self.chat:
+            return {"content": self._chat_logprobs(lps)}
+        out, self._offsets[choice] = self._completion_logprobs(lps, self._offsets[choice])
+        return out
 
     # -- streaming ----------------------------------------------------------------------------
     def _chunk(self, choices: list[dict], usage: dict | None = None, with_usage: bool = False) -> dict:
@@ -90,7 +84,7 @@ class ChunkBuilder:
         return obj
 
     def _prompt_fields(self) -> dict:
-        if self.prompt_lps is None or self.prep.api.sampling.prompt_logprobs is None:
+        if self.prep.api.sampling.prompt_logprobs is None:
             return {}
         return {"prompt_logprobs": prompt_logprobs.vllm(self.prep.model.tokenizer, self.prep.prompt_ids,
                                                         self.prompt_lps)}
@@ -98,7 +92,7 @@ class ChunkBuilder:
     def _echo_logprobs(self) -> dict | None:
         if not self.want_logprobs:
             return None
-        return prompt_logprobs.legacy(self.prep.model.tokenizer, self.prep.prompt_ids, self.prompt_lps or [],
+        return prompt_logprobs.legacy(self.prep.model.tokenizer, self.prep.prompt_ids, self.prompt_lps,
                                       self.prep.api.sampling.top_logprobs)
 
     def opening_chunks(self) -> list[dict]:
@@ -115,85 +109,99 @@ class ChunkBuilder:
                               "finish_reason": None}], with_usage=self.prep.api.include_usage)
                 for i in range(self.index_offset, self.index_offset + self.prep.api.sampling.n)]
 
-    def chunks(self, d: Delta) -> list[dict]:
-        """The chunks one delta makes: none while nothing is visible yet (an incomplete character, a
-        held-back stop prefix), several when a tool call starts in it."""
-        if self._parsers is not None:
-            return self._tool_chunks(d)
-        if not d.text and d.finish_reason is None and not (self.want_logprobs and d.logprobs):
+    def chunks(self, events: list[Event]) -> list[dict]:
+        """The chunks of one engine message's events: none while nothing is visible yet (an incomplete
+        character, a held-back stop prefix), several when a tool call starts in it. The message's
+        logprobs go on its first chunk, its finish reason on its last."""
+        if not events:
             return []
-        if self.chat:
-            choice = {"index": d.index + self.index_offset, "delta": {"content": d.text} if d.text else {},
-                      "logprobs": self._logprobs(d), "finish_reason": d.finish_reason}
-        else:
-            choice = {"index": d.index + self.index_offset, "text": d.text, "logprobs": self._logprobs(d),
-                      "finish_reason": d.finish_reason}
-        return [self._chunk([choice], with_usage=self.prep.api.include_usage)]
+        choice = events[0].choice
+        lps = tuple(lp for e in events if isinstance(e, Content) for lp in e.logprobs)
+        finish = next((e.reason for e in events if isinstance(e, Finish)), None)
+        text = "".join(e.text for e in events if isinstance(e, Content))
+        if not self.chat:
+            return [self._chunk([{"index": choice + self.index_offset, "text": text,
+                                  "logprobs": self._logprobs(lps, choice), "finish_reason": finish}],
+                                with_usage=self.prep.api.include_usage)]
+        deltas = [d for d in map(_delta, events) if d is not None]
+        if not deltas and (finish is not None or (lps and not self.tools)):
+            deltas = [{}]
+        logprobs = self._logprobs(lps, choice) if lps or not self.tools else None
+        return [self._chunk([{"index": choice + self.index_offset, "delta": delta,
+                              "logprobs": logprobs if i == 0 else None,
+                              "finish_reason": finish if i == len(deltas) - 1 else None}],
+                            with_usage=self.prep.api.include_usage)
+                for i, delta in enumerate(deltas)]
 
-    def _finish_reason(self, reason: str | None, calls: int) -> str | None:
-        return "tool_calls" if reason == "stop" and calls else reason
-
-    def _tool_chunks(self, d: Delta) -> list[dict]:
-        parser = self._parsers[d.index]
-        events = parser.feed(d.text) + (parser.finish() if d.finish_reason is not None else [])
-        deltas = []
-        for e in events:
-            if isinstance(e, Content):
-                deltas.append({"content": e.text})
-            elif isinstance(e, CallStart):
-                deltas.append({"tool_calls": [{"index": e.index, "id": e.id, "type": "function",
-                                               "function": {"name": e.name, "arguments": ""}}]})
-            elif isinstance(e, Arguments):
-                deltas.append({"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]})
-        if d.finish_reason is not None and not deltas:
-            deltas.append({})
-        logprobs = self._logprobs(d) if d.logprobs else None
-        out = []
-        for i, delta in enumerate(deltas):
-            last = i == len(deltas) - 1
-            choice = {"index": d.index + self.index_offset, "delta": delta, "logprobs": logprobs if i == 0 else None,
-                      "finish_reason": self._finish_reason(d.finish_reason, parser.calls) if last else None}
-            out.append(self._chunk([choice], with_usage=self.prep.api.include_usage))
-        return out
-
-    def usage_chunk(self, usage: dict) -> dict:
+    def usage_chunk(self, usage: Usage) -> dict:
         return self._chunk([], usage_dict(usage), with_usage=True)
 
     # -- whole response -----------------------------------------------------------------------
-    def add(self, d: Delta) -> None:
-        self._texts[d.index].append(d.text)
-        if self.want_logprobs:
-            self._lp_parts[d.index].append(self._logprobs(d))
-        if d.finish_reason is not None:
-            self._finish[d.index] = d.finish_reason
-            self.stop_sequences[d.index] = d.stop_sequence
-
-    def whole(self, usage: dict) -> dict:
-        choices = []
-        for i, parts in enumerate(self._texts):
-            text = "".join(parts)
+    def choices(self, events: list[Event]) -> list[dict]:
+        out = []
+        for i in range(self.prep.api.sampling.n):
+            a = answer(events, i)
+            finish = a.finish.reason if a.finish is not None else None
             if self.chat:
-                lp = ({"content": [c for part in self._lp_parts[i] for c in part["content"]]}
-                      if self.want_logprobs else None)
-                message, finish = {"role": "assistant", "content": text}, self._finish[i]
-                if self.tool_mode:
-                    content, calls = parse_whole(text, *self.tool_mode)
-                    message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
-                    finish = self._finish_reason(finish, len(calls))
-                choices.append({"index": i + self.index_offset, "message": message, "logprobs": lp,
-                                "finish_reason": finish})
+                message = {"role": "assistant", "content": (a.text or None) if a.calls else a.text,
+                           **({"tool_calls": openai_calls(a.calls)} if a.calls else {})}
+                lp = {"content": self._chat_logprobs(a.logprobs)} if self.want_logprobs else None
+                out.append({"index": i + self.index_offset, "message": message, "logprobs": lp,
+                            "finish_reason": finish})
             else:
                 lp = None
-                keys = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
                 if self.want_logprobs:
-                    parts = ([self._echo_logprobs()] if self.echo else []) + self._lp_parts[i]
-                    lp = {k: [v for part in parts for v in part[k]] for k in keys}
-                if self.echo:
-                    text = self.prep.prompt_text + text
-                choices.append({"index": i + self.index_offset, "text": text, "logprobs": lp,
-                                "finish_reason": self._finish[i], **self._prompt_fields()})
+                    parts = ([self._echo_logprobs()] if self.echo else [])
+                    parts.append(self._completion_logprobs(a.logprobs, len(self.prep.prompt_text) if self.echo
+                                                           else 0)[0])
+                    lp = {k: [v for part in parts for v in part[k]] for k in _LEGACY_KEYS}
+                text = self.prep.prompt_text + a.text if self.echo else a.text
+                out.append({"index": i + self.index_offset, "text": text, "logprobs": lp,
+                            "finish_reason": finish, **self._prompt_fields()})
+        return out
+
+    def whole(self, choices: list[dict], usage: Usage) -> dict:
         whole = {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                  "created": self.created, "model": self.model, "choices": choices, "usage": usage_dict(usage)}
         if self.chat:
             whole.update(self._prompt_fields())  # vLLM puts a chat's prompt logprobs beside the choices
         return whole
+
+
+def _delta(e: Event) -> dict | None:
+    """A chat chunk's `delta` for one event (None: the event has no delta of its own)."""
+    if isinstance(e, Content):
+        return {"content": e.text} if e.text else None
+    if isinstance(e, CallStart):
+        return {"tool_calls": [{"index": e.index, "id": e.id, "type": "function",
+                                "function": {"name": e.name, "arguments": ""}}]}
+    if isinstance(e, Arguments):
+        return {"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]}
+    return None
+
+
+async def stream(run: Run, builder: ChunkBuilder, last: bool = True):
+    """SSE bytes of a run's answer. Events produced together go out in one write (role + first token; the
+    last token + usage + [DONE]): fewer syscalls per request, same bytes. `last` False (one prompt of a
+    batch) leaves the usage chunk and [DONE] to the caller."""
+    error: errors.GatewayError | None = None
+    out = [sse(chunk) for chunk in builder.opening_chunks()]
+    finished, n = 0, run.prep.api.sampling.n
+    try:
+        async with contextlib.aclosing(run.events()) as steps:
+            async for events in steps:
+                out.extend(sse(chunk) for chunk in builder.chunks(events))
+                finished += sum(isinstance(e, Finish) for e in events)
+                if out and finished < n:  # the very last event waits for the end
+                    yield b"".join(out)
+                    out = []
+        if run.prep.api.include_usage and last:
+            out.append(sse(builder.usage_chunk(run.usage)))
+    except errors.GatewayError as e:
+        error = e
+    if error is not None:
+        out.append(sse(errors.error_payload(error)))
+    if last:
+        out.append(SSE_DONE)
+    if out:
+        yield b"".join(out)

@@ -165,20 +165,19 @@ class _Choice:
 
 
 async def outputs(prep: Prepared, d: Dispatched, usage: dict) -> AsyncIterator[Delta]:
-    """Per-choice deltas until every choice finished; fills `usage` (prompt/cached/completion tokens)."""
+    """Per-choice deltas until every choice finished. Keeps `usage` (the caller's dict of prompt, cached and
+    completion tokens, the prompt's counted from the first message) true as of each delta it yields."""
     n = prep.api.sampling.n
     choices = [_Choice(prep, i) for i in range(n)]
-    prompt = d.first.prompt
-    usage.update(prompt_tokens=prompt.prompt_tokens or len(prep.prompt_ids), cached_tokens=prompt.cached_tokens,
-                 completion_tokens=0)
     msg = d.first
     while True:
         if msg is not d.first and msg.HasField("prompt"):  # an HTTP backend says its cache hit at the end
             usage["cached_tokens"] = msg.prompt.cached_tokens
         c = choices[msg.index] if msg.index < n else None
         if c is not None and not c.done:
-            yield _step(c, msg) if prep.max_tokens else _scored_only(c, msg)
+            delta = _step(c, msg) if prep.max_tokens else _scored_only(c, msg)
             usage["completion_tokens"] = sum(ch.num_tokens for ch in choices)
+            yield delta
         if all(ch.done for ch in choices):
             if msg.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
                 await _read_trailer(d)

@@ -35,15 +35,16 @@ def legacy(tokenizer, prompt_ids: list[int], lps, top_n: int) -> dict:
     tops: list[dict | None] = [None] * missing
     for lp in lps:
         values.append(lp.logprob)
-        tops.append(top_map(tokenizer, lp.top[:top_n]))
+        tops.append(top_map((token(a.token_id), a.logprob) for a in lp.top[:top_n]))
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
-def top_map(tokenizer, top) -> dict[str, float]:
-    """OpenAI's `{token text: logprob}` of alternatives, best first; two ids with one text keep the better."""
+def top_map(top) -> dict[str, float]:
+    """OpenAI's `{token text: logprob}` of the alternatives `(text, logprob)`, best first; two ids with one
+    text keep the better."""
     out: dict[str, float] = {}
-    for a in top:
-        out.setdefault(tokenizer.decode([a.token_id], skip_special_tokens=False), a.logprob)
+    for text, logprob in top:
+        out.setdefault(text, logprob)
     return out
 
 

@@ -1,49 +1,43 @@
-"""One dispatched generation until its last byte (`Run`): per-token timing metrics, the request
-stats, releasing its admission slot, and cancelling the engine call when the client goes.
+"""One dispatched generation until its last byte (`Run`): the typed events every API renders
+(gateway/serving/events.py), per-token timing metrics, the request stats, releasing its admission slot,
+and cancelling the engine call when the client goes.
 
-    chunk_groups()  the chat/completion chunks as the engine produces them
-    steps()         the same as text and tool-call pieces (what gateway/api/responses.py and
-                    messages.py translate into their events)
-    stream()        SSE bytes of those chunks
-    collect()       the whole JSON answer (`collect(runs, ...)` merges several: a completions batch)
+    events()   the answer as typed events, one list per engine message (a stream renders each as it comes)
+    collect()  every event of one or more runs (a completions batch), then the whole answer the API
+               renders from them; a client that leaves meanwhile cancels the engine calls
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from typing import NamedTuple
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway import errors
-from gateway.serving.chat_chunks import SSE_DONE, ChunkBuilder, sse
 from gateway.serving.context import ServingContext
-from gateway.serving.generation import Dispatched, Prepared, outputs
+from gateway.serving.events import Content, Event, Finish, TokenLogprob, Usage
+from gateway.serving.generation import Delta, Dispatched, Prepared, outputs
 from gateway.serving.request_class import request_class
+from gateway.serving.tool_calls import ToolCallParser
 
 log = logging.getLogger("duet.gateway.api")
 
 
-class Step(NamedTuple):
-    pieces: list[tuple[str, ...]]  # ("text", text) | ("call", id, name) | ("arguments", more of the open call's)
-    finish_reason: str | None  # the chat path's: stop | length | tool_calls
-    stop_sequence: str | None  # the stop string that ended the answer
-
-
 class Run:
-    """One dispatched request until its last byte: timing metrics, stats, release, cancel."""
+    """One dispatched request until its last byte: its events, timing metrics, stats, release, cancel."""
 
-    def __init__(self, ctx: ServingContext, prep: Prepared, d: Dispatched, endpoint: str,
-                 index_offset: int = 0) -> None:
+    def __init__(self, ctx: ServingContext, prep: Prepared, d: Dispatched, endpoint: str) -> None:
         self.ctx, self.prep, self.d, self.endpoint = ctx, prep, d, endpoint
-        self.builder = ChunkBuilder(prep, index_offset)
-        self.builder.prompt_lps = list(d.first.prompt_logprobs) if prep.api.sampling.prompt_logprobs is not None \
-            else None
-        self.usage: dict = {}
+        prompt = d.first.prompt  # the engine's first message says how much of the prompt was cached
+        self._usage = {"prompt_tokens": prompt.prompt_tokens or len(prep.prompt_ids),
+                       "cached_tokens": prompt.cached_tokens, "completion_tokens": 0}  # outputs() keeps it
+        self.prompt_logprobs = list(d.first.prompt_logprobs)  # pb.TokenLogprob per prompt token from the 2nd
+        tools = prep.api.tools
+        self._parsers = ([ToolCallParser(tools.choice, tools.function, i) for i in range(prep.api.sampling.n)]
+                         if tools is not None and tools.active else None)
         dec = d.decision
         self.labels = (prep.model.model_id, dec.engine_kind, dec.variant,
                        request_class(prep.api, prep.session_key, len(prep.prompt_ids)))
@@ -51,6 +45,11 @@ class Run:
         self.first_at: float | None = None
         self.last_at: float | None = None
         self.itls: list[float] = []
+
+    @property
+    def usage(self) -> Usage:
+        """The request's usage so far: the prompt's from the start, all of it once every choice ended."""
+        return Usage(**self._usage)
 
     def _tick(self, delta) -> None:
         if not delta.token_ids:
@@ -66,7 +65,7 @@ class Run:
         self.last_at = now
 
     def finish(self, status: str) -> None:
-        ctx, dec = self.ctx, self.d.decision
+        ctx, dec, usage = self.ctx, self.d.decision, self.usage
         self.d.close()
         ctx.pending.release()
         ctx.metrics.requests.labels(self.endpoint, status).inc()
@@ -74,16 +73,15 @@ class Run:
         if ok:
             ctx.metrics.e2e.labels(*self.labels).observe(time.perf_counter() - self.prep.arrival)
             m = self.labels[0]
-            ctx.metrics.prompt_tokens.labels(m).inc(self.usage.get("prompt_tokens", 0))
-            ctx.metrics.cached_tokens.labels(m, dec.engine_kind).inc(self.usage.get("cached_tokens", 0))
-            ctx.metrics.generation_tokens.labels(m).inc(self.usage.get("completion_tokens", 0))
-            prompt = self.usage.get("prompt_tokens", 0) or len(self.prep.prompt_ids)
-            ctx.pool_tracker.finished(time.monotonic(), dec, ctx.router.block_size(m), prompt,
-                                      self.usage.get("cached_tokens", 0), self.usage.get("completion_tokens", 0))
+            ctx.metrics.prompt_tokens.labels(m).inc(usage.prompt_tokens)
+            ctx.metrics.cached_tokens.labels(m, dec.engine_kind).inc(usage.cached_tokens)
+            ctx.metrics.generation_tokens.labels(m).inc(usage.completion_tokens)
+            ctx.pool_tracker.finished(time.monotonic(), dec, ctx.router.block_size(m), usage.prompt_tokens,
+                                      usage.cached_tokens, usage.completion_tokens)
             ctx.workload.finished(  # the live profile and the traffic capture (gateway/control/workload.py)
                 model=m, session=self.prep.session_key, turns=self.prep.api.turn_count, hashes=self.d.block_hashes,
                 prompt_ids=self.prep.prompt_ids, tenant_salt=self.prep.cache_salt, traffic_class=self.labels[3],
-                output_tokens=self.usage.get("completion_tokens", 0), cached_tokens=self.usage.get("cached_tokens", 0),
+                output_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
                 engine=dec.engine_kind, duration_s=time.perf_counter() - self.prep.arrival,
                 ttft_s=None if self.first_at is None else self.first_at - self.prep.arrival,
                 tpot_s=sum(self.itls) / len(self.itls) if self.itls else None)
@@ -92,21 +90,43 @@ class Run:
             worker_id=dec.worker_id, reason=dec.reason,
             ttft_s=None if self.first_at is None else self.first_at - self.prep.arrival,
             itl_s=sum(self.itls) / len(self.itls) if self.itls else None,
-            output_tokens=self.usage.get("completion_tokens", 0),
+            output_tokens=usage.completion_tokens,
         )
 
-    async def chunk_groups(self, last: bool = True):
-        """(delta, chunk dicts) as the engine produces them: the opening chunks first (delta None), the
-        usage chunk last when asked for and `last`. A failure mid-stream is counted and re-raised; the run
-        is finished however the iteration ends (the other APIs translate these chunks into their events)."""
+    def _logprob(self, lp) -> TokenLogprob:
+        decode = self.prep.model.tokenizer.decode
+        return TokenLogprob(decode([lp.token_id], skip_special_tokens=False), lp.logprob,
+                            tuple((decode([a.token_id], skip_special_tokens=False), a.logprob)
+                                  for a in lp.top[: self.prep.api.sampling.top_logprobs]))
+
+    def _events(self, d: Delta) -> list[Event]:
+        """The events of one engine message (one choice's): its text, or the tool calls parsed from it
+        (the message's logprobs then ride on a Content of their own), and its Finish."""
+        lps = tuple(self._logprob(lp) for lp in d.logprobs) if self.prep.api.sampling.logprobs else ()
+        parser = self._parsers[d.index] if self._parsers is not None else None
+        if parser is None:
+            out: list[Event] = [Content(d.text, d.index, lps)] if d.text or lps else []
+        else:
+            out = [Content("", d.index, lps)] if lps else []
+            out += parser.feed(d.text) + (parser.finish() if d.finish_reason is not None else [])
+        if d.finish_reason is not None:
+            called = parser is not None and parser.calls and d.finish_reason == "stop"
+            out.append(Finish(d.index, "tool_calls" if called else d.finish_reason, d.stop_sequence, self.usage))
+        return out
+
+    async def _steps(self):
+        async for delta in outputs(self.prep, self.d, self._usage):
+            self._tick(delta)
+            yield self._events(delta)
+
+    async def events(self):
+        """The answer as typed events, one list per engine message (empty while nothing is visible yet),
+        for a stream to render as they come. Use it under `contextlib.aclosing`, which finishes the run on
+        any exit; a failure mid-stream is counted and raised (GatewayError)."""
         status = "499"  # until proven otherwise: the client went away
         try:
-            yield None, self.builder.opening_chunks()
-            async for delta in outputs(self.prep, self.d, self.usage):
-                self._tick(delta)
-                yield delta, self.builder.chunks(delta)
-            if self.prep.api.include_usage and last:
-                yield None, [self.builder.usage_chunk(self.usage)]
+            async for step in self._steps():
+                yield step
             status = "200"
         except errors.GatewayError as e:
             status = str(e.status)
@@ -118,87 +138,40 @@ class Run:
                 self.ctx.metrics.cancelled.inc()
             self.finish(status)
 
-    async def steps(self):
-        """The answer as content and tool-call pieces, one `Step` per engine message (what the other APIs'
-        streams translate into their events). Use it under `contextlib.aclosing`, which finishes the run
-        on any exit; a failure mid-stream is raised (GatewayError)."""
-        async with contextlib.aclosing(self.chunk_groups()) as groups:
-            async for delta, chunks in groups:
-                step = Step([], None, delta.stop_sequence if delta is not None and delta.finish_reason else None)
-                for choice in (c for chunk in chunks for c in chunk["choices"]):
-                    d = choice["delta"]
-                    if d.get("content"):
-                        step.pieces.append(("text", d["content"]))
-                    for tc in d.get("tool_calls") or ():  # (the chat path's tool-call parser made these)
-                        if "id" in tc:
-                            step.pieces.append(("call", tc["id"], tc["function"]["name"]))
-                        elif tc["function"].get("arguments"):
-                            step.pieces.append(("arguments", tc["function"]["arguments"]))
-                    step = step._replace(finish_reason=choice.get("finish_reason") or step.finish_reason)
-                yield step
-
-    async def stream(self, last: bool = True):
-        """SSE bytes. Events produced together go out in one write (role + first token; the last
-        token + usage + [DONE]): fewer syscalls per request, same bytes. `last` False (one prompt of a
-        batch) leaves the usage chunk and [DONE] to the caller."""
-        error: errors.GatewayError | None = None
-        out: list[bytes] = []
-        finished, n = 0, self.prep.api.sampling.n
-        try:
-            async with contextlib.aclosing(self.chunk_groups(last)) as groups:
-                async for delta, chunks in groups:
-                    out.extend(sse(chunk) for chunk in chunks)
-                    finished += delta is not None and delta.finish_reason is not None
-                    if out and delta is not None and finished < n:  # the very last event waits for the end
-                        yield b"".join(out)
-                        out = []
-        except errors.GatewayError as e:
-            error = e
-        if error is not None:
-            out.append(sse(errors.error_payload(error)))
-        if last:
-            out.append(SSE_DONE)
-        if out:
-            yield b"".join(out)
-
-    async def gather(self) -> None:
-        async for delta in outputs(self.prep, self.d, self.usage):
-            self._tick(delta)
-            self.builder.add(delta)
-
-    async def collect(self, request: Request, headers: dict, shape=None, render_error=errors.error_response
-                      ) -> Response:
-        """The whole response; a client that disconnects meanwhile cancels the engine call. `shape`
-        (async) turns the chat/completion object into another API's, `render_error` an error into its
-        error shape."""
-        async def whole() -> dict:
-            obj = self.builder.whole(self.usage)
-            return await shape(obj) if shape else obj
-
-        return await collect([self], disconnected(request), headers, whole, render_error)
+    async def _gather(self) -> list[Event]:
+        return [e async for step in self._steps() for e in step]
 
 
 async def collect(runs: list[Run], gone, headers: dict, whole, render_error=errors.error_response) -> Response:
-    """Gather every run, then answer `await whole()`; `gone` (a coroutine) finishing first means the
-    client left, which cancels the engine calls. A failure is the answer (`render_error`); the other
-    runs are stopped. Every run is finished however it ends."""
-    work = asyncio.ensure_future(asyncio.gather(*(r.gather() for r in runs)))
+    """Every event of every run, then the answer `await whole(events)` (`events`: one list per run); `gone`
+    (a coroutine) finishing first means the client left, which cancels the engine calls (499). A failure
+    is the answer (`render_error`); the other runs are stopped. Every run is finished however it ends,
+    and every task this starts has ended (none left running, none with an unread error) when it returns."""
+    tasks = [asyncio.ensure_future(r._gather()) for r in runs]
     watcher = asyncio.ensure_future(gone)
     status = "499"
     try:
-        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not work.done():
-            return Response(status_code=499)
-        try:
-            work.result()
-        except errors.GatewayError as e:
-            status = str(e.status)
-            return render_error(e, headers)
+        waiting = set(tasks)
+        while waiting:
+            done, waiting = await asyncio.wait(waiting | {watcher}, return_when=asyncio.FIRST_COMPLETED)
+            failed = next((t.exception() for t in tasks if t in done and t.exception() is not None), None)
+            if isinstance(failed, errors.GatewayError):
+                status = str(failed.status)
+                return render_error(failed, headers)
+            if failed is not None:
+                raise failed
+            if watcher in done and waiting:  # (a client that left after the last token still gets it)
+                return Response(status_code=499)
+            waiting.discard(watcher)
         status = "200"
-        return JSONResponse(await whole(), headers=headers)
+        return JSONResponse(await whole([t.result() for t in tasks]), headers=headers)
     finally:
-        watcher.cancel()
-        work.cancel()  # after a failure (or a client gone) the other runs may still be reading: stop them
+        for t in (*tasks, watcher):  # after a failure (or a client gone) the other runs may still be reading
+            t.cancel()
+        await asyncio.wait([*tasks, watcher])
+        for t in (*tasks, watcher):
+            if not t.cancelled():
+                t.exception()  # read: a run stopped by another's failure has nothing left to say
         for r in runs:
             if status == "499":
                 r.ctx.metrics.cancelled.inc()

@@ -109,6 +109,4 @@ async def start(request: Request, apis: list[ApiRequest], session_key: str | Non
     dec = dispatched[0].decision
     headers = {"x-duet-engine": dec.engine_kind, "x-duet-worker": dec.worker_id, "x-duet-variant": dec.variant,
                "x-duet-route-reason": dec.reason}
-    n = apis[0].sampling.n
-    runs = [Run(ctx, p, d, endpoint, index_offset=i * n) for i, (p, d) in enumerate(zip(preps, dispatched))]
-    return runs, headers
+    return [Run(ctx, p, d, endpoint) for p, d in zip(preps, dispatched)], headers

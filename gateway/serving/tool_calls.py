@@ -1,9 +1,8 @@
 """OpenAI tool calling, the response side: one choice's text deltas -> content and tool-call deltas.
 
-`ToolCallParser(mode, function)` is fed the model's text as it streams and returns events:
-`Content(text)`, `CallStart(index, id, name)` and `Arguments(index, text)`; the argument pieces of
-a call concatenate to its `arguments` string. The same parser, fed the whole text at once, builds the
-non-streaming message, so both forms agree.
+`ToolCallParser(mode, function, choice)` is fed one choice's text as it streams and returns the run's
+events (gateway/serving/events.py): `Content`, `CallStart` and `Arguments`; the argument pieces of a
+call concatenate to its `arguments` string. `parse_whole` feeds it a whole text at once: both forms agree.
 
     mode "function"  the output is the forced function's arguments (held to its schema)
     mode "required"  the output is one {"name": ..., "arguments": ...} object (held to the schema)
@@ -20,29 +19,12 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from dataclasses import dataclass
+
+from gateway.serving.events import Arguments, CallStart, Content, ToolCall, answer
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 _HOLD = " \t\r\n}"
-
-
-@dataclass(frozen=True)
-class Content:
-    text: str
-
-
-@dataclass(frozen=True)
-class CallStart:
-    index: int
-    id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class Arguments:
-    index: int
-    text: str
 
 
 def _call_id() -> str:
@@ -60,8 +42,8 @@ def _partial_suffix(text: str, tag: str) -> int:
 class _ObjectCall:
     """One `{"name": N, "arguments": A}` object arriving in pieces."""
 
-    def __init__(self, index: int) -> None:
-        self.index = index
+    def __init__(self, index: int, choice: int) -> None:
+        self.index, self.choice = index, choice
         self.text = ""
         self.args_at: int | None = None
         self.sent = 0  # characters of the arguments already streamed
@@ -77,11 +59,11 @@ class _ObjectCall:
             if m is None or m.end() == len(self.text):  # wait for the value's first character
                 return
             self.args_at = m.end()
-            events.append(CallStart(self.index, _call_id(), json.loads(f'"{m.group(1)}"')))
+            events.append(CallStart(self.index, _call_id(), json.loads(f'"{m.group(1)}"'), self.choice))
         body = self.text[self.args_at:]
         safe = len(body.rstrip(_HOLD))
         if safe > self.sent:
-            events.append(Arguments(self.index, body[self.sent:safe]))
+            events.append(Arguments(self.index, body[self.sent:safe], self.choice))
             self.sent = safe
 
     def close(self, events: list) -> None:
@@ -95,15 +77,16 @@ class _ObjectCall:
             if body[:end].count("}") > body[:end].count("{"):
                 end = body.rindex("}", 0, end)
         if end > self.sent:
-            events.append(Arguments(self.index, body[self.sent:end]))
+            events.append(Arguments(self.index, body[self.sent:end], self.choice))
             self.sent = end
 
 
 class ToolCallParser:
-    def __init__(self, mode: str, function: str | None = None) -> None:
+    def __init__(self, mode: str, function: str | None = None, choice: int = 0) -> None:
         assert mode in ("auto", "required", "function"), mode
         self.mode = mode
         self.function = function
+        self.choice = choice  # the choice whose text this is (every event names it)
         self.calls = 0
         self._pending = ""  # auto: text held back (a possible tag start)
         self._call: _ObjectCall | None = None  # the call being read (auto: inside a tag)
@@ -114,13 +97,13 @@ class ToolCallParser:
         if self.mode == "function":
             if not self._started:
                 self._started = True
-                events.append(CallStart(0, _call_id(), self.function))
+                events.append(CallStart(0, _call_id(), self.function, self.choice))
                 self.calls = 1
             if text:
-                events.append(Arguments(0, text))
+                events.append(Arguments(0, text, self.choice))
         elif self.mode == "required":
             if self._call is None:
-                self._call = _ObjectCall(0)
+                self._call = _ObjectCall(0, self.choice)
             self._call.feed(text, events)
             self.calls = int(self._call.started)
         else:
@@ -139,7 +122,7 @@ class ToolCallParser:
                     return
                 self._emit_content(self._pending[:at], events)
                 self._pending = self._pending[at + len(OPEN):]
-                self._call = _ObjectCall(self.calls)
+                self._call = _ObjectCall(self.calls, self.choice)
             at = self._pending.find(CLOSE)
             inside = self._pending if at < 0 else self._pending[:at]
             if at < 0:  # hold back what may be the start of the closing tag
@@ -178,21 +161,18 @@ class ToolCallParser:
             self._pending = ""
         return events
 
-    @staticmethod
-    def _emit_content(text: str, events: list) -> None:
+    def _emit_content(self, text: str, events: list) -> None:
         if text:
-            events.append(Content(text))
+            events.append(Content(text, self.choice))
 
 
 def parse_whole(text: str, mode: str, function: str | None = None) -> tuple[str | None, list[dict]]:
-    """The message's content (None when only calls were made) and its `tool_calls` list."""
+    """The chat message's content (None when only calls were made) and its `tool_calls` list."""
     parser = ToolCallParser(mode, function)
-    events = parser.feed(text) + parser.finish()
-    content = "".join(e.text for e in events if isinstance(e, Content))
-    calls: dict[int, dict] = {}
-    for e in events:
-        if isinstance(e, CallStart):
-            calls[e.index] = {"id": e.id, "type": "function", "function": {"name": e.name, "arguments": ""}}
-        elif isinstance(e, Arguments):
-            calls[e.index]["function"]["arguments"] += e.text
-    return (content.strip() or None) if calls else content, [calls[i] for i in sorted(calls)]
+    whole = answer(parser.feed(text) + parser.finish())
+    return (whole.text or None) if whole.calls else whole.text, openai_calls(whole.calls)
+
+
+def openai_calls(calls: tuple[ToolCall, ...]) -> list[dict]:
+    """A chat message's `tool_calls`."""
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
