@@ -23,6 +23,7 @@ from gateway import errors
 from gateway.serving.chat_chunks import SSE_DONE, ChunkBuilder, sse
 from gateway.serving.context import ServingContext
 from gateway.serving.generation import Dispatched, Prepared, outputs
+from gateway.serving.mirror import Tap
 from gateway.serving.request_class import request_class
 
 log = logging.getLogger("duet.gateway.api")
@@ -38,8 +39,9 @@ class Run:
     """One dispatched request until its last byte: timing metrics, stats, release, cancel."""
 
     def __init__(self, ctx: ServingContext, prep: Prepared, d: Dispatched, endpoint: str,
-                 index_offset: int = 0) -> None:
+                 index_offset: int = 0, tap: Tap | None = None) -> None:
         self.ctx, self.prep, self.d, self.endpoint = ctx, prep, d, endpoint
+        self.tap = tap  # a shadow copy of this request is in flight: it reads this answer (gateway/serving/mirror.py)
         self.builder = ChunkBuilder(prep, index_offset)
         self.builder.prompt_lps = list(d.first.prompt_logprobs) if prep.api.sampling.prompt_logprobs is not None \
             else None
@@ -55,6 +57,8 @@ class Run:
     def _tick(self, delta) -> None:
         if not delta.token_ids:
             return
+        if self.tap is not None:
+            self.tap.primary_token_ids(delta.token_ids)
         now = time.perf_counter()
         if self.first_at is None:
             self.first_at = now
@@ -80,13 +84,15 @@ class Run:
             prompt = self.usage.get("prompt_tokens", 0) or len(self.prep.prompt_ids)
             ctx.pool_tracker.finished(time.monotonic(), dec, ctx.router.block_size(m), prompt,
                                       self.usage.get("cached_tokens", 0), self.usage.get("completion_tokens", 0))
+        ttft_s = None if self.first_at is None else self.first_at - self.prep.arrival
+        itl_s = sum(self.itls) / len(self.itls) if self.itls else None
         ctx.stats.record(
             model=self.labels[0], ok=ok or status == "499", engine_kind=dec.engine_kind, variant=dec.variant,
-            worker_id=dec.worker_id, reason=dec.reason,
-            ttft_s=None if self.first_at is None else self.first_at - self.prep.arrival,
-            itl_s=sum(self.itls) / len(self.itls) if self.itls else None,
+            worker_id=dec.worker_id, reason=dec.reason, ttft_s=ttft_s, itl_s=itl_s,
             output_tokens=self.usage.get("completion_tokens", 0),
         )
+        if self.tap is not None:
+            self.tap.primary_finished(status, ttft_s, itl_s)
 
     async def chunk_groups(self, last: bool = True):
         """(delta, chunk dicts) as the engine produces them: the opening chunks first (delta None), the

@@ -110,5 +110,6 @@ async def start(request: Request, apis: list[ApiRequest], session_key: str | Non
     headers = {"x-duet-engine": dec.engine_kind, "x-duet-worker": dec.worker_id, "x-duet-variant": dec.variant,
                "x-duet-route-reason": dec.reason}
     n = apis[0].sampling.n
-    runs = [Run(ctx, p, d, endpoint, index_offset=i * n) for i, (p, d) in enumerate(zip(preps, dispatched))]
+    runs = [Run(ctx, p, d, endpoint, index_offset=i * n, tap=ctx.mirror.tap(p, d.decision))
+            for i, (p, d) in enumerate(zip(preps, dispatched))]
     return runs, headers
