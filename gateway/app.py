@@ -27,8 +27,8 @@ from gateway.backends.http_backend import with_backends
 from gateway.config import GatewayConfig
 from gateway.control.admin import admin_routes
 from gateway.control.admin_backend import GatewayAdmin
-from gateway.control.migration import migration_routes
 from gateway.control.limits import KeyLimiter, LeaseMiddleware
+from gateway.control.migration import migration_routes
 from gateway.control.pool_tracker import PoolTracker
 from gateway.control.rollback import RollbackController
 from gateway.control.shadow import ShadowLedger
@@ -48,8 +48,8 @@ from gateway.openapi import openapi_json
 from gateway.routing.decision_log import DecisionLog
 from gateway.routing.prefix_index import WorkerBlockIndex
 from gateway.serving.circuit_breaker import CircuitBreakers, outcome_recorder
-from gateway.serving.mirror import Mirror
 from gateway.serving.context import ServingContext
+from gateway.serving.mirror import Mirror
 from gateway.serving.pending import PendingRequests
 from gateway.serving.router import Router
 from gateway.serving.timeouts import StreamWatchdog

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 from prometheus_client import Counter as PromCounter
 
-from gateway.control.gates import GateError, Gates, Figures, Verdict, check
+from gateway.control.gates import Figures, GateError, Gates, Verdict, check
 from gateway.control.stats import percentile
 from gateway.routing.route_types import Pool, WorkerView
 
