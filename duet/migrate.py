@@ -219,7 +219,7 @@ def shadow(admin: Admin, args) -> int:
               f"so it takes no live traffic")
         admin.call("PUT", f"/admin/models/{model}/routing", new_routing)
     body = {"pools": candidate, "share": args.share, "max_concurrency": args.max_concurrency,
-            "window_s": args.window_s}
+            "window_s": args.window_s, "max_loop_lag_ms": args.max_loop_lag_ms}
     if args.gates is not None:
         body["gates"] = args.gates
     answer = admin.call("PUT", f"/admin/models/{model}/shadow", body)
@@ -286,6 +286,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             s.add_argument("--share", type=float, default=0.1, help="share of live requests mirrored")
             s.add_argument("--max-concurrency", type=int, default=4, help="copies in flight at most")
             s.add_argument("--window-s", type=float, default=120.0, help="the figures' window")
+            s.add_argument("--max-loop-lag-ms", type=float, default=10.0,
+                           help="no copy starts while the gateway's event loop runs this late (short of CPU)")
             s.add_argument("--gates", type=json.loads, default=None,
                            help='JSON, e.g. \'{"max_ttft_p50_ratio": 1.5, "min_greedy_agreement": 0.9}\'')
         if name == "canary":

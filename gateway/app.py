@@ -111,7 +111,7 @@ class Gateway:
             await self.state.start()
         await self.fleet.start()
         tasks = [asyncio.create_task(work) for work in (self.rollback.run(), self.watchdog.run(), self.limiter.run(),
-                                                        self.pool_tracker.run(self.router.views))]
+                                                        self.pool_tracker.run(self.router.views), self.mirror.run())]
         try:
             yield
         finally:

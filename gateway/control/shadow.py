@@ -9,7 +9,7 @@ module only keeps the books:
     ShadowLedger.record(...)     one finished request of a mirrored pair: the primary's or the shadow's,
                                  with its traffic class, ok, TTFT and TPOT
     ShadowLedger.compared(...)   one greedy pair compared token by token (agreed or not)
-    ShadowLedger.dropped(...)    a mirror not sent: the cap, the gateway's load, no candidate worker
+    ShadowLedger.dropped(...)    a mirror not sent: the cap, the gateway's load or event-loop lag, no candidate
     ShadowLedger.figures(...)    one side's `Figures` over the window (all classes, or one)
     ShadowLedger.report(model)   the JSON `GET /admin/models/{model}/shadow` and the dashboard show
 
@@ -35,7 +35,7 @@ from gateway.control.stats import percentile
 from gateway.routing.route_types import Pool, WorkerView
 
 PRIMARY, SHADOW = "primary", "shadow"
-DROP_REASONS = ("cap", "load", "no_worker")
+DROP_REASONS = ("cap", "load", "lag", "no_worker")
 
 
 class ShadowError(ValueError):
@@ -49,6 +49,7 @@ class ShadowConfig:
     share: float = 0.1  # of the model's live requests, 0 < share <= 1
     max_concurrency: int = 4  # copies in flight at once; past it a copy is dropped
     drop_above_pending: float = 0.5  # no copy starts while the gateway holds this share of max_pending_requests
+    max_loop_lag_ms: float = 10.0  # ... or while the gateway's event loop runs this late (its CPU is short)
     window_s: float = 120.0  # the figures (and the gates) cover the last window_s seconds
     gates: Gates = field(default_factory=Gates)
 
@@ -72,7 +73,7 @@ class ShadowConfig:
             raise ShadowError("pools: each pool is an object {engine_kind, version}") from None
         numbers = {}
         for name, kind in (("share", float), ("max_concurrency", int), ("drop_above_pending", float),
-                           ("window_s", float)):
+                           ("max_loop_lag_ms", float), ("window_s", float)):
             value = d.get(name, getattr(cls, name))
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
                     kind is int and not isinstance(value, int)):
@@ -84,6 +85,8 @@ class ShadowConfig:
             raise ShadowError(f"max_concurrency must be >= 1, got {numbers['max_concurrency']}")
         if not 0 < numbers["drop_above_pending"] <= 1:
             raise ShadowError(f"drop_above_pending must be within (0, 1], got {numbers['drop_above_pending']}")
+        if numbers["max_loop_lag_ms"] <= 0:
+            raise ShadowError(f"max_loop_lag_ms must be > 0, got {numbers['max_loop_lag_ms']}")
         if not 0 < numbers["window_s"] <= max_window_s:
             raise ShadowError(f"window_s must be within (0, {max_window_s:g}] s, got {numbers['window_s']}")
         try:
@@ -95,7 +98,8 @@ class ShadowConfig:
     def to_dict(self) -> dict:
         return {"pools": [{"engine_kind": p.engine_kind, "version": p.version} for p in self.pools],
                 "share": self.share, "max_concurrency": self.max_concurrency,
-                "drop_above_pending": self.drop_above_pending, "window_s": self.window_s,
+                "drop_above_pending": self.drop_above_pending, "max_loop_lag_ms": self.max_loop_lag_ms,
+                "window_s": self.window_s,
                 "gates": self.gates.to_dict()}
 
 
@@ -133,7 +137,7 @@ class ShadowLedger:
         registry = registry if registry is not None else CollectorRegistry()
         self.requests_total = PromCounter("duet_shadow_requests", "Mirrored requests answered by the shadow "
                                           "candidate, by outcome", ("model", "outcome"), registry=registry)
-        self.dropped_total = PromCounter("duet_shadow_dropped", "Mirrors not sent (cap, load, no_worker)",
+        self.dropped_total = PromCounter("duet_shadow_dropped", "Mirrors not sent (cap, load, lag, no_worker)",
                                          ("model", "reason"), registry=registry)
         self.compared_total = PromCounter("duet_shadow_greedy_compared", "Greedy answers compared with the "
                                           "primary's, by agreement", ("model", "agreed"), registry=registry)

@@ -9,9 +9,11 @@ primary's token ids and outcome, so the books hold both answers to the same requ
 request, whether the candidate said the same tokens.
 
 The cost is bounded: at most `max_concurrency` copies in flight per model, none started while the gateway
-holds `drop_above_pending` of its `max_pending_requests` (copies are the first work dropped under load), a
-copy's call ends within the gateway's request timeout, and the copies never enter routing's tables, the
-circuit breakers, the pending count or the request stats the canary rollback reads.
+holds `drop_above_pending` of its `max_pending_requests` or while its event loop runs `max_loop_lag_ms` late
+(`run` measures the lag: a loop that is late is short of CPU, and a copy's messages would queue before the
+users'), so copies are the first work dropped under load; a copy's call ends within the gateway's request
+timeout, and copies never enter routing's tables, the circuit breakers, the pending count or the request
+stats the canary rollback reads.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from gateway.serving.pending import PendingRequests
 from gateway.serving.request_class import request_class
 
 log = logging.getLogger("duet.gateway.mirror")
+LAG_PROBE_S = 0.05  # how often `run` measures the event loop's lag
 
 
 def is_greedy(prep: Prepared) -> bool:
@@ -82,7 +85,15 @@ class Mirror:
         self.fleet = fleet
         self.pending = pending
         self.timeout_s = timeout_s
+        self.loop_lag_s = 0.0  # the last probe's lateness (`run`)
         self._tasks: set[asyncio.Task] = set()
+
+    async def run(self) -> None:
+        """Measure the event loop's lag (the gateway's lifespan task): how late a short sleep wakes up."""
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(LAG_PROBE_S)
+            self.loop_lag_s = time.perf_counter() - t0 - LAG_PROBE_S
 
     def tap(self, prep: Prepared, decision: RouteDecision) -> Tap | None:
         """Start a copy of `prep` to the model's candidate when the shadow's rules allow; never awaits."""
@@ -96,6 +107,9 @@ class Mirror:
             return None  # the candidate itself served it (a canary arm during the ramp): nothing to mirror
         if self.pending.count >= config.drop_above_pending * self.pending.limit:
             self.ledger.dropped(model, "load")
+            return None
+        if self.loop_lag_s * 1000 > config.max_loop_lag_ms:
+            self.ledger.dropped(model, "lag")
             return None
         if self.ledger.in_flight[model] >= config.max_concurrency:
             self.ledger.dropped(model, "cap")

@@ -2,12 +2,15 @@
 
 Two `duet engine sim` workers posing as engine_paged (20 ms per token), `v1` the primary and `v2` the candidate
 (a variant of weight 0), behind one `duet gateway` process. The same closed-loop load (16 streams of greedy,
-streaming chat completions) runs with the shadow off, then on (every request mirrored to the candidate, cap 16
-copies), alternating for several rounds so that the drift of a shared machine falls on both alike. Reported per
-mode: the client's TTFT p50/p99 (time to the first SSE event) and errors, and with the shadow on the copies it
-made and dropped, and the gateway process's CPU time per request (user + system, from /proc). Sim workers keep the engines' own CPU out of it: what differs between the modes is the
-gateway's work for the copies (decide, send, read the candidate's stream, compare), which is what the shadow
-adds to a deployment whose candidate runs on its own hardware.
+streaming chat completions) runs with the shadow off, then on (every request offered to the mirror, cap 16
+copies, the default event-loop lag bound unless --max-loop-lag-ms says otherwise), alternating which goes first
+for several rounds so that the drift of a shared machine falls on both alike. Reported per mode: the client's
+TTFT p50/p99 (time to the first SSE event), each round's p50 (the noise), errors, and the gateway process's CPU
+time per request (user + system, from /proc); with the shadow on, the copies made and dropped by reason.
+
+Sim workers are light, so what differs between the modes is mostly the gateway's work for the copies (decide,
+send, read the candidate's stream, compare); the candidate sim runs on the same cores here, which a real
+candidate on its own hardware would not.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def run(quick: bool, rounds: int) -> dict:
+async def run(quick: bool, rounds: int, max_loop_lag_ms: float) -> dict:
     from duet.model_make import default_model_dir
 
     model_dir = default_model_dir()
@@ -88,10 +91,11 @@ async def run(quick: bool, rounds: int) -> dict:
         await asyncio.sleep(2.0)  # the first health polls
         await load(gw_port, model, 1, "warm-up")
         per_stream = 3 if quick else 10
-        modes: dict[str, dict] = {m: {"ttfts": [], "errors": 0, "cpu_s": 0.0} for m in ("off", "on")}
-        copies = dropped = 0
+        modes: dict[str, dict] = {m: {"ttfts": [], "errors": 0, "cpu_s": 0.0, "round_p50s": []} for m in ("off", "on")}
+        copies = 0
+        dropped: dict[str, int] = {}
         shadow = {"pools": [{"engine_kind": "paged", "version": "v2"}], "share": 1.0,
-                  "max_concurrency": CONCURRENCY, "window_s": 300}
+                  "max_concurrency": CONCURRENCY, "window_s": 300, "max_loop_lag_ms": max_loop_lag_ms}
         for r in range(rounds):
             for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
                 if mode == "on":
@@ -105,19 +109,23 @@ async def run(quick: bool, rounds: int) -> dict:
                         await asyncio.sleep(0.05)
                 modes[mode]["cpu_s"] += cpu_s(gw_pid) - cpu0
                 modes[mode]["ttfts"] += ttfts
+                modes[mode]["round_p50s"].append(round(_pct(ttfts, 0.5) * 1000, 3))
                 modes[mode]["errors"] += errors
                 if mode == "on":
                     report = admin.get(f"/admin/models/{model}/shadow").json()["shadow"]
                     copies += report["shadow"]["requests"]
-                    dropped += sum(report["dropped"].values())
+                    for reason, n in report["dropped"].items():
+                        dropped[reason] = dropped.get(reason, 0) + n
                     admin.delete(f"/admin/models/{model}/shadow").raise_for_status()
-        result: dict = {"quick": quick, "rounds": rounds, "concurrency": CONCURRENCY, "max_tokens": MAX_TOKENS,
+        result: dict = {"quick": quick, "rounds": rounds, "max_loop_lag_ms": max_loop_lag_ms,
+                        "concurrency": CONCURRENCY, "max_tokens": MAX_TOKENS,
                         "sim_ms_per_token": SIM_MS_PER_TOKEN, "cpu_count": os.cpu_count()}
         for mode, m in modes.items():
             result[f"ttft_p50_ms_shadow_{mode}"] = round(_pct(m["ttfts"], 0.5) * 1000, 3)
             result[f"ttft_p99_ms_shadow_{mode}"] = round(_pct(m["ttfts"], 0.99) * 1000, 3)
             result[f"requests_shadow_{mode}"] = len(m["ttfts"]) + m["errors"]
             result[f"errors_shadow_{mode}"] = m["errors"]
+            result[f"round_ttft_p50s_ms_shadow_{mode}"] = m["round_p50s"]  # the noise: p50 round by round
             result[f"gateway_cpu_ms_per_request_shadow_{mode}"] = round(
                 m["cpu_s"] * 1000 / max(1, len(m["ttfts"]) + m["errors"]), 3)
         result["shadow_copies"] = copies
@@ -132,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadtests.experiments.shadow_bench")
     ap.add_argument("--quick", action="store_true", help="fewer requests per stream")
     ap.add_argument("--rounds", type=int, default=4, help="off/on pairs, alternating which goes first")
+    ap.add_argument("--max-loop-lag-ms", type=float, default=10.0,
+                    help="the shadow's event-loop lag bound (its default); large: copies are never dropped for lag")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
-    result = asyncio.run(run(args.quick, args.rounds))
+    result = asyncio.run(run(args.quick, args.rounds, args.max_loop_lag_ms))
     if args.json:
         print(json.dumps(result))
     else:

@@ -13,6 +13,7 @@ from gateway.control.shadow import PRIMARY, SHADOW, ShadowConfig, ShadowError, S
 from gateway.control.state.memory import MemoryStore
 from gateway.control.stats import RequestStats, WindowStats
 from gateway.routing.route_types import Pool, RoutingConfig, Variant
+from gateway.serving import mirror
 from tests.support.fake_engine import FakeEngine, Hang, Started, Tokens
 
 KEY = "adm-shadow"
@@ -139,6 +140,19 @@ async def test_no_copy_starts_while_the_gateway_is_loaded(fake_gateway):
     assert (await gw.http.post("/v1/chat/completions", json=greedy(gw))).status_code == 200
     report = (await gw.http.get(f"/admin/models/{model(gw)}/shadow", headers=AUTH)).json()["shadow"]
     assert report["dropped"]["load"] == 1 and not candidate.requests
+
+
+async def test_no_copy_starts_while_the_event_loop_runs_late(fake_gateway, monkeypatch):
+    monkeypatch.setattr(mirror, "LAG_PROBE_S", 3600.0)  # the test sets the lag itself
+    candidate = FakeEngine("paged", "cand", version="v2")
+    gw = await fake_gateway(FakeEngine("prefix", "prim"), candidate, routing=ROUTING, auth={"admin_key": KEY})
+    await start_shadow(gw, max_loop_lag_ms=20)
+    gw.gateway.mirror.loop_lag_s = 0.05  # a gateway short of CPU: its loop wakes 50 ms late
+    assert (await gw.http.post("/v1/chat/completions", json=greedy(gw))).status_code == 200
+    gw.gateway.mirror.loop_lag_s = 0.005
+    assert (await gw.http.post("/v1/chat/completions", json=greedy(gw, "later"))).status_code == 200
+    report = (await gw.http.get(f"/admin/models/{model(gw)}/shadow", headers=AUTH)).json()["shadow"]
+    assert report["dropped"]["lag"] == 1 and len(candidate.requests) == 1
 
 
 async def test_greedy_answers_are_compared_token_by_token(fake_gateway):

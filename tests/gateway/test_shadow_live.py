@@ -76,7 +76,7 @@ async def test_slow_candidate_is_refused_and_healthy_one_ramps_and_promotes(stac
 
     # the slowed candidate: its pools get a variant of weight 0, then a copy of every request
     out = migrate(stack, "shadow", "--candidate", "paged@v3", "--share", "1", "--max-concurrency", "16",
-                  "--window-s", "120", "--gates", GATES)
+                  "--window-s", "120", "--max-loop-lag-ms", "1000", "--gates", GATES)
     assert out.returncode == 0, out.stderr
     assert "shadow started" in out.stdout
     async with httpx.AsyncClient(base_url=stack.url, headers=stack.admin_headers, timeout=30) as c:
@@ -105,7 +105,7 @@ async def test_slow_candidate_is_refused_and_healthy_one_ramps_and_promotes(stac
 
         # a healthy candidate: the same steps pass
         out = migrate(stack, "shadow", "--candidate", "paged@v2", "--share", "1", "--max-concurrency", "16",
-                      "--window-s", "120", "--gates", GATES)
+                      "--window-s", "120", "--max-loop-lag-ms", "1000", "--gates", GATES)
         assert out.returncode == 0, out.stderr
         assert await traffic(stack, 30) == {"paged-v1": 30}
         report = await shadow_report(c, stack, lambda r: r["verdict"]["passed"])
