@@ -4,7 +4,9 @@ the pure gate check, the shadow's config and books, the mirror inside the real g
 controller checking the same gates during a ramp and promoting at its end."""
 
 import asyncio
+import time
 
+import httpx
 import pytest
 
 from gateway.control.gates import Figures, GateError, Gates, check
@@ -15,6 +17,7 @@ from gateway.control.stats import RequestStats, WindowStats
 from gateway.routing.route_types import Pool, RoutingConfig, Variant
 from gateway.serving import mirror
 from tests.support.fake_engine import FakeEngine, Hang, Started, Tokens
+from tests.support.stack import GatewayThread, Sim, gateway_config, start_sims
 
 KEY = "adm-shadow"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -205,3 +208,43 @@ async def test_a_ramp_that_ends_at_100_percent_promotes():
     assert rb.status("m")["promoted"]
     assert (await store.audit_log(1))[0]["actor"].startswith("canary promoted: canary serves 100%")
     assert [v.weight for v in (await store.get_routing("m")).variants] == [0.0, 100.0]
+
+
+# ---- an external backend as the candidate ----
+
+def test_an_external_backend_shadows_the_primary_and_its_defaults_are_reported(tmp_path):
+    """The candidate is an `openai` backend pool (another Duet gateway over a sim, real HTTP and SSE): the
+    copies reach it through gateway/backends/http_backend.py, and the report says which sampling defaults the
+    backend chooses itself."""
+    primary, inner_sim = start_sims([Sim("paged", worker_id="prim", version="v1"), Sim("paged")], tmp_path)
+    inner = GatewayThread(gateway_config([inner_sim])).start()
+    outer = None
+    try:
+        routing = {"variants": [
+            {"name": "primary", "weight": 100, "pools": [{"engine_kind": "paged", "version": "v1"}]},
+            {"name": "candidate", "weight": 0, "pools": [{"engine_kind": "paged", "version": "external"}]}]}
+        outer = GatewayThread(gateway_config([primary], backends=[{"engine": "openai", "url": inner.url}],
+                                             routing=routing, auth={"admin_key": KEY})).start(wait_workers=2)
+        m = next(iter(outer.gateway.models))
+        with httpx.Client(base_url=outer.url, timeout=30) as c:
+            r = c.put(f"/admin/models/{m}/shadow", headers=AUTH, json={
+                "pools": [{"engine_kind": "paged", "version": "external"}], "share": 1, "max_loop_lag_ms": 1000})
+            assert r.status_code == 200, r.text
+            for i in range(6):
+                body = {"model": m, "temperature": 0, "max_tokens": 5,
+                        "messages": [{"role": "user", "content": f"question {i}"}]}
+                r = c.post("/v1/chat/completions", json=body)
+                assert r.status_code == 200 and r.headers["x-duet-worker"] == "prim"
+            end = time.monotonic() + 20  # the copies finish after the answers
+            while (answer := c.get(f"/admin/models/{m}/shadow", headers=AUTH).json())["shadow"]["shadow"][
+                    "requests"] < 6 and time.monotonic() < end:
+                time.sleep(0.1)
+        assert answer["shadow"]["shadow"]["requests"] == 6 and answer["shadow"]["shadow"]["errors"] == 0, answer
+        assert {"field": "top_k", "primary": {"paged@v1": None},
+                "candidate": {"openai@external": "the server's own"}} in answer["sampling_defaults"]["differences"]
+    finally:
+        if outer is not None:
+            outer.stop()
+        inner.stop()
+        for s in (primary, inner_sim):
+            s.kill()
