@@ -234,7 +234,8 @@ def canary(admin: Admin, args) -> int:
     report = admin.call("GET", f"/admin/models/{model}/shadow")
     _print_shadow(report)
     body = {k: v for k, v in (("ramp", args.ramp), ("window_s", args.window_s), ("min_requests", args.min_requests),
-                              ("confirm_s", args.confirm_s)) if v is not None}
+                              ("confirm_s", args.confirm_s), ("max_ttft_p99_ratio", args.max_ttft_p99_ratio),
+                              ("max_error_rate_increase", args.max_error_rate_increase)) if v is not None}
     answer = admin.call("POST", f"/admin/models/{model}/canary/start", body)
     policy = answer["policy"]
     steps = " -> ".join(f"{step['weight']:g}%" for step in policy["ramp"])
@@ -296,6 +297,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             s.add_argument("--window-s", type=float, default=None, help="the rollback's window (default: the shadow's)")
             s.add_argument("--min-requests", type=int, default=None, help="canary requests before a verdict")
             s.add_argument("--confirm-s", type=float, default=None, help="a breach must last this long")
+            s.add_argument("--max-ttft-p99-ratio", type=float, default=None,
+                           help="the rollback's own TTFT p99 bound, canary over baseline (default 2.0)")
+            s.add_argument("--max-error-rate-increase", type=float, default=None,
+                           help="the rollback's own error-rate bound (default 0.05)")
         s.set_defaults(func=run, step=name)
 
 

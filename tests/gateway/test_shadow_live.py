@@ -114,7 +114,10 @@ async def test_slow_candidate_is_refused_and_healthy_one_ramps_and_promotes(stac
         status = migrate(stack, "status")
         assert "gates: passed" in status.stdout and "next: `duet migrate canary`" in status.stdout, status.stdout
 
-        out = migrate(stack, "canary", "--ramp", "50:2,100:2", "--min-requests", "5", "--confirm-s", "1")
+        # the rollback watches the shadow's gates on the live arms; its own TTFT p99 bound is widened, as a few
+        # requests' p99 on a shared machine is one request's stall
+        out = migrate(stack, "canary", "--ramp", "50:2,100:2", "--min-requests", "5", "--confirm-s", "1",
+                      "--max-ttft-p99-ratio", "10")
         assert out.returncode == 0, out.stderr
         assert "canary started: candidate ramps 50% -> 100% against primary" in out.stdout
 
