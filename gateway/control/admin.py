@@ -36,6 +36,7 @@ from starlette.routing import Route
 
 from gateway.body_parser import parse_json_body
 from gateway.control.rollback import CanaryPolicy, PolicyError, RollbackController
+from gateway.control.shadow import ShadowConfig, ShadowLedger
 from gateway.control.state import StateUnavailable
 from gateway.control.state.codec import config_from_dict, config_to_dict
 from gateway.control.stats import RequestStats
@@ -65,7 +66,7 @@ class AdminBackend(Protocol):
     stats: RequestStats
     decisions: DecisionLog
     rollback: RollbackController
-    shadow: Any  # gateway.control.shadow.ShadowLedger
+    shadow: ShadowLedger
     admin_key: str | None  # None: the admin API answers 403 (disabled)
 
     def model_ids(self) -> list[str]:
@@ -81,7 +82,7 @@ class AdminBackend(Protocol):
     def pool_report(self) -> dict:
         """The pool planner's report (gateway/control/pool_tracker.PoolTracker.report)."""
 
-    def sampling_defaults(self, config) -> dict:
+    def sampling_defaults(self, config: ShadowConfig) -> dict:
         """Each side's sampling defaults for a shadow run (GatewayAdmin.sampling_defaults)."""
 
 

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from gateway.backends.engine_client import EngineCallError
 from gateway.backends.fleet import Fleet
-from gateway.control.shadow import PRIMARY, SHADOW, ShadowLedger
+from gateway.control.shadow import PRIMARY, SHADOW, ShadowConfig, ShadowLedger
 from gateway.routing.route_types import RouteDecision
 from gateway.serving.generation import Prepared, to_pb
 from gateway.serving.pending import PendingRequests
@@ -45,8 +45,8 @@ def is_greedy(prep: Prepared) -> bool:
 class Tap:
     """One mirrored request: the primary's side (fed by its run) and the shadow's (fed by the copy)."""
 
-    def __init__(self, ledger: ShadowLedger, model: str, cls: str, greedy: bool) -> None:
-        self.ledger, self.model, self.cls, self.greedy = ledger, model, cls, greedy
+    def __init__(self, ledger: ShadowLedger, config: ShadowConfig, cls: str, greedy: bool) -> None:
+        self.ledger, self.config, self.model, self.cls, self.greedy = ledger, config, config.model, cls, greedy
         self.primary_tokens: list[int] = []
         self._primary: bool | None = None  # ok, once finished
         self._shadow: tuple[bool, list[int]] | None = None
@@ -55,14 +55,20 @@ class Tap:
         if self.greedy:
             self.primary_tokens.extend(ids)
 
+    def _current(self) -> bool:
+        """Whether the shadow this copy was made for still runs (a new candidate's books start empty)."""
+        return self.ledger.configs.get(self.model) is self.config
+
     def primary_finished(self, status: str, ttft_s: float | None, tpot_s: float | None) -> None:
-        if status == "499":  # the client left: the primary's answer is incomplete, nothing to compare
+        if status == "499" or not self._current():  # the client left: its answer is incomplete
             return
         self._primary = status == "200"
         self.ledger.record(self.model, PRIMARY, self.cls, self._primary, ttft_s, tpot_s)
         self._compare()
 
     def shadow_finished(self, ok: bool, ttft_s: float | None, tpot_s: float | None, tokens: list[int]) -> None:
+        if not self._current():
+            return
         self._shadow = (ok, tokens)
         self.ledger.record(self.model, SHADOW, self.cls, ok, ttft_s, tpot_s)
         self._compare()
@@ -120,7 +126,7 @@ class Mirror:
         if worker is None:
             self.ledger.dropped(model, "no_worker")
             return None
-        tap = Tap(self.ledger, model, request_class(prep.api, prep.session_key, len(prep.prompt_ids)),
+        tap = Tap(self.ledger, config, request_class(prep.api, prep.session_key, len(prep.prompt_ids)),
                   is_greedy(prep))
         message = to_pb(replace(prep, request_id=f"{prep.request_id}-shadow"))
         self.ledger.in_flight[model] += 1

@@ -16,7 +16,7 @@ from gateway.control.state.memory import MemoryStore
 from gateway.control.stats import RequestStats, WindowStats
 from gateway.routing.route_types import Pool, RoutingConfig, Variant
 from gateway.serving import mirror
-from tests.support.fake_engine import FakeEngine, Hang, Started, Tokens
+from tests.support.fake_engine import Delay, FakeEngine, Hang, Started, Tokens
 from tests.support.stack import GatewayThread, Sim, gateway_config, start_sims
 
 KEY = "adm-shadow"
@@ -171,6 +171,22 @@ async def test_greedy_answers_are_compared_token_by_token(fake_gateway):
     assert report["shadow"]["shadow"]["requests"] == 2 and report["shadow"]["primary"]["requests"] == 2
     assert report["sampling_defaults"]["differences"] == [
         {"field": "speculative_greedy", "primary": {"prefix@v1": True}, "candidate": {"paged@v2": False}}]
+
+
+async def test_a_late_copy_of_the_old_candidate_stays_out_of_the_new_ones_books(fake_gateway):
+    old = FakeEngine("paged", "old", version="v2").script([Delay(0.3), Tokens([5], finish="length")])
+    new = FakeEngine("paged", "new", version="v3")
+    routing = {"variants": [*ROUTING["variants"], {"name": "next", "weight": 0,
+                                                   "pools": [{"engine_kind": "paged", "version": "v3"}]}]}
+    gw = await fake_gateway(FakeEngine("prefix", "prim"), old, new, routing=routing, auth={"admin_key": KEY})
+    await start_shadow(gw)
+    assert (await gw.http.post("/v1/chat/completions", json=greedy(gw))).status_code == 200
+    r = await gw.http.put(f"/admin/models/{model(gw)}/shadow", headers=AUTH,
+                          json={"pools": [{"engine_kind": "paged", "version": "v3"}], "share": 1})
+    assert r.status_code == 200, r.text
+    assert await gw.wait_for(lambda: not old.open_streams)  # the old candidate's copy has finished
+    report = (await gw.http.get(f"/admin/models/{model(gw)}/shadow", headers=AUTH)).json()["shadow"]
+    assert report["shadow"]["requests"] == 0 and report["primary"]["requests"] == 0
 
 
 async def test_a_candidate_with_live_traffic_is_refused(fake_gateway):
