@@ -51,7 +51,7 @@ from gateway.errors import (
     error_response,
 )
 from gateway.routing.decision_log import DecisionLog
-from gateway.routing.route_types import RoutingConfig, RoutingConfigError
+from gateway.routing.route_types import Pool, RoutingConfig, RoutingConfigError
 
 DASHBOARD_DIR = Path(__file__).parent / "dashboard"
 STREAM_INTERVAL_S = 1.0
@@ -82,7 +82,7 @@ class AdminBackend(Protocol):
     def pool_report(self) -> dict:
         """The pool planner's report (gateway/control/pool_tracker.PoolTracker.report)."""
 
-    def sampling_defaults(self, config: ShadowConfig) -> dict:
+    def sampling_defaults(self, config: ShadowConfig, live: tuple[Pool, ...] = ()) -> dict:
         """Each side's sampling defaults for a shadow run (GatewayAdmin.sampling_defaults)."""
 
 

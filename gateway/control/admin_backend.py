@@ -21,6 +21,7 @@ from gateway.control.state import StateStore
 from gateway.control.stats import RequestStats
 from gateway.models import ServedModel
 from gateway.routing.decision_log import DecisionLog
+from gateway.routing.route_types import Pool
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,10 @@ class GatewayAdmin:
         """The pool planner's report (gateway/control/pool_tracker.PoolTracker.report)."""
         return self.pool_tracker.report(time.monotonic())
 
-    def sampling_defaults(self, config: ShadowConfig) -> dict:
+    def sampling_defaults(self, config: ShadowConfig, live: tuple[Pool, ...] = ()) -> dict:
         """Each side's sampling defaults for a request that leaves a field unset (the candidate's pools against
-        the model's other workers), and the fields where they differ (gateway/control/sampling_defaults.py)."""
+        the `live` pools, those with traffic; none: every other worker of the model), and the fields where they
+        differ (gateway/control/sampling_defaults.py)."""
         external = {b.url: b.engine for b in self.config.backends}
         generation = _generation_config(self.config.model_paths, config.model)
         sides: dict[str, dict] = {"primary": {}, "candidate": {}}
@@ -80,7 +82,10 @@ class GatewayAdmin:
                 continue
             engine = external.get(w.address, view.engine_kind)
             label = f"{engine}@{view.version}"
-            sides["candidate" if config.holds(view) else "primary"][label] = engine_defaults(engine, generation)
+            if config.holds(view):
+                sides["candidate"][label] = engine_defaults(engine, generation)
+            elif not live or any(p.holds(view) for p in live):
+                sides["primary"][label] = engine_defaults(engine, generation)
         return {**sides, "differences": differences(sides["primary"], sides["candidate"])}
 
 

@@ -43,13 +43,20 @@ def _in_pool(pool, row: dict) -> bool:
     return row.get("engine_kind") == pool.engine_kind and pool.version in ("*", row.get("version"))
 
 
+async def _answer(gateway: AdminBackend, model: str) -> dict:
+    """The shadow's report and the sampling defaults of the candidate against the pools with live traffic."""
+    config = gateway.shadow.configs.get(model)
+    if config is None:
+        return {"shadow": None, "sampling_defaults": None}
+    live = tuple(p for v in (await _current_routing(gateway, model)).variants if v.weight > 0 for p in v.pools)
+    return {"shadow": gateway.shadow.report(model), "sampling_defaults": gateway.sampling_defaults(config, live)}
+
+
 def migration_routes(gateway: AdminBackend) -> list[Route]:
     async def get_shadow(request: Request, actor: str) -> Response:
         model = request.path_params["model"]
         _check_model(gateway, model)
-        config = gateway.shadow.configs.get(model)
-        return JSONResponse({"shadow": gateway.shadow.report(model),
-                             "sampling_defaults": gateway.sampling_defaults(config) if config else None})
+        return JSONResponse(await _answer(gateway, model))
 
     async def put_shadow(request: Request, actor: str) -> Response:
         model = request.path_params["model"]
@@ -73,8 +80,7 @@ def migration_routes(gateway: AdminBackend) -> list[Route]:
                 f"the candidate takes live traffic now ({', '.join(reached)}): give its pools a variant of weight "
                 f"0 in the routing config of {model!r} first (`duet migrate shadow` does)", "pools")
         gateway.shadow.set_config(config)
-        return JSONResponse({"shadow": gateway.shadow.report(model),
-                             "sampling_defaults": gateway.sampling_defaults(config)})
+        return JSONResponse(await _answer(gateway, model))
 
     async def delete_shadow(request: Request, actor: str) -> Response:
         model = request.path_params["model"]
