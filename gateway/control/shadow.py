@@ -9,7 +9,8 @@ module only keeps the books:
     ShadowLedger.record(...)     one finished request of a mirrored pair: the primary's or the shadow's,
                                  with its traffic class, ok, TTFT and TPOT
     ShadowLedger.compared(...)   one greedy pair compared token by token (agreed or not)
-    ShadowLedger.dropped(...)    a mirror not sent: the cap, the gateway's load or event-loop lag, no candidate
+    ShadowLedger.dropped(...)    a mirror not sent: the cap, the gateway's load or event-loop lag, a request
+                                 the candidate lacks the capability for, no candidate worker
     ShadowLedger.figures(...)    one side's `Figures` over the window (all classes, or one)
     ShadowLedger.report(model)   the JSON `GET /admin/models/{model}/shadow` and the dashboard show
 
@@ -35,7 +36,7 @@ from gateway.control.stats import percentile
 from gateway.routing.route_types import Pool, WorkerView
 
 PRIMARY, SHADOW = "primary", "shadow"
-DROP_REASONS = ("cap", "load", "lag", "no_worker")
+DROP_REASONS = ("cap", "load", "lag", "incapable", "no_worker")
 
 
 class ShadowError(ValueError):
@@ -137,7 +138,8 @@ class ShadowLedger:
         registry = registry if registry is not None else CollectorRegistry()
         self.requests_total = PromCounter("duet_shadow_requests", "Mirrored requests answered by the shadow "
                                           "candidate, by outcome", ("model", "outcome"), registry=registry)
-        self.dropped_total = PromCounter("duet_shadow_dropped", "Mirrors not sent (cap, load, lag, no_worker)",
+        self.dropped_total = PromCounter("duet_shadow_dropped", "Mirrors not sent (cap, load, lag, incapable, "
+                                         "no_worker)",
                                          ("model", "reason"), registry=registry)
         self.compared_total = PromCounter("duet_shadow_greedy_compared", "Greedy answers compared with the "
                                           "primary's, by agreement", ("model", "agreed"), registry=registry)

@@ -122,9 +122,10 @@ class Mirror:
             return None
         candidates = [v for v in views.values() if v.model_id == model and v.healthy and not v.draining
                       and v.worker_id not in self.fleet.drained and config.holds(v)]
-        worker = self.fleet.get(min(candidates, key=lambda v: v.load).worker_id) if candidates else None
-        if worker is None:
-            self.ledger.dropped(model, "no_worker")
+        capable = [v for v in candidates if prep.api.required_capabilities <= v.capabilities]  # as routing asks
+        worker = self.fleet.get(min(capable, key=lambda v: v.load).worker_id) if capable else None
+        if worker is None:  # "incapable": the candidate could not serve this request at all, the report says so
+            self.ledger.dropped(model, "incapable" if candidates else "no_worker")
             return None
         tap = Tap(self.ledger, config, request_class(prep.api, prep.session_key, len(prep.prompt_ids)),
                   is_greedy(prep))
@@ -141,8 +142,9 @@ class Mirror:
         gaps: list[float] = []
         tokens: list[int] = []
         ok = False
-        stream = worker.client.generate(message)
+        stream = None
         try:
+            stream = worker.client.generate(message)
             async with asyncio.timeout(self.timeout_s):
                 async for msg in stream:
                     if msg.index != 0 or not msg.token_ids:
@@ -157,8 +159,11 @@ class Mirror:
             ok = first is not None
         except (EngineCallError, TimeoutError) as e:
             log.info("shadow copy of %s on %s failed: %s", message.request_id, worker.worker_id, e)
+        except Exception:  # a copy must never break the gateway: anything else is the candidate's error too
+            log.exception("shadow copy of %s on %s failed", message.request_id, worker.worker_id)
         finally:
-            stream.cancel()
+            if stream is not None:
+                stream.cancel()
             self.ledger.in_flight[tap.model] -= 1
         tap.shadow_finished(ok, None if first is None else first - sent,
                             sum(gaps) / len(gaps) if gaps else None, tokens)

@@ -158,6 +158,16 @@ async def test_no_copy_starts_while_the_event_loop_runs_late(fake_gateway, monke
     assert report["dropped"]["lag"] == 1 and len(candidate.requests) == 1
 
 
+async def test_a_request_the_candidate_cannot_serve_is_counted_not_copied(fake_gateway):
+    candidate = FakeEngine("paged", "cand", version="v2")  # engine_paged: no structured output
+    gw = await fake_gateway(FakeEngine("prefix", "prim"), candidate, routing=ROUTING, auth={"admin_key": KEY})
+    await start_shadow(gw)
+    body = {**greedy(gw), "response_format": {"type": "json_object"}}
+    assert (await gw.http.post("/v1/chat/completions", json=body)).status_code == 200
+    report = (await gw.http.get(f"/admin/models/{model(gw)}/shadow", headers=AUTH)).json()["shadow"]
+    assert report["dropped"]["incapable"] == 1 and not candidate.requests
+
+
 async def test_greedy_answers_are_compared_token_by_token(fake_gateway):
     # the sim answers a prompt with the same tokens on any worker; the scripted call says something else
     candidate = FakeEngine("paged", "cand", version="v2").script([Tokens([7, 8, 9, 10], finish="length")])
