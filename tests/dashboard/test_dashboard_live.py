@@ -172,9 +172,9 @@ async def test_dashboard_live(stack, tmp_path):
             await send(stack, [f"shadowed-{i}" for i in range(20)], concurrency=4, prefix="mirrored")
             model = f"#shadow .model[data-model='{stack.model}']"
             await page.wait_for_function(
-                f"(() => {{ const row = document.querySelector(\"{model} tr[data-class='all']\"); if (!row) return false;"
+                f"() => {{ const row = document.querySelector(\"{model} tr[data-class='all']\"); if (!row) return false;"
                 " return Number(row.querySelector('.primary').textContent) >= 5"
-                " && Number(row.querySelector('.candidate').textContent) >= 5; }})()", timeout=20000)
+                " && Number(row.querySelector('.candidate').textContent) >= 5; }", timeout=20000)
             assert await page.locator(f"{model} tr[data-class='oneshot']").count() == 1
             assert "candidate paged@v3" in await page.inner_text(model)
             # no greedy request was sent: the verdict waits for greedy pairs to compare
