@@ -142,7 +142,7 @@ function renderShadow(shadow) {
     return `<div class="model" data-model="${esc(model)}"><strong>${esc(model)}</strong> ` +
       `<span class="muted">candidate ${pools}, ${(100 * r.config.share).toFixed(0)}% mirrored, ${r.in_flight} in flight, ` +
       `dropped ${dropped}</span><table class="shadow"><thead><tr><th>class</th>` +
-      ["requests", "errors", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"].map((h) => `<th>${h}<br>primary / shadow</th>`).join("") +
+      ["requests", "errors", "TTFT p50 (ms)", "TTFT p99 (ms)", "TPOT p50 (ms)", "TPOT p99 (ms)"].map((h) => `<th>${h}<br>primary / shadow</th>`).join("") +
       "<th>greedy agreement</th></tr></thead><tbody>" +
       rows.map(([c, p, s]) => `<tr data-class="${esc(c)}"><td>${esc(c)}</td>` +
         cols.map((k) => `<td><span class="primary">${cell(p, k)}</span> / <span class="candidate">${cell(s, k)}</span></td>`).join("") +
