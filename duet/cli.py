@@ -139,6 +139,12 @@ def _add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
     sp.set_defaults(func=_run_scale_pools)
 
 
+def _add_migrate_parser(sub: argparse._SubParsersAction) -> None:
+    from duet.migrate import add_parser  # httpx only: no torch
+
+    add_parser(sub)
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     from loadtests.cli import main
 
@@ -198,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_engine_parser(sub)
     _add_deploy_parsers(sub)
+    _add_migrate_parser(sub)
 
     model = sub.add_parser("model", help="model utilities")
     model_sub = model.add_subparsers(dest="model_command", required=True)
