@@ -145,6 +145,12 @@ def _run_capture_export(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _add_migrate_parser(sub: argparse._SubParsersAction) -> None:
+    from duet.migrate import add_parser  # httpx only: no torch
+
+    add_parser(sub)
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     from loadtests.cli import main
 
@@ -207,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_engine_parser(sub)
     _add_deploy_parsers(sub)
+    _add_migrate_parser(sub)
 
     capture = sub.add_parser("capture", help="the gateway's privacy-safe traffic capture (Mooncake trace)")
     capture_sub = capture.add_subparsers(dest="capture_command", required=True)

@@ -28,8 +28,10 @@ from gateway.config import GatewayConfig
 from gateway.control.admin import admin_routes
 from gateway.control.admin_backend import GatewayAdmin
 from gateway.control.limits import KeyLimiter, LeaseMiddleware
+from gateway.control.migration import migration_routes
 from gateway.control.pool_tracker import PoolTracker
 from gateway.control.rollback import RollbackController
+from gateway.control.shadow import ShadowLedger
 from gateway.control.state.memory import MemoryStore
 from gateway.control.stats import RequestStats
 from gateway.control.workload import Workload, workload_routes
@@ -48,6 +50,7 @@ from gateway.routing.decision_log import DecisionLog
 from gateway.routing.prefix_index import WorkerBlockIndex
 from gateway.serving.circuit_breaker import CircuitBreakers, outcome_recorder
 from gateway.serving.context import ServingContext
+from gateway.serving.mirror import Mirror
 from gateway.serving.pending import PendingRequests
 from gateway.serving.router import Router
 from gateway.serving.timeouts import StreamWatchdog
@@ -71,7 +74,9 @@ class Gateway:
         self.metrics.state_healthy.set_function(lambda: 1.0 if self.state.healthy else 0.0)
         self.metrics.state_errors.set_function(lambda: float(getattr(self.state, "redis_errors_total", 0)))
         self.stats = RequestStats()
-        self.rollback = RollbackController(self.state, self.stats, registry=self.metrics.registry)
+        self.shadow = ShadowLedger(self.metrics.registry)
+        self.rollback = RollbackController(self.state, self.stats, registry=self.metrics.registry,
+                                           shadow=self.shadow)
         index = WorkerBlockIndex()
         # a backend URL gets an HTTP client (gateway/backends/http_backend.py), any other address a gRPC one
         clients = with_backends(client_factory or functools.partial(
@@ -91,15 +96,16 @@ class Gateway:
                                        progress_at=self.fleet.progress_at)
         self.workload = Workload(config.capture, self.state, self.metrics.registry, profile=config.profile)
         self.pending = PendingRequests(config.limits.max_pending_requests, self.metrics.pending)
+        self.mirror = Mirror(self.shadow, self.fleet, self.pending, t.request_s)
         self.serving = ServingContext(
             config=config, models=self.models, metrics=self.metrics,
             tracer=trace.get_tracer("duet.gateway", tracer_provider=tracer_provider), state=self.state,
             fleet=self.fleet, router=self.router, watchdog=self.watchdog, breakers=self.breakers,
             pending=self.pending, limiter=self.limiter, stats=self.stats, pool_tracker=self.pool_tracker,
-            workload=self.workload)
+            mirror=self.mirror, workload=self.workload)
         self.admin = GatewayAdmin(
             config=config, models=self.models, state=self.state, stats=self.stats, decisions=self.decisions,
-            rollback=self.rollback, fleet=self.fleet, pool_tracker=self.pool_tracker)
+            rollback=self.rollback, fleet=self.fleet, pool_tracker=self.pool_tracker, shadow=self.shadow)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app):
@@ -107,13 +113,14 @@ class Gateway:
             await self.state.start()
         await self.fleet.start()
         tasks = [asyncio.create_task(work) for work in (self.rollback.run(), self.watchdog.run(), self.limiter.run(),
-                                                        self.pool_tracker.run(self.router.views),
+                                                        self.pool_tracker.run(self.router.views), self.mirror.run(),
                                                         self.workload.capture.run())]
         try:
             yield
         finally:
             for task in tasks:
                 task.cancel()
+            await self.mirror.close()
             await self.fleet.close()
             await self.state.close()
             await self.limiter.close()
@@ -139,6 +146,7 @@ def build_app(config: GatewayConfig, **gateway_kwargs) -> Starlette:
         Route("/metrics", health.metrics, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
         *admin_routes(gw.admin),
+        *migration_routes(gw.admin),
         *workload_routes(gw.admin, gw.workload),
     ]
     middleware = [

@@ -11,6 +11,8 @@ Hierarchy:
     ├── ModelNotFound                 404 model_not_found
     ├── ResponseNotFound              404 response_not_found (an unknown or expired stored response)
     ├── WorkerNotFound                404 worker_not_found (admin drain)
+    ├── GateFailed                    409 shadow_gate_failed (a canary start the shadow's figures do not
+    │                                     allow yet, gateway/control/gates.py; the message says why)
     ├── RequestTooLarge               413 request_too_large
     ├── QueueFull                     429 rate_limit_exceeded (max_pending_requests in flight)
     │   ├── RateLimited               429 rate_limit_exceeded (a per-key limit; Retry-After)
@@ -102,6 +104,12 @@ class WorkerNotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
     code = "worker_not_found"
+
+
+class GateFailed(GatewayError):
+    status = 409
+    type = "invalid_request_error"
+    code = "shadow_gate_failed"
 
 
 class RequestTooLarge(GatewayError):

@@ -12,6 +12,7 @@ Routes (`admin_routes(gateway)` returns them for the app's route list):
     GET  /admin/decisions?limit=N                the last N routing decisions, newest first
     GET  /admin/audit?limit=N                    config changes, newest first (time, actor = key id, before, after)
     GET  /admin/stats/stream                     SSE, one `data:` event a second with what the dashboard draws
+    .../shadow, .../canary/start                 the shadow run and the gated canary start: gateway/control/migration.py
     GET  /dashboard, /dashboard/{file}           the ops page (no key needed to load it; it asks for the key)
 
 `gateway` is any object with the attributes of `AdminBackend`; bad input raises the typed errors of
@@ -35,11 +36,13 @@ from starlette.routing import Route
 
 from gateway.body_parser import parse_json_body
 from gateway.control.rollback import CanaryPolicy, PolicyError, RollbackController
+from gateway.control.shadow import ShadowConfig, ShadowLedger
 from gateway.control.state import StateUnavailable
 from gateway.control.state.codec import config_from_dict, config_to_dict
 from gateway.control.stats import RequestStats
 from gateway.errors import (
     AuthenticationFailed,
+    GateFailed,
     GatewayError,
     InvalidRequest,
     PermissionDenied,
@@ -48,7 +51,7 @@ from gateway.errors import (
     error_response,
 )
 from gateway.routing.decision_log import DecisionLog
-from gateway.routing.route_types import RoutingConfig, RoutingConfigError
+from gateway.routing.route_types import Pool, RoutingConfig, RoutingConfigError
 
 DASHBOARD_DIR = Path(__file__).parent / "dashboard"
 STREAM_INTERVAL_S = 1.0
@@ -63,6 +66,7 @@ class AdminBackend(Protocol):
     stats: RequestStats
     decisions: DecisionLog
     rollback: RollbackController
+    shadow: ShadowLedger
     admin_key: str | None  # None: the admin API answers 403 (disabled)
 
     def model_ids(self) -> list[str]:
@@ -77,6 +81,9 @@ class AdminBackend(Protocol):
 
     def pool_report(self) -> dict:
         """The pool planner's report (gateway/control/pool_tracker.PoolTracker.report)."""
+
+    def sampling_defaults(self, config: ShadowConfig, live: tuple[Pool, ...] = ()) -> dict:
+        """Each side's sampling defaults for a shadow run (GatewayAdmin.sampling_defaults)."""
 
 
 def key_id(key: str) -> str:
@@ -152,6 +159,21 @@ def validate_routing(data: Any, workers: list[dict], model: str) -> RoutingConfi
     return config
 
 
+def _candidate_weight(gateway: AdminBackend, model: str, config: RoutingConfig) -> float:
+    """The weight a routing config gives the variants holding the model's shadow candidate (0: no shadow)."""
+    shadow = gateway.shadow.configs.get(model)
+    if shadow is None:
+        return 0.0
+    return sum(v.weight for v in config.variants if set(v.pools) & set(shadow.pools))
+
+
+def _require_gates(gateway: AdminBackend, model: str) -> None:
+    """Raise GateFailed (409, with the failed bounds) unless the model's shadow passed its gates."""
+    why = gateway.shadow.gate_error(model)
+    if why is not None:
+        raise GateFailed(f"no canary started: {why}")
+
+
 async def _current_routing(gateway: AdminBackend, model: str) -> RoutingConfig:
     """What the gateway routes this model with: the stored config, else the config file's default."""
     stored = await gateway.state.get_routing(model)
@@ -178,6 +200,7 @@ async def stream_event(gateway: AdminBackend) -> dict:
             "policies": {m: p.to_dict() for m, p in rb.policies.items()},
             "status": {m: rb.status(m) for m in rb.policies},
         },
+        "shadow": {m: gateway.shadow.report(m) for m in gateway.shadow.configs},
     }
 
 
@@ -193,6 +216,9 @@ def admin_routes(gateway: AdminBackend) -> list[Route]:
         model = request.path_params["model"]
         _check_model(gateway, model)
         config = validate_routing(await _json_body(request), gateway.worker_rows(), model)
+        before = await _current_routing(gateway, model)
+        if _candidate_weight(gateway, model, config) > _candidate_weight(gateway, model, before):
+            _require_gates(gateway, model)  # more traffic for a shadow's candidate: its gates must pass
         await gateway.state.put_routing(model, config, actor)
         return JSONResponse(config_to_dict(config))
 
@@ -215,6 +241,11 @@ def admin_routes(gateway: AdminBackend) -> list[Route]:
         missing = {policy.canary, policy.baseline} - names
         if missing:
             raise InvalidRequest(f"the routing config of {model!r} has no variant {', '.join(sorted(missing))}")
+        shadow = gateway.shadow.configs.get(model)
+        if shadow is not None and policy.ramp and any(
+                v.name == policy.canary and set(v.pools) & set(shadow.pools)
+                for v in (await _current_routing(gateway, model)).variants):
+            _require_gates(gateway, model)  # a ramp would give the shadow's candidate traffic
         gateway.rollback.set_policy(policy)
         return JSONResponse({"policy": policy.to_dict()})
 

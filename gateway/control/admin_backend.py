@@ -1,21 +1,27 @@
 """`GatewayAdmin`: the running gateway as the admin API reads it, the `AdminBackend` of
 gateway/control/admin.py (the served models, the state store, the stats and decisions, the rollback
-controller, one row per worker, draining, the pool planner's report). gateway/app.py builds it."""
+controller, the shadow's books, one row per worker, draining, the pool planner's report, and each side's
+sampling defaults for a shadow run). gateway/app.py builds it."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from gateway.backends.fleet import Fleet
 from gateway.config import GatewayConfig
 from gateway.control.pool_tracker import PoolTracker
 from gateway.control.rollback import RollbackController
+from gateway.control.sampling_defaults import differences, engine_defaults
+from gateway.control.shadow import ShadowConfig, ShadowLedger
 from gateway.control.state import StateStore
 from gateway.control.stats import RequestStats
 from gateway.models import ServedModel
 from gateway.routing.decision_log import DecisionLog
+from gateway.routing.route_types import Pool
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,7 @@ class GatewayAdmin:
     rollback: RollbackController
     fleet: Fleet
     pool_tracker: PoolTracker
+    shadow: ShadowLedger
 
     @property
     def admin_key(self) -> str | None:
@@ -61,3 +68,34 @@ class GatewayAdmin:
     def pool_report(self) -> dict:
         """The pool planner's report (gateway/control/pool_tracker.PoolTracker.report)."""
         return self.pool_tracker.report(time.monotonic())
+
+    def sampling_defaults(self, config: ShadowConfig, live: tuple[Pool, ...] = ()) -> dict:
+        """Each side's sampling defaults for a request that leaves a field unset (the candidate's pools against
+        the `live` pools, those with traffic; none: every other worker of the model), and the fields where they
+        differ (gateway/control/sampling_defaults.py)."""
+        external = {b.url: b.engine for b in self.config.backends}
+        generation = _generation_config(self.config.model_paths, config.model)
+        sides: dict[str, dict] = {"primary": {}, "candidate": {}}
+        for w in self.fleet.workers():
+            view = w.view()
+            if view is None or view.model_id != config.model:
+                continue
+            engine = external.get(w.address, view.engine_kind)
+            label = f"{engine}@{view.version}"
+            if config.holds(view):
+                sides["candidate"][label] = engine_defaults(engine, generation)
+            elif not live or any(p.holds(view) for p in live):
+                sides["primary"][label] = engine_defaults(engine, generation)
+        return {**sides, "differences": differences(sides["primary"], sides["candidate"])}
+
+
+def _generation_config(model_paths, model: str) -> dict:
+    """The model's generation_config.json (what vLLM and SGLang apply to unset fields); {} when none."""
+    for path in model_paths:
+        file = Path(path) / "generation_config.json"
+        if Path(path).resolve().name == model and file.is_file():
+            try:
+                return json.loads(file.read_text())
+            except (OSError, ValueError):
+                return {}
+    return {}

@@ -10,7 +10,13 @@ counts `duet_canary_rollbacks_total`, and keeps the event for the dashboard.
 
 A ramp is a list of (weight, hold_s) steps: the canary's share in percent (the baseline gets the rest).
 While the canary stays healthy the controller applies step i+1 once step i has held for its hold time;
-a rollback stops the ramp. `judge` is pure; `RollbackController.tick(now)` does the I/O; the gateway's lifespan ticks it once a second
+a rollback stops the ramp. A last step of 100% that holds for its hold time promotes the canary: audited
+("canary promoted"), kept as an event, and the controller stops watching that model.
+
+A policy may carry the shadow's gates (gateway/control/gates.py; `duet migrate canary` copies them from the
+shadow that let the canary start): then the same bounds (TTFT and TPOT p50/p99 ratios, error rate, greedy
+agreement from the shadow run while it still mirrors) are checked on the live canary arm against the
+baseline arm throughout the ramp, and a failed bound is a breach like the two above. `judge` is pure; `RollbackController.tick(now)` does the I/O; the gateway's lifespan ticks it once a second
 (gateway/app.py; tests call `tick` with their own clock).
 """
 
@@ -27,6 +33,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter
 
+from gateway.control.gates import Figures, GateError, Gates, check
 from gateway.control.stats import RequestStats, WindowStats
 
 log = logging.getLogger("duet.gateway.rollback")
@@ -64,6 +71,7 @@ class CanaryPolicy:
     max_error_rate_increase: float | None = 0.05
     confirm_s: float = 10.0
     ramp: tuple[RampStep, ...] = ()
+    gates: Gates | None = None  # the shadow's gates, checked again on the live arms during the ramp
 
     @classmethod
     def from_dict(cls, model: str, d: dict) -> CanaryPolicy:
@@ -82,6 +90,10 @@ class CanaryPolicy:
         except (KeyError, TypeError, ValueError) as e:
             raise PolicyError(f"ramp steps must be objects with numeric 'weight' and 'hold_s' ({e})") from None
         try:
+            gates = None if d.get("gates") is None else Gates.from_dict(d["gates"])
+        except GateError as e:
+            raise PolicyError(str(e)) from None
+        try:
             policy = cls(
                 model=model, canary=d["canary"], baseline=d["baseline"],
                 window_s=float(d.get("window_s", cls.window_s)),
@@ -89,7 +101,7 @@ class CanaryPolicy:
                 max_ttft_p99_ratio=_opt_float(d.get("max_ttft_p99_ratio", cls.max_ttft_p99_ratio)),
                 max_error_rate_increase=_opt_float(d.get("max_error_rate_increase", cls.max_error_rate_increase)),
                 confirm_s=float(d.get("confirm_s", cls.confirm_s)),
-                ramp=ramp,
+                ramp=ramp, gates=gates,
             )
         except (TypeError, ValueError) as e:
             raise PolicyError(f"bad canary policy value: {e}") from None
@@ -118,6 +130,7 @@ class CanaryPolicy:
         d = dataclasses.asdict(self)
         d.pop("model")
         d["ramp"] = [dataclasses.asdict(s) for s in self.ramp]
+        d["gates"] = None if self.gates is None else self.gates.to_dict()
         return d
 
 
@@ -132,11 +145,14 @@ class Verdict:
     enough_data: bool
 
 
-def judge(policy: CanaryPolicy, canary: WindowStats, baseline: WindowStats) -> Verdict:
+def judge(policy: CanaryPolicy, canary: WindowStats, baseline: WindowStats,
+          greedy: tuple[int, int] = (0, 0)) -> Verdict:
     """Is the canary outside its bounds over this window? Pure.
 
     Needs `min_requests` canary requests. The TTFT check also needs `min_requests` baseline requests with a
-    TTFT; the error check compares with the baseline's rate when it has enough requests, else with 0."""
+    TTFT; the error check compares with the baseline's rate when it has enough requests, else with 0. With
+    gates, a bound the gates' own request counts allow to judge and that fails is a breach; `greedy` is the
+    shadow's (compared, agreed) over the window."""
     if canary.count < policy.min_requests:
         return Verdict(False, "", False)
     span = f"over {policy.window_s:g} s"
@@ -152,7 +168,18 @@ def judge(policy: CanaryPolicy, canary: WindowStats, baseline: WindowStats) -> V
         ratio = canary.ttft_p99_s / baseline.ttft_p99_s
         if ratio > policy.max_ttft_p99_ratio:
             return Verdict(True, f"TTFT p99 {ratio:.1f}x baseline {span}", True)
+    if policy.gates is not None:
+        gated = check(policy.gates, _figures(canary, greedy), _figures(baseline))
+        if gated.failures:
+            return Verdict(True, f"gate failed {span}: {'; '.join(gated.failures)}", True)
     return Verdict(False, "", True)
+
+
+def _figures(w: WindowStats, greedy: tuple[int, int] = (0, 0)) -> Figures:
+    """A live arm's window as the gates read it (a request's TPOT is its mean inter-token gap)."""
+    return Figures(requests=w.count, errors=w.errors, ttft_p50_s=w.ttft_p50_s, ttft_p99_s=w.ttft_p99_s,
+                   tpot_p50_s=w.itl_p50_s, tpot_p99_s=w.itl_p99_s, greedy_compared=greedy[0],
+                   greedy_agreed=greedy[1])
 
 
 def with_weights(config, weights: dict[str, float]):
@@ -168,6 +195,7 @@ def with_weights(config, weights: dict[str, float]):
 class _ModelState:
     breach_since: float | None = None
     rolled_back: bool = False
+    promoted: bool = False
     ramp_index: int = -1  # -1: ramp not started
     step_since: float = 0.0
 
@@ -180,6 +208,7 @@ class RollbackController:
     store: object
     stats: RequestStats
     registry: CollectorRegistry | None = None
+    shadow: object | None = None  # gateway.control.shadow.ShadowLedger: greedy agreement for gated policies
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
     policies: dict[str, CanaryPolicy] = field(default_factory=dict)
@@ -203,7 +232,8 @@ class RollbackController:
 
     def status(self, model: str) -> dict:
         st = self._state.get(model, _ModelState())
-        return {"rolled_back": st.rolled_back, "ramp_step": st.ramp_index, "breaching": st.breach_since is not None}
+        return {"rolled_back": st.rolled_back, "promoted": st.promoted, "ramp_step": st.ramp_index,
+                "breaching": st.breach_since is not None}
 
     async def run(self, interval_s: float = 1.0) -> None:
         """`tick` every `interval_s` (the gateway's lifespan task)."""
@@ -222,11 +252,12 @@ class RollbackController:
 
     async def _tick_model(self, model: str, policy: CanaryPolicy, now: float) -> None:
         st = self._state.setdefault(model, _ModelState())
-        if st.rolled_back:
+        if st.rolled_back or st.promoted:
             return
         canary = self.stats.window(policy.window_s, model=model, variant=policy.canary)
         baseline = self.stats.window(policy.window_s, model=model, variant=policy.baseline)
-        verdict = judge(policy, canary, baseline)
+        greedy = self.shadow.agreement(model, policy.window_s) if self.shadow is not None else (0, 0)
+        verdict = judge(policy, canary, baseline, greedy)
         if verdict.breach:
             if st.breach_since is None:
                 st.breach_since = now
@@ -255,9 +286,12 @@ class RollbackController:
         if not policy.ramp:
             return
         started = st.ramp_index >= 0
-        if started and (st.ramp_index + 1 >= len(policy.ramp)
-                        or now - st.step_since < policy.ramp[st.ramp_index].hold_s):
-            return  # on the last step, or the current one has not held long enough
+        if started and now - st.step_since < policy.ramp[st.ramp_index].hold_s:
+            return  # the current step has not held long enough
+        if started and st.ramp_index + 1 >= len(policy.ramp):
+            if policy.ramp[-1].weight >= 100:
+                await self._promote(model, policy, st)
+            return  # the last step held: promoted when it gives the canary everything
         step_index = st.ramp_index + 1
         config = await self.store.get_routing(model)
         if config is None:
@@ -270,3 +304,13 @@ class RollbackController:
         st.ramp_index, st.step_since = step_index, now
         if step_index > 0:
             self.ramp_steps_total.labels(model, policy.canary).inc()
+
+    async def _promote(self, model: str, policy: CanaryPolicy, st: _ModelState) -> None:
+        config = await self.store.get_routing(model)
+        message = (f"canary promoted: {policy.canary} serves 100% after {len(policy.ramp)} ramp steps "
+                   f"within its bounds")
+        if config is not None:
+            await self.store.put_routing(model, config, message)  # unchanged: the audit log records the event
+        st.promoted = True
+        self.events.append({"at": self.wall_clock(), "model": model, "variant": policy.canary, "message": message})
+        log.info("%s: %s", model, message)

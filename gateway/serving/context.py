@@ -24,6 +24,7 @@ from gateway.control.workload import Workload
 from gateway.metrics import GatewayMetrics
 from gateway.models import ServedModel
 from gateway.serving.circuit_breaker import CircuitBreakers
+from gateway.serving.mirror import Mirror
 from gateway.serving.pending import PendingRequests
 from gateway.serving.router import Router
 from gateway.serving.timeouts import StreamWatchdog
@@ -44,6 +45,7 @@ class ServingContext:
     limiter: KeyLimiter  # per-API-key limits
     stats: RequestStats  # each request's outcome (the dashboard, the canary rollback)
     pool_tracker: PoolTracker  # queued prefill per worker, finished work per engine kind
+    mirror: Mirror  # shadow traffic: copies of a share of requests to a candidate pool (never awaited)
     workload: Workload  # the live profile and the traffic capture (each request that ends well)
 
 

@@ -20,6 +20,7 @@ from gateway import errors
 from gateway.serving.context import ServingContext
 from gateway.serving.events import Content, Event, Finish, TokenLogprob, Usage
 from gateway.serving.generation import Delta, Dispatched, Prepared, outputs
+from gateway.serving.mirror import Tap
 from gateway.serving.request_class import request_class
 from gateway.serving.tool_calls import ToolCallParser
 
@@ -29,8 +30,10 @@ log = logging.getLogger("duet.gateway.api")
 class Run:
     """One dispatched request until its last byte: its events, timing metrics, stats, release, cancel."""
 
-    def __init__(self, ctx: ServingContext, prep: Prepared, d: Dispatched, endpoint: str) -> None:
+    def __init__(self, ctx: ServingContext, prep: Prepared, d: Dispatched, endpoint: str,
+                 tap: Tap | None = None) -> None:
         self.ctx, self.prep, self.d, self.endpoint = ctx, prep, d, endpoint
+        self.tap = tap  # a shadow copy of this request is in flight: it reads this answer (gateway/serving/mirror.py)
         prompt = d.first.prompt  # the engine's first message says how much of the prompt was cached
         self._usage = {"prompt_tokens": prompt.prompt_tokens or len(prep.prompt_ids),
                        "cached_tokens": prompt.cached_tokens, "completion_tokens": 0}  # outputs() keeps it
@@ -54,6 +57,8 @@ class Run:
     def _tick(self, delta) -> None:
         if not delta.token_ids:
             return
+        if self.tap is not None:
+            self.tap.primary_token_ids(delta.token_ids)
         now = time.perf_counter()
         if self.first_at is None:
             self.first_at = now
@@ -78,20 +83,21 @@ class Run:
             ctx.metrics.generation_tokens.labels(m).inc(usage.completion_tokens)
             ctx.pool_tracker.finished(time.monotonic(), dec, ctx.router.block_size(m), usage.prompt_tokens,
                                       usage.cached_tokens, usage.completion_tokens)
-            ctx.workload.finished(  # the live profile and the traffic capture (gateway/control/workload.py)
-                model=m, session=self.prep.session_key, turns=self.prep.api.turn_count, hashes=self.d.block_hashes,
-                prompt_ids=self.prep.prompt_ids, tenant_salt=self.prep.cache_salt, traffic_class=self.labels[3],
-                output_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
-                engine=dec.engine_kind, duration_s=time.perf_counter() - self.prep.arrival,
-                ttft_s=None if self.first_at is None else self.first_at - self.prep.arrival,
-                tpot_s=sum(self.itls) / len(self.itls) if self.itls else None)
+        ttft_s = None if self.first_at is None else self.first_at - self.prep.arrival
+        itl_s = sum(self.itls) / len(self.itls) if self.itls else None
         ctx.stats.record(
             model=self.labels[0], ok=ok or status == "499", engine_kind=dec.engine_kind, variant=dec.variant,
-            worker_id=dec.worker_id, reason=dec.reason,
-            ttft_s=None if self.first_at is None else self.first_at - self.prep.arrival,
-            itl_s=sum(self.itls) / len(self.itls) if self.itls else None,
+            worker_id=dec.worker_id, reason=dec.reason, ttft_s=ttft_s, itl_s=itl_s,
             output_tokens=usage.completion_tokens,
         )
+        if self.tap is not None:
+            self.tap.primary_finished(status, ttft_s, itl_s)
+        if ok:  # the live profile and the traffic capture (gateway/control/workload.py)
+            ctx.workload.finished(
+                model=self.labels[0], session=self.prep.session_key, turns=self.prep.api.turn_count,
+                hashes=self.d.block_hashes, prompt_ids=self.prep.prompt_ids, tenant_salt=self.prep.cache_salt,
+                traffic_class=self.labels[3], output_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
+                engine=dec.engine_kind, duration_s=time.perf_counter() - self.prep.arrival, ttft_s=ttft_s, tpot_s=itl_s)
 
     def _logprob(self, lp) -> TokenLogprob:
         decode = self.prep.model.tokenizer.decode

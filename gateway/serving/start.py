@@ -109,4 +109,5 @@ async def start(request: Request, apis: list[ApiRequest], session_key: str | Non
     dec = dispatched[0].decision
     headers = {"x-duet-engine": dec.engine_kind, "x-duet-worker": dec.worker_id, "x-duet-variant": dec.variant,
                "x-duet-route-reason": dec.reason}
-    return [Run(ctx, p, d, endpoint) for p, d in zip(preps, dispatched)], headers
+    runs = [Run(ctx, p, d, endpoint, tap=ctx.mirror.tap(p, d.decision)) for p, d in zip(preps, dispatched)]
+    return runs, headers

@@ -1,7 +1,8 @@
 """The ops dashboard in a real headless Chromium (Debian's /usr/bin/chromium driven by Playwright; no
 browser download) against a live stack: it asks for the admin key, its panels fill with data under
 traffic, and a weight changed in the page (with its confirmation step) changes the split of the next
-400 requests to within 5 points of the new weight. DUET_UPDATE_SCREENSHOT=1 refreshes docs/dashboard.png."""
+400 requests to within 5 points of the new weight; a shadow run shows the primary's and the candidate's figures
+side by side. DUET_UPDATE_SCREENSHOT=1 refreshes docs/dashboard.png."""
 
 import asyncio
 import os
@@ -26,6 +27,7 @@ def stack(tmp_path_factory):
         Sim("paged", worker_id="paged-v1", version="v1", ms_per_token=10),
         Sim("paged", worker_id="paged-v2", version="v2", ms_per_token=10),
         Sim("prefix", worker_id="prefix-v1", version="v1", ms_per_token=10),
+        Sim("paged", worker_id="paged-v3", version="v3", ms_per_token=10),  # in no variant: the shadow's candidate
     ], admin_key=KEY, routing={"sticky_key": "user", "variants": [
         {"name": "stable", "weight": 90, "pools": [{"engine_kind": "paged", "version": "v1"},
                                                   {"engine_kind": "prefix", "version": "v1"}]},
@@ -107,7 +109,7 @@ async def test_dashboard_live(stack, tmp_path):
                 ".some(d => d.data.some(v => v > 0)))", timeout=20000)
             await page.wait_for_function("Chart.getChart('chart-reasons').data.labels.length > 0", timeout=20000)
             await page.wait_for_selector("#workers tbody tr >> text=paged-v2")
-            assert await page.locator("#workers tbody tr").count() == 3
+            assert await page.locator("#workers tbody tr").count() == 4
             await page.wait_for_selector("#decisions tbody tr", timeout=10000)
             # the workload profile's histograms: every request in the prompt-length histogram, the two-turn chats
             # in the session-length one, and their shared preamble as blocks other sessions sent before
@@ -165,6 +167,31 @@ async def test_dashboard_live(stack, tmp_path):
                         {"role": "assistant", "content": "hello"}, {"role": "user", "content": f"again {i}"}]}
                     r = await c.post("/v1/chat/completions", json=body)
                     assert r.status_code == 200 and r.headers["x-duet-worker"] != "prefix-v1"
+
+            # a shadow run: the candidate (paged-v3, weight 0) beside the primary, per class, with its verdict
+            await page.wait_for_selector("#shadow:has-text('no shadow running')")
+            async with httpx.AsyncClient(base_url=stack.url, headers=stack.admin_headers) as c:
+                path = f"/admin/models/{stack.model}"
+                cfg = (await c.get(f"{path}/routing")).json()
+                cfg["variants"].append({"name": "candidate", "weight": 0,
+                                        "pools": [{"engine_kind": "paged", "version": "v3"}]})
+                assert (await c.put(f"{path}/routing", json=cfg)).status_code == 200
+                r = await c.put(f"{path}/shadow", json={
+                    "pools": [{"engine_kind": "paged", "version": "v3"}], "share": 1, "max_loop_lag_ms": 1000,
+                    "gates": {"min_requests": 5, "max_ttft_p50_ratio": None, "max_ttft_p99_ratio": None,
+                              "max_tpot_p50_ratio": None, "max_tpot_p99_ratio": None,
+                              "max_error_rate_increase": None}})  # only greedy agreement left to wait for
+                assert r.status_code == 200, r.text
+            await send(stack, [f"shadowed-{i}" for i in range(20)], concurrency=4, prefix="mirrored")
+            model = f"#shadow .model[data-model='{stack.model}']"
+            await page.wait_for_function(
+                f"() => {{ const row = document.querySelector(\"{model} tr[data-class='all']\"); if (!row) return false;"
+                " return Number(row.querySelector('.primary').textContent) >= 5"
+                " && Number(row.querySelector('.candidate').textContent) >= 5; }", timeout=20000)
+            assert await page.locator(f"{model} tr[data-class='oneshot']").count() == 1
+            assert "candidate paged@v3" in await page.inner_text(model)
+            # no greedy request was sent: the verdict waits for greedy pairs to compare
+            await page.wait_for_selector(f"{model} .verdict:has-text('greedy answers compared')")
             assert not errors, errors
         finally:
             await browser.close()

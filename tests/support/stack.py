@@ -7,6 +7,7 @@ gateway processes sharing Redis), torn down with the test.
     sims = start_sims([Sim("prefix"), Sim("paged", worker_id="p1", version="v2")], tmp)
     gw = GatewayThread(gateway_config(sims)).start()          # in-process gateway
     stack = LiveStack(tmp, [Sim("paged", worker_id="stable")], admin_key="k").start()  # all processes
+    LiveStack(tmp, [Engine("paged", worker_id="slow", env={"DUET_DEBUG_STEP_DELAY_MS": "200"})], ...)  # real engines
 
 Command lines, ports and gateway configs come from the one stack launcher (duet/launcher.py); the
 processes here are plain children the tests hold (`.proc`), to freeze, kill or stop one at a time; each dies
@@ -27,7 +28,7 @@ import httpx
 import uvicorn
 import yaml
 
-from duet.launcher import SimOptions, WorkerSpec, duet_argv, free_port, worker_argv
+from duet.launcher import EngineLimits, SimOptions, WorkerSpec, duet_argv, free_port, worker_argv, worker_env
 from duet.launcher import gateway_config as launcher_gateway_config
 from duet.model_make import default_model_dir
 from duet.rpc import engine_pb2 as pb
@@ -99,6 +100,23 @@ class Sim:
     def stop(self) -> None:
         """SIGTERM (the sim drains), SIGKILL after 10 s."""
         _terminate(self.proc)
+
+
+@dataclass
+class Engine(Sim):
+    """One real `duet engine paged|prefix` worker on the tiny model (one torch thread, a small KV budget), in
+    a LiveStack like a Sim; `env` is added to its environment (DUET_DEBUG_STEP_DELAY_MS slows it on purpose)."""
+
+    env: dict[str, str] = field(default_factory=dict)
+
+    def start(self, log_dir: Path) -> Engine:
+        spec = WorkerSpec(self.kind, model_dir(), self.port, self.worker_id, self.version, self.redis,
+                          device="cpu", threads=1, limits=EngineLimits(kv_cache_tokens=8192))
+        with open(log_dir / f"engine-{self.worker_id or self.port}.log", "wb") as log:
+            self.proc = subprocess.Popen(worker_argv(spec), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                         env=dict(os.environ, PYTHONUNBUFFERED="1", **(worker_env(spec) or {}),
+                                                  **self.env), **DIE_WITH_TEST)
+        return self
 
 
 def start_sims(sims: list[Sim], log_dir: Path) -> list[Sim]:

@@ -164,6 +164,37 @@ function onEvent(ev) {
   renderWorkers(ws);
   renderCanary(ev.routing || {}, ev.rollback || {});
   renderPools(ev.pools);
+  renderShadow(ev.shadow || {});
+}
+
+// one table per model: each traffic class's figures, primary beside shadow, then the gate verdict
+function renderShadow(shadow) {
+  const models = Object.entries(shadow).filter(([, r]) => r);
+  if (!models.length) {
+    $("#shadow").innerHTML = '<p class="muted">no shadow running (<code>duet migrate shadow</code>)</p>';
+    return;
+  }
+  const cols = ["requests", "errors", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"];
+  const cell = (f, c) => c === "requests" || c === "errors" ? esc(f[c]) : fmt(f[c]);
+  $("#shadow").innerHTML = models.map(([model, r]) => {
+    const pools = r.config.pools.map((p) => esc(p.engine_kind + "@" + p.version)).join(", ");
+    const rows = [["all", r.primary, r.shadow], ...Object.entries(r.by_class).map(([c, s]) => [c, s.primary, s.shadow])];
+    const v = r.verdict;
+    const verdict = v.passed ? '<span class="pill ok">gates passed</span>'
+      : v.failures.length ? `<span class="pill bad">gates failed</span> ${v.failures.map(esc).join("; ")}`
+      : `<span class="pill warn">measuring</span> ${esc(v.waiting_for)}`;
+    const agree = (f) => f.greedy_agreement === null ? "–" : `${(100 * f.greedy_agreement).toFixed(0)}% of ${f.greedy_compared}`;
+    const dropped = Object.entries(r.dropped).filter(([, n]) => n).map(([k, n]) => `${n} (${esc(k)})`).join(", ") || "none";
+    return `<div class="model" data-model="${esc(model)}"><strong>${esc(model)}</strong> ` +
+      `<span class="muted">candidate ${pools}, ${(100 * r.config.share).toFixed(0)}% mirrored, ${r.in_flight} in flight, ` +
+      `dropped ${dropped}</span><table class="shadow"><thead><tr><th>class</th>` +
+      ["requests", "errors", "TTFT p50 (ms)", "TTFT p99 (ms)", "TPOT p50 (ms)", "TPOT p99 (ms)"].map((h) => `<th>${h}<br>primary / shadow</th>`).join("") +
+      "<th>greedy agreement</th></tr></thead><tbody>" +
+      rows.map(([c, p, s]) => `<tr data-class="${esc(c)}"><td>${esc(c)}</td>` +
+        cols.map((k) => `<td><span class="primary">${cell(p, k)}</span> / <span class="candidate">${cell(s, k)}</span></td>`).join("") +
+        `<td>${agree(s)}</td></tr>`).join("") +
+      `</tbody></table><div class="verdict">${verdict}</div></div>`;
+  }).join("");
 }
 
 function renderPools(p) {
@@ -230,7 +261,8 @@ function renderCanary(routing, rollback) {
   }
   const events = rollback.events || [];
   $("#rollbacks").innerHTML = events.length
-    ? events.slice().reverse().map((e) => `<li><span class="pill bad">rollback</span> ${new Date(e.at * 1000).toLocaleTimeString()} ` +
+    ? events.slice().reverse().map((e) => `<li>${e.message.startsWith("canary promoted") ? '<span class="pill ok">promoted</span>'
+      : '<span class="pill bad">rollback</span>'} ${new Date(e.at * 1000).toLocaleTimeString()} ` +
       `${esc(e.model)} / ${esc(e.variant)}: ${esc(e.message)}</li>`).join("")
     : '<li class="muted">none</li>';
 }
@@ -243,7 +275,9 @@ function describePolicy(p, st) {
   let text = `automatic rollback: ${p.canary} vs ${p.baseline}, ${bounds.join(", ")} over ${p.window_s} s ` +
     `(min ${p.min_requests} requests)`;
   if (p.ramp.length) text += ` · ramp step ${Math.max(0, st ? st.ramp_step : 0) + 1}/${p.ramp.length}`;
-  if (st && st.rolled_back) text += " · ROLLED BACK";
+  if (p.gates) text += " · shadow gates on";
+  if (st && st.promoted) text += " · PROMOTED";
+  else if (st && st.rolled_back) text += " · ROLLED BACK";
   else if (st && st.breaching) text += " · out of bounds";
   return text;
 }
