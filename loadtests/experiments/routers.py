@@ -297,7 +297,7 @@ def router_process(name: str, fleet, model: Path, log_dir: Path):
     if peer is None:
         cfg = log_dir / "duet-gateway.yaml"
         cfg.write_text(yaml.safe_dump({"host": "127.0.0.1", "port": port, "models": [{"path": str(model)}],
-                                       "backends": fleet.backends(), "health": {"poll_interval_s": 0.5}}))
+                                       "backends": fleet.backends()}))  # the deployment's defaults, as the peers'
         return peer_routers.RouterProcess(name, duet_argv("gateway", "--config", str(cfg)), port,
                                           log_dir / f"{safe}.log")
     argv = peer_routers.peer_argv(peer, policy, port, fleet.urls, model=model.name, block_size=fleet.block_size,
