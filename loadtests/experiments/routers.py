@@ -264,7 +264,9 @@ class VllmFleet:
             text = _get(s.url + "/metrics")
             out.append({"queries": _metric_sum(text, "vllm:prefix_cache_queries_total"),
                         "hits": _metric_sum(text, "vllm:prefix_cache_hits_total"),
-                        "requests": _metric_sum(text, "http_requests_total", 'handler="/v1/completions"')})
+                        # the peers POST /v1/completions, Duet's gateway vLLM's token-in endpoint
+                        "requests": sum(_metric_sum(text, "http_requests_total", f'handler="{path}"')
+                                        for path in ("/v1/completions", "/inference/v1/generate"))})
         return out
 
     def reset(self) -> None:
