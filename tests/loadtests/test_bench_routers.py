@@ -75,7 +75,7 @@ def test_salted_replays_keep_the_trace_s_shape_and_share_no_block(tmp_path):
     block = ENGINE_DEFAULTS.page_size
     assert _ideal_hit_rate(a, block) == _ideal_hit_rate(requests, block) > 0.5  # the same shared prefixes
     assert not {r.prompt_token_ids[:block] for r in a} & {r.prompt_token_ids[:block] for r in b}
-    assert set(t for r in a for t in r.prompt_token_ids) <= set(allowed)
+    assert {t for r in a for t in r.prompt_token_ids} <= set(allowed)
 
 
 @pytest.mark.timeout(1500)
