@@ -140,11 +140,11 @@ def check_wait(estimate: WaitEstimate | None, max_queue_wait_s: float | None, cl
         return
     if wait <= max_queue_wait_s:
         return
-    if share is None:
-        _refuse(estimate, max_queue_wait_s, f"max_queue_wait_s of {max_queue_wait_s:g} s")
-    fair = max_queue_wait_s / share.tenants
-    if share.wait_s < fair:
+    fair = max_queue_wait_s / share.tenants if share is not None else 0.0
+    if share is not None and share.wait_s < fair:
         return  # under its equal share: others' work fills the queue, not this tenant's
+    if share is None or share.tenants == 1:  # alone in the queue: the plain bound
+        _refuse(estimate, max_queue_wait_s, f"max_queue_wait_s of {max_queue_wait_s:g} s")
     _refuse(estimate, max_queue_wait_s, f"max_queue_wait_s of {max_queue_wait_s:g} s, and this API key's "
             f"own queued work (about {share.wait_s:.1f} s) is over its equal share ({fair:.1f} s among "
             f"{share.tenants} API keys with work queued)", excess_s=share.wait_s - fair)

@@ -119,3 +119,50 @@ def test_a_request_may_lower_its_band_never_raise_it():
     with pytest.raises(errors.InvalidRequest) as e:
         request_band(STANDARD, "urgent")
     assert e.value.param == "x-duet-band" and e.value.status == 400
+
+
+async def test_bands_and_equal_shares_through_the_gateway(fake_gateway, monkeypatch):
+    """The wiring: the API key is the tenant, `x-duet-band` lowers a band and never raises it, refusals are counted
+    per band. One worker measuring 100 prefill tokens/s holds a 150-token prompt of key a that never starts:
+    1.5 s of queue against a 1 s bound."""
+    import asyncio
+
+    from tests.support.fake_engine import FakeEngine, Hang
+    from tests.support.stack import model_dir
+
+    engine = FakeEngine("paged")
+    measured = engine.client.get_load
+
+    async def get_load(timeout=None):
+        load = await measured(timeout)
+        load.prefill_tokens_per_s = 100.0
+        return load
+
+    monkeypatch.setattr(engine.client, "get_load", get_load)
+    gw = await fake_gateway(engine, auth={"api_keys": ["sk-a", "sk-b"]}, limits={"max_queue_wait_s": 1.0})
+    g = gw.gateway
+    while not (g.fleet.get(engine.worker_id).load and g.fleet.get(engine.worker_id).load.prefill_tokens_per_s):
+        await asyncio.sleep(0.05)
+    model = model_dir().name
+
+    def post(key: str, band: str | None = None):
+        headers = {"authorization": f"Bearer {key}", **({"x-duet-band": band} if band else {})}
+        return gw.http.post("/v1/completions", headers=headers,
+                            json={"model": model, "prompt": [5] * 150, "max_tokens": 1})
+
+    engine.script([Hang()])
+    blocker = asyncio.ensure_future(post("sk-a"))
+    while g.pool_tracker.queued(engine.worker_id) < 150:
+        await asyncio.sleep(0.01)
+    try:
+        refused = [await post("sk-a"), await post("sk-a", "critical")]  # key a holds the whole queue: refused
+        assert [r.status_code for r in refused] == [429, 429], [r.text for r in refused]
+        assert "equal share" not in refused[0].json()["error"]["message"]  # alone: the plain bound
+        assert (await post("sk-b")).status_code == 200  # key b holds nothing: under its equal share
+        shed = await post("sk-b", "sheddable")  # sheddable: refused past half the bound, whoever asks
+        assert shed.status_code == 429 and "sheddable" in shed.json()["error"]["message"]
+        metrics = (await gw.http.get("/metrics")).text
+        assert f'duet_admission_refused_total{{band="standard",model="{model}"}} 2.0' in metrics
+        assert f'duet_admission_refused_total{{band="sheddable",model="{model}"}} 1.0' in metrics
+    finally:
+        blocker.cancel()
