@@ -247,12 +247,14 @@ class StepLoop:
             result = self.core.step()
         finally:
             self._step_began = None
+        if self._debug_delay_s and result.did_work:
+            # the test knob above: a slower build, on purpose; its steps measure slower too (the rates
+            # admission control divides by), as a really slower build's would
+            time.sleep(self._debug_delay_s)
         if result.ran_model:
             self.rates.observe(time.monotonic() - t0, result.prefill_tokens, result.decode_tokens)
             if self.trace is not None:
                 self.trace.write(began_wall, time.monotonic() - t0, self.runner)
-        if self._debug_delay_s and result.did_work:
-            time.sleep(self._debug_delay_s)  # the test knob above: a slower build, on purpose
         # a request's `started` goes out before the tokens of the same step
         outputs += [StepOutput(rid, 0, [], started=True) for rid in result.started]
         outputs += result.outputs

@@ -16,8 +16,10 @@ Hierarchy:
     ├── RequestTooLarge               413 request_too_large
     ├── QueueFull                     429 rate_limit_exceeded (max_pending_requests in flight)
     │   ├── RateLimited               429 rate_limit_exceeded (a per-key limit; Retry-After)
-    │   └── QueueWaitTooLong          429 code=queue_wait_exceeded (engines too busy to start it in
-    │                                     time, gateway/serving/admission.py; Retry-After)
+    │   ├── QueueWaitTooLong          429 code=queue_wait_exceeded (engines too busy to start it in
+    │   │                                 time, gateway/serving/admission.py; Retry-After)
+    │   └── EngineBusy                429 code=engine_overloaded (the worker refused it for load; not
+    │                                     retried elsewhere, Retry-After: 1)
     ├── NoCapableWorkerError          503 service_unavailable (no capable healthy worker)
     ├── StateStoreUnavailable         503 state_unavailable (an admin change could not reach Redis)
     ├── EngineFailure                 502 engine_error (every attempt failed / failed mid-stream)
@@ -141,6 +143,12 @@ class QueueWaitTooLong(QueueFull):
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
         self.headers = {"retry-after": str(retry_after_s)}
+
+
+class EngineBusy(QueueFull):
+    """The chosen worker refused the request for load (gateway/serving/dispatch.py): answered, never re-sent."""
+
+    code = "engine_overloaded"
 
 
 class NoCapableWorkerError(GatewayError):

@@ -80,8 +80,9 @@ class GatewayMetrics:
         self.breaker_opened = Counter("duet_worker_breaker_opened", "Times a worker's circuit breaker opened",
                                       ("worker",), registry=r)
         self.admission_refused = Counter("duet_admission_refused", "Requests refused at once (429) because the "
-                                         "engines could not start them within max_queue_wait_s or the "
-                                         "client's timeout", ("model",), registry=r)
+                                         "engines could not start them within their band's bound "
+                                         "(max_queue_wait_s, the tenant's fair share of it) or the "
+                                         "client's timeout", ("model", "band"), registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

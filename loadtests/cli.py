@@ -15,13 +15,14 @@ from loadtests.experiments.classes_cli import add_parser as add_classes
 from loadtests.experiments.compare_cli import add_parser as add_compare
 from loadtests.experiments.engine_diff import add_parser as add_diff
 from loadtests.experiments.peer import add_parser as add_peer
+from loadtests.experiments.routers import add_parser as add_routers
 from loadtests.load.bench_run import add_parser as add_run
 from loadtests.sim.calibrate.cli import add_parser as add_fleet_calibrate
 from loadtests.sim.fleet.cli import add_parser as add_fleet
 from loadtests.sim.routing.cli import add_parser as add_simulate_routing
 
-COMMANDS = (add_simulate_routing, add_compare, add_classes, add_chaos, add_advise, add_run, add_peer, add_baseline,
-            add_diff, add_fleet, add_fleet_calibrate)
+COMMANDS = (add_simulate_routing, add_compare, add_classes, add_chaos, add_advise, add_run, add_peer, add_routers,
+            add_baseline, add_diff, add_fleet, add_fleet_calibrate)
 
 
 def build_parser() -> argparse.ArgumentParser:

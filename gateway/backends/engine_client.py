@@ -31,6 +31,12 @@ class EngineCallError(Exception):
         self.details = details
         self.retryable = retryable
 
+    @property
+    def busy(self) -> bool:
+        """The worker refused for load (full, too many in flight): not its fault, and not retried elsewhere
+        (gateway/serving/dispatch.py): a busy worker means a loaded pool, and a retry would add to it."""
+        return self.code == "RESOURCE_EXHAUSTED"
+
 
 class GenerateStream(Protocol):
     """One Generate call: iterate it for responses; `cancel()` tells the engine to abort."""

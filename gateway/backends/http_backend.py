@@ -121,8 +121,9 @@ class HttpBackendClient:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")[:500]
                     bad = 400 <= resp.status_code < 500 and resp.status_code not in (408, 429)
-                    raise EngineCallError(self.worker_id, "INVALID_ARGUMENT" if bad else "UNAVAILABLE",
-                                          f"HTTP {resp.status_code}: {text}", not bad)
+                    code = "INVALID_ARGUMENT" if bad else "RESOURCE_EXHAUSTED" if resp.status_code == 429 \
+                        else "UNAVAILABLE"
+                    raise EngineCallError(self.worker_id, code, f"HTTP {resp.status_code}: {text}", not bad)
                 events = SseReader(resp.aiter_lines())
                 async for data in events:
                     for msg in reader.push(json.loads(data)):

@@ -7,6 +7,8 @@ Per key (config: `auth.api_keys` entries, `auth.default_key_limits`; docs/operat
                           as OpenAI does: a request's whole budget is known before it runs)
     max_concurrent        requests of the key in flight at once (streams included)
     models                the models the key may use (others answer 404 model_not_found, as OpenAI)
+    band                  its priority band under overload (BANDS: critical, standard, sheddable; flow
+                          control in gateway/serving/admission.py reads it, nothing here counts it)
 
 `KeyLimiter.acquire` checks all of them in one Redis round trip (a Lua script, so replicas never race)
 and returns a `Lease`; releasing it (the `LeaseMiddleware`, when the response's last byte is sent)
@@ -36,6 +38,9 @@ from gateway.errors import ModelNotFound, RateLimited
 log = logging.getLogger("duet.gateway.limits")
 
 WINDOW_S = 60
+# Priority bands, highest first: how admission treats a key's requests once the engines' queue is long
+# (gateway/serving/admission.py). A request may lower its own band with `x-duet-band`, never raise it.
+CRITICAL, STANDARD, SHEDDABLE = BANDS = ("critical", "standard", "sheddable")
 LEASE_S = 30.0  # a concurrency slot not renewed for this long is free again (its gateway died)
 
 # KEYS: requests window, tokens window, concurrency set. ARGV: now (s), window ttl, rpm, tpm, conc,
@@ -63,6 +68,7 @@ class KeyLimits:
     tokens_per_minute: int | None = None
     max_concurrent: int | None = None
     models: tuple[str, ...] | None = None  # None: every model
+    band: str = STANDARD
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> KeyLimits:
@@ -75,7 +81,10 @@ class KeyLimits:
         models = d.get("models")
         if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) for m in models)):
             raise ValueError(f"{where}.models must be a list of model names, got {models!r}")
-        return cls(models=tuple(models) if models is not None else None, **out)
+        band = d.get("band") or STANDARD
+        if band not in BANDS:
+            raise ValueError(f"{where}.band must be one of {', '.join(BANDS)}, got {band!r}")
+        return cls(models=tuple(models) if models is not None else None, band=band, **out)
 
     @property
     def counted(self) -> bool:
@@ -96,7 +105,8 @@ def parse_key_limits(entries, default: dict | None) -> dict[str, KeyLimits]:
         if not isinstance(key, str):
             continue  # parse_api_keys reports it
         own = {k: v for k, v in e.items() if k not in ("key", "cache_salt")} if isinstance(e, dict) else {}
-        merged = {**{k: getattr(base, k) for k in ("requests_per_minute", "tokens_per_minute", "max_concurrent")},
+        merged = {**{k: getattr(base, k) for k in ("requests_per_minute", "tokens_per_minute", "max_concurrent",
+                                                   "band")},
                   "models": list(base.models) if base.models is not None else None, **own}
         out[api_key_id(key)] = KeyLimits.from_dict(merged, "auth.api_keys[].limits")
     return out

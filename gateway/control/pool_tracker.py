@@ -2,7 +2,8 @@
 
 - Queued prefill tokens per worker (routing's load signal, `WorkerView.queued_prefill_tokens`): the
   estimated uncached prompt tokens of every request sent to the worker that has not yet produced its
-  first message. The gateway counts its own requests, so no engine has to report it.
+  first message. The gateway counts its own requests, so no engine has to report it. The same count per
+  tenant (API key) and worker is flow control's fairness signal (gateway/serving/admission.py).
 - Work per engine kind (gateway/control/pool_planner.WorkMeter): each finished request's real uncached
   prompt tokens and generated tokens, charged to the kind routing WANTED for it (a prompt that
   spilled to the other kind still shows demand for the kind it was meant for), and the planner's
@@ -44,14 +45,23 @@ def wanted_kind(decision: RouteDecision) -> str:
     return decision.wanted_kind or decision.engine_kind
 
 
+def _add(counts: dict, key, tokens: int) -> None:
+    left = counts.get(key, 0) + tokens
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
+
+
 class PoolTracker:
     def __init__(self, metrics, config: PlannerConfig | None = None) -> None:
         self.metrics = metrics
         self.config = (config or PlannerConfig()).validate()
         self.meter = WorkMeter(self.config.window_s)
         self.planner = PoolPlanner(self.config)
-        self._prefill: dict[str, tuple[str, int]] = {}  # request id -> (worker id, tokens)
+        self._prefill: dict[str, tuple[str, int, str | None]] = {}  # request id -> (worker id, tokens, tenant)
         self._queued: dict[str, int] = {}  # worker id -> tokens
+        self._by_tenant: dict[tuple[str | None, str], int] = {}  # (tenant, worker id) -> tokens
         self.current: dict[str, int] = {k: 0 for k in KINDS}
         self.recent: deque[tuple[int, bool]] = deque(maxlen=1000)  # (real - estimate, stale) per request
         self._needed_at: dict[str, float] = {}  # kind -> when a request last needed a capability of it
@@ -76,23 +86,30 @@ class PoolTracker:
         return recent == {other}
 
     # -- queued prefill ----------------------------------------------------------------------
-    def prefill_started(self, request_id: str, worker_id: str, tokens: int) -> None:
+    def prefill_started(self, request_id: str, worker_id: str, tokens: int, tenant: str | None = None) -> None:
         self.prefill_done(request_id)
-        self._prefill[request_id] = (worker_id, tokens)
-        self._queued[worker_id] = self._queued.get(worker_id, 0) + tokens
+        self._prefill[request_id] = (worker_id, tokens, tenant)
+        _add(self._queued, worker_id, tokens)
+        _add(self._by_tenant, (tenant, worker_id), tokens)
 
     def prefill_done(self, request_id: str) -> None:
         entry = self._prefill.pop(request_id, None)
         if entry is not None:
-            worker_id, tokens = entry
-            left = self._queued.get(worker_id, 0) - tokens
-            if left > 0:
-                self._queued[worker_id] = left
-            else:
-                self._queued.pop(worker_id, None)
+            worker_id, tokens, tenant = entry
+            _add(self._queued, worker_id, -tokens)
+            _add(self._by_tenant, (tenant, worker_id), -tokens)
 
     def queued(self, worker_id: str) -> int:
         return self._queued.get(worker_id, 0)
+
+    def queued_by_tenant(self, worker_ids: Iterable[str]) -> dict[str | None, int]:
+        """Tenant -> its queued prefill tokens on these workers (tenants with none are left out)."""
+        workers = set(worker_ids)
+        out: dict[str | None, int] = {}
+        for (tenant, worker_id), tokens in self._by_tenant.items():
+            if worker_id in workers:
+                out[tenant] = out.get(tenant, 0) + tokens
+        return out
 
     # -- finished requests ---------------------------------------------------------------------
     def finished(self, now: float, decision: RouteDecision, block_size: int, prompt_tokens: int,

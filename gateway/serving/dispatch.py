@@ -3,7 +3,9 @@
 `Router.decide` (gateway.routing.policy.route unless the config names another policy) picks a worker; the
 stream is opened and its first message awaited. A worker that fails before it is left out, the
 failed attempt recorded in the request stats (ok=False, its variant), and the request re-routed (at
-most `max_attempts` workers); the decision is recorded. When the only workers left are behind open
+most `max_attempts` workers); a worker that refuses it for load (RESOURCE_EXHAUSTED, HTTP 429) is not a
+failure, and the request is not re-routed: the client gets 429 + Retry-After, so an overloaded pool never
+sees retries (flow control, gateway/serving/admission.py, keeps the queues short before that); the decision is recorded. When the only workers left are behind open
 circuit breakers, it waits (once) for the first to turn half-open, if that comes before the client's
 deadline, instead of failing at once.
 
@@ -85,7 +87,7 @@ async def dispatch(ctx: ServingContext, prep: Prepared) -> Dispatched:
             it = stream.__aiter__()
             # until its first message the request is queued prefill on that worker (routing's load signal)
             ctx.pool_tracker.prefill_started(prep.request_id, decision.worker_id, len(prep.prompt_ids) - min(
-                decision.cached_blocks * block_size, len(prep.prompt_ids) - 1))
+                decision.cached_blocks * block_size, len(prep.prompt_ids) - 1), prep.tenant)
             try:
                 first = await it.__anext__()
             except (EngineCallError, StopAsyncIteration) as e:
@@ -97,6 +99,10 @@ async def dispatch(ctx: ServingContext, prep: Prepared) -> Dispatched:
                 if isinstance(e, EngineCallError) and not e.retryable:
                     span.end()
                     raise errors.InvalidRequest(f"the engine rejected the request: {e.details}") from None
+                if isinstance(e, EngineCallError) and e.busy:  # never retried into a loaded pool
+                    span.end()
+                    raise errors.EngineBusy(f"worker {decision.worker_id} refused the request for load "
+                                            f"({e.details}). Retry after 1 s.") from None
                 last_error = e if isinstance(e, EngineCallError) else EngineCallError(
                     decision.worker_id, "EMPTY", "stream ended without output", True)
                 span.record_exception(last_error)

@@ -46,6 +46,7 @@ class Prepared:
     variant_override: str | None
     arrival: float = field(default_factory=time.perf_counter)
     deadline: float | None = None  # time.monotonic() when the client's own timeout passes; None: none
+    tenant: str | None = None  # the API key's id (flow control's fairness key); None: the API is open
 
 
 @dataclass

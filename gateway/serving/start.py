@@ -3,8 +3,9 @@ returns their runs. Every API starts here (gateway/api/completions.py, responses
 
     pending    count it in (429 when `max_pending_requests` are in flight: gateway/serving/pending.py)
     prepare    render and tokenize (gateway/serving/generation.py; a long prompt off the event loop)
-    admit      admission control: refuse a request that would wait too long in an engine queue (429 +
-               Retry-After, gateway/serving/admission.py)
+    admit      admission control and flow control: refuse a request that would wait too long in an engine
+               queue, by its priority band and its API key's share (429 + Retry-After,
+               gateway/serving/admission.py)
     limits     the API key's limits (gateway/control/limits.py; LeaseMiddleware releases the lease)
     dispatch   route and open the engine stream (gateway/serving/dispatch.py)
 """
@@ -19,6 +20,7 @@ from dataclasses import replace
 from starlette.requests import Request
 
 from gateway import errors
+from gateway.control.limits import STANDARD
 from gateway.serving import admission
 from gateway.serving.api_request import ApiRequest
 from gateway.serving.context import ServingContext, serving_context
@@ -74,18 +76,21 @@ async def start(request: Request, apis: list[ApiRequest], session_key: str | Non
         for api in apis:
             if api.model not in ctx.models:
                 raise errors.ModelNotFound(api.model)
+        key_id = getattr(request.state, "api_key_id", None)
+        key_limits = ctx.config.key_limits.get(key_id) if key_id else None
+        band = admission.request_band(key_limits.band if key_limits else STANDARD,
+                                      request.headers.get(admission.BAND_HEADER))
         for _ in apis:
             ctx.pending.claim()
             claimed += 1
         preps = [await _prepare(request, ctx, api, session_key) for api in apis]
         if len(preps) > 1:  # one id per choice set: each engine call needs its own request id
             preps = [replace(p, request_id=f"{p.request_id}-{i}") for i, p in enumerate(preps)]
-        if deadline is not None:
-            preps = [replace(p, deadline=deadline) for p in preps]
-        for p in preps:  # a wait past max_queue_wait_s (or the client's timeout) is a 429 before any work
-            await admission.admit(ctx, p, None if deadline is None else deadline - time.monotonic())
+        preps = [replace(p, deadline=deadline, tenant=key_id) for p in preps]
+        for p in preps:  # a wait past its band's bound (or the client's timeout) is a 429 before any work
+            await admission.admit(ctx, p, None if deadline is None else deadline - time.monotonic(), band)
         request.state.key_lease = await ctx.limiter.acquire(  # per-key limits; LeaseMiddleware releases it
-            getattr(request.state, "api_key_id", None), apis[0].model,
+            key_id, apis[0].model,
             sum(len(p.prompt_ids) + p.max_tokens * p.api.sampling.n for p in preps))
         results = await asyncio.gather(*(dispatch(ctx, p) for p in preps), return_exceptions=True)
         dispatched = [r for r in results if isinstance(r, Dispatched)]

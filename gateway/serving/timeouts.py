@@ -44,7 +44,6 @@ from gateway.errors import InvalidRequest
 log = logging.getLogger("duet.gateway.timeouts")
 
 OK, ERROR, STALL, FIRST_TOKEN, DEADLINE = "ok", "error", "stall", "first_token", "deadline"
-_BUSY_CODES = frozenset({"RESOURCE_EXHAUSTED"})  # the worker refused for load: not a fault
 
 
 @dataclass(frozen=True)
@@ -142,7 +141,7 @@ class WatchedStream:
             except EngineCallError as e:
                 self._watchdog.forget(self)
                 # the worker failed; a request it refused as invalid, or for load, is not its fault
-                if e.retryable and e.code not in _BUSY_CODES:
+                if e.retryable and not e.busy:
                     self._watchdog.report(self.worker_id, ERROR)
                 raise
             except StopAsyncIteration:

@@ -15,8 +15,8 @@ records the error "previous turn failed". In open loop a turn with `think_s` wai
 parent finished (a user reading and typing); closed loop sends it at once. Records come back in the
 order of `requests`. A request's `response_format` goes into its body as it is (structured output).
 
-Each request is a streaming completion with a token-id prompt, `ignore_eos`, temperature 0 and
-`stream_options.include_usage`. TTFT is the time to the first chunk carrying text (or the finish);
+Each request is a streaming completion with a token-id prompt (with `decode`, the prompt decoded to text),
+`ignore_eos`, temperature 0 and `stream_options.include_usage`. TTFT is the time to the first chunk carrying text (or the finish);
 inter-token latencies are the gaps between later text chunks (a chunk may hold several tokens, e.g.
 when a stop string is pending); output tokens come from the usage chunk (else the chunk count).
 """
@@ -84,9 +84,10 @@ class RequestRecord:
 
 class _Bench:
     def __init__(self, url: str, model: str, requests: Sequence[BenchRequest], encode, api_key: str | None,
-                 timeout_s: float, keep_prompts: bool, progress: bool) -> None:
+                 timeout_s: float, keep_prompts: bool, progress: bool, decode=None) -> None:
         self.url = url.rstrip("/") + ("/completions" if url.rstrip("/").endswith("/v1") else "/v1/completions")
         self.model, self.encode, self.keep = model, encode, keep_prompts
+        self.decode = decode  # given: prompts go out as text (routers that hash text see text)
         self.requests = list(requests)
         ids = {r.request_id for r in self.requests}
         if len(ids) != len(self.requests):
@@ -141,7 +142,8 @@ class _Bench:
         return rec
 
     async def _send(self, r: BenchRequest, prompt: tuple[int, ...], rec: RequestRecord) -> None:
-        body = {"model": self.model, "prompt": list(prompt), "max_tokens": r.max_tokens, "stream": True,
+        body = {"model": self.model, "prompt": self.decode(list(prompt)) if self.decode else list(prompt),
+                "max_tokens": r.max_tokens, "stream": True,
                 "stream_options": {"include_usage": True}, "temperature": 0.0, "ignore_eos": r.ignore_eos}
         if r.user is not None:
             body["user"] = r.user
@@ -253,7 +255,8 @@ def poisson_arrivals(requests: Sequence[BenchRequest], rate: float, seed: int = 
 async def arun_benchmark(url: str, model: str, requests: Sequence[BenchRequest], *, rate: float | None = None,
                          concurrency: int | None = None, encode: Callable[[str], list[int]] | None = None,
                          api_key: str | None = None, timeout_s: float = 600.0, keep_prompts: bool = False,
-                         progress: bool = True, seed: int = 0) -> list[RequestRecord]:
+                         progress: bool = True, seed: int = 0,
+                         decode: Callable[[list[int]], str] | None = None) -> list[RequestRecord]:
     if rate is not None and concurrency is not None:
         raise ValueError("give --rate or --concurrency, not both")
     if rate is not None and not rate > 0:
@@ -262,7 +265,7 @@ async def arun_benchmark(url: str, model: str, requests: Sequence[BenchRequest],
         raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
     if rate is None and concurrency is None and any(r.arrival_s is None and r.depends_on is None for r in requests):
         raise ValueError("this workload has no arrival times: give --rate R or --concurrency C")
-    bench = _Bench(url, model, requests, encode, api_key, timeout_s, keep_prompts, progress)
+    bench = _Bench(url, model, requests, encode, api_key, timeout_s, keep_prompts, progress, decode)
     try:
         bench.t0 = time.perf_counter()
         if concurrency is not None:

@@ -69,13 +69,19 @@ def _site_packages(venv: Path) -> Path:
     return venv / "lib" / version / "site-packages"
 
 
-def _run(cmd: list[str], log: Path) -> None:
+def run_logged(cmd: list[str], log: Path) -> None:
     with log.open("ab") as f:
         f.write(f"$ {' '.join(cmd)}\n".encode())
         f.flush()
         done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False)
     if done.returncode != 0:
         raise PeerError(f"{' '.join(cmd[:4])} ... failed with exit code {done.returncode}; see {log}")
+
+
+def base_python() -> str:
+    """The base interpreter, not the project's virtualenv: a peer's virtualenv must not see Duet's packages."""
+    base = Path(sysconfig.get_config_var("BINDIR") or Path(sys.base_prefix) / "bin") / "python3"
+    return str(base if base.exists() else sys.executable)
 
 
 def write_version_dist_info(site_packages: Path, version: str = VERSION) -> Path:
@@ -96,13 +102,11 @@ def ensure_installed(progress=print) -> Path:
     venv.mkdir(parents=True, exist_ok=True)
     log = venv.parent / f"{venv.name}-install.log"
     progress(f"installing {PACKAGE}=={VERSION} into {venv} (log: {log}); this takes a few minutes once")
-    # the base interpreter, not the project's virtualenv: the peer must not see Duet's packages
-    base = Path(sysconfig.get_config_var("BINDIR") or Path(sys.base_prefix) / "bin") / "python3"
     if not (venv / "bin" / "python").exists():
-        _run([str(base if base.exists() else sys.executable), "-m", "venv", str(venv)], log)
+        run_logged([base_python(), "-m", "venv", str(venv)], log)
     pip = str(venv / "bin" / "pip")
-    _run([pip, "install", f"{PACKAGE}=={VERSION}"], log)
-    _run([pip, "uninstall", "-y", *MISMATCHED], log)
+    run_logged([pip, "install", f"{PACKAGE}=={VERSION}"], log)
+    run_logged([pip, "uninstall", "-y", *MISMATCHED], log)
     write_version_dist_info(_site_packages(venv))
     (venv / _MARKER).write_text(f"{PACKAGE}=={VERSION}\n")
     return venv
@@ -137,9 +141,9 @@ class VllmServer:
 
     def __init__(self, venv: Path, model_dir: Path, served_name: str, log_dir: Path, *, max_num_seqs: int,
                  max_num_batched_tokens: int, kv_cache_gib: int, ready_timeout_s: float = 900.0,
-                 extra_args: tuple[str, ...] = (), config: str = "vllm") -> None:
+                 extra_args: tuple[str, ...] = (), config: str = "vllm", env: dict[str, str] | None = None) -> None:
         self.venv, self.model_dir, self.served_name = venv, Path(model_dir), served_name
-        self.config_env = config_env(config)
+        self.config_env = {**config_env(config), **(env or {})}  # env: the caller's own (a core binding)
         self.log_path = log_dir / f"{config}.log"
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.kv_cache_gib = kv_cache_gib

@@ -177,7 +177,7 @@ def test_with_a_low_queue_bound_the_overflow_is_refused_at_once_and_never_starte
         assert _wait(lambda: all(e.load().num_running == 0 for e in engines), 30)
         assert sum(e.started_tokens() for e in engines) - before == PROMPT_TOKENS * len(ok)
         metrics = httpx.get(gw.url + "/metrics").text
-        assert f'duet_admission_refused_total{{model="{MODEL}"}} {float(len(refused))}' in metrics, metrics
+        assert f'duet_admission_refused_total{{band="standard",model="{MODEL}"}} {float(len(refused))}' in metrics, metrics
     finally:
         gw.stop()
 

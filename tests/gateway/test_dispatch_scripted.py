@@ -61,6 +61,21 @@ async def test_an_engine_refusing_the_request_is_a_400_and_no_other_worker_is_tr
     assert [len(paged.requests), len(prefix.requests)] == [1, 0]
 
 
+async def test_a_worker_refusing_for_load_is_a_429_and_the_request_is_not_sent_elsewhere(fake_gateway):
+    """Flow control: a busy worker means a loaded pool; a retry would add to it (vllm-router's retry storms)."""
+    paged, prefix = FakeEngine("paged"), FakeEngine("prefix")
+    gw = await fake_gateway(paged, prefix)
+    paged.script([Fail("RESOURCE_EXHAUSTED", "64 requests in flight")])
+    r = await gw.http.post("/v1/completions", json={"model": MODEL, "prompt": "one shot", "max_tokens": 2})
+    assert r.status_code == 429, r.text
+    assert r.headers["retry-after"] == "1"
+    err = r.json()["error"]
+    assert err["code"] == "engine_overloaded" and "64 requests in flight" in err["message"]
+    assert [len(paged.requests), len(prefix.requests)] == [1, 0]
+    assert gw.gateway.fleet.get(paged.worker_id).healthy  # busy is not broken
+    assert gw.gateway.pending.count == 0
+
+
 async def test_every_worker_failing_before_its_first_token_is_a_502_naming_the_last_error(fake_gateway):
     engines = [FakeEngine("paged", worker_id=f"w{i}") for i in range(4)]
     gw = await fake_gateway(*engines, limits={"max_attempts": 3})

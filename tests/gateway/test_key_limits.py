@@ -144,6 +144,11 @@ def test_key_limits_config_defaults_overrides_and_bad_values():
     assert cfg.key_limits[api_key_id("sk-a")] == KeyLimits(requests_per_minute=10, models=("m",))
     assert cfg.key_limits[api_key_id("sk-b")] == KeyLimits(requests_per_minute=99, max_concurrent=2, models=("m",))
     assert cfg.api_keys == {"sk-a": "", "sk-b": "b"}
+    banded = from_dict({"auth": {"default_key_limits": {"band": "sheddable"},
+                                 "api_keys": ["sk-a", {"key": "sk-b", "band": "critical"}]}})
+    assert [banded.key_limits[api_key_id(k)].band for k in ("sk-a", "sk-b")] == ["sheddable", "critical"]
+    with pytest.raises(ConfigError, match="band must be one of critical, standard, sheddable"):
+        from_dict({"auth": {"api_keys": [{"key": "k", "band": "gold"}]}})
     with pytest.raises(ConfigError, match="requests_per_minute must be a positive integer"):
         from_dict({"auth": {"api_keys": [{"key": "k", "requests_per_minute": 0}]}})
     with pytest.raises(ConfigError, match="stall_s must be > 0"):

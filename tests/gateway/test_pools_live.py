@@ -95,3 +95,15 @@ def test_the_queued_prefill_ledger_adds_and_clears_per_request():
     assert t.queued("w") == 300
     t.prefill_done("r2")
     assert t.queued("w") == 0
+
+
+def test_the_ledger_counts_each_tenant_s_queued_prefill_per_worker():
+    t = PoolTracker(GatewayMetrics())
+    t.prefill_started("r1", "w1", 500, "heavy")
+    t.prefill_started("r2", "w2", 300, "heavy")
+    t.prefill_started("r3", "w1", 40, "light")
+    t.prefill_started("r4", "other-model", 900, "light")
+    assert t.queued_by_tenant(["w1", "w2"]) == {"heavy": 800, "light": 40}
+    t.prefill_done("r3")
+    assert t.queued_by_tenant(["w1", "w2"]) == {"heavy": 800}  # a tenant with nothing queued is not counted
+    assert t.queued("w1") == 500

@@ -1,0 +1,189 @@
+"""The routers a team would install instead of Duet's gateway, each from PyPI into a virtualenv of its own, and
+the process that runs one (or Duet's gateway) in front of a set of OpenAI-compatible engine servers.
+
+    PEERS                      package, version and policies of sglang-router, smg and vllm-router
+    ROUTERS                    every contender `duet bench routers` knows: "duet" and "<package>:<policy>"
+    ensure_installed(peer)     the peer's virtualenv under Duet's cache dir (pip, once; a marker file written
+                               last says the install finished), as loadtests/stack/vllm_server.py makes vLLM's
+    RouterProcess(...)         a context manager: the router on a free port, its log in a file, ready once
+                               `/v1/models` (or `/health`) answers; `cpu_seconds()` is its process tree's CPU time
+
+Each peer runs with its own defaults except what the comparison needs: the servers' URLs, the policy, and for
+vllm-router's kv_aware the servers' KV-event endpoints with the model identity and KV block size they hash with
+(its `--kv-event-model` and `--kv-event-block-size`: without them the events name another model and block size
+than the prompts it hashes, and nothing matches). Their retries stay at their defaults: a router that re-sends
+requests under load shows it as retry amplification in the report.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Self
+
+from duet.cache_dir import cache_root
+from loadtests.stack.vllm_server import PeerError, base_python, run_logged
+
+_MARKER = ".duet-peer-installed"
+DUET = "duet"
+
+
+@dataclass(frozen=True)
+class Peer:
+    package: str
+    version: str
+    module: str  # `python -m <module>` starts the router
+    policies: tuple[str, ...]
+
+
+PEERS = {
+    "sglang-router": Peer("sglang-router", "0.3.2", "sglang_router.launch_router", ("cache_aware",)),
+    "smg": Peer("smg", "1.13.0", "smg.launch_router", ("cache_aware",)),
+    "vllm-router": Peer("vllm-router", "0.1.17", "vllm_router.launch_router",
+                        ("round_robin", "cache_aware", "kv_aware")),
+}
+ROUTERS = (DUET, *(f"{name}:{policy}" for name, peer in PEERS.items() for policy in peer.policies))
+
+
+def parse_router(name: str) -> tuple[Peer | None, str | None]:
+    """"duet" -> (None, None); "vllm-router:kv_aware" -> (the peer, "kv_aware"); ValueError otherwise."""
+    if name == DUET:
+        return None, None
+    package, _, policy = name.partition(":")
+    peer = PEERS.get(package)
+    if peer is None or policy not in peer.policies:
+        raise ValueError(f"unknown router {name!r}: choose from {', '.join(ROUTERS)}")
+    return peer, policy
+
+
+def venv_dir(peer: Peer) -> Path:
+    return cache_root() / f"peer-router-{peer.package}-{peer.version}"
+
+
+def installed(peer: Peer) -> bool:
+    return (venv_dir(peer) / _MARKER).is_file()
+
+
+def ensure_installed(peer: Peer, progress=print) -> Path:
+    """The peer's virtualenv, installed on first use (seconds: each is one Rust wheel and a few packages)."""
+    venv = venv_dir(peer)
+    if installed(peer):
+        return venv
+    venv.mkdir(parents=True, exist_ok=True)
+    log = venv.parent / f"{venv.name}-install.log"
+    progress(f"installing {peer.package}=={peer.version} into {venv} (log: {log})")
+    if not (venv / "bin" / "python").exists():
+        run_logged([base_python(), "-m", "venv", str(venv)], log)
+    run_logged([str(venv / "bin" / "pip"), "install", "-q", f"{peer.package}=={peer.version}"], log)
+    (venv / _MARKER).write_text(f"{peer.package}=={peer.version}\n")
+    return venv
+
+
+@dataclass(frozen=True)
+class KvSource:
+    """One engine server's KV-event publisher, for vllm-router's kv_aware."""
+
+    worker_url: str
+    endpoint: str  # tcp://host:port
+    replay_endpoint: str | None = None
+
+
+def peer_argv(peer: Peer, policy: str, port: int, urls: list[str], *, model: str | None = None,
+              block_size: int | None = None, kv_sources: tuple[KvSource, ...] = ()) -> list[str]:
+    argv = [str(venv_dir(peer) / "bin" / "python"), "-m", peer.module, "--host", "127.0.0.1", "--port", str(port),
+            "--worker-urls", *urls, "--policy", policy]
+    if peer.package == "vllm-router" and policy == "kv_aware" and kv_sources:
+        for s in kv_sources:
+            argv += ["--kv-event-source", f"{s.worker_url}={s.endpoint}"]
+            if s.replay_endpoint:
+                argv += ["--kv-event-replay-source", f"{s.worker_url}={s.replay_endpoint}"]
+        if model:
+            argv += ["--kv-event-model", model]
+        if block_size:
+            argv += ["--kv-event-block-size", str(block_size)]
+    return argv
+
+
+class RouterProcess:
+    """A router process (`argv`) on `port`; stopped with its whole process group on exit."""
+
+    def __init__(self, name: str, argv: list[str], port: int, log_path: Path, env: dict | None = None,
+                 ready_timeout_s: float = 120.0) -> None:
+        self.name, self.argv, self.port, self.log_path = name, argv, port, log_path
+        self.url = f"http://127.0.0.1:{port}"
+        self.env = env
+        self.ready_timeout_s = ready_timeout_s
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> Self:
+        env = dict(os.environ if self.env is None else self.env, PYTHONUNBUFFERED="1")
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, start_new_session=True)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise PeerError(f"{self.name} exited with {self.proc.returncode} while starting; log: {self.log_path}"
+                                f"\n{self.tail()}")
+            for path in ("/v1/models", "/health"):
+                try:
+                    with urllib.request.urlopen(self.url + path, timeout=2) as r:
+                        if r.status == 200:
+                            return
+                except (urllib.error.URLError, OSError):
+                    pass
+            time.sleep(0.5)
+        raise PeerError(f"{self.name} not ready after {self.ready_timeout_s:.0f}s; log: {self.log_path}")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the router's process and its children so far."""
+        import psutil
+
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return 0.0
+        total = 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
