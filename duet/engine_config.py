@@ -93,9 +93,17 @@ class PagedConfig:
     enable_prefix_caching: bool = setting(True, "automatic prefix caching of full KV pages (default: on, as in vLLM)")
     schedule_policy: str = setting("fcfs", "admission order: fcfs, or priority (a request's `priority`, lower "
                                            "first, then arrival)", choices=PAGED_POLICIES)
+    # decode-first, then at most this many prefill tokens (vLLM's chunked prefill idea): a document's prefill
+    # cannot stretch every decoding request's inter-token time to a whole --max-num-batched-tokens step
+    max_prefill_tokens_while_decoding: int = setting(
+        256, "most prompt tokens a step prefills while any sequence is decoding (decodes are scheduled first; "
+             "0: no cap beyond --max-num-batched-tokens)", type=int)
 
     def __post_init__(self) -> None:
         _check_choices(self)
+        if self.max_prefill_tokens_while_decoding < 0:
+            raise ValueError(f"max_prefill_tokens_while_decoding={self.max_prefill_tokens_while_decoding}: "
+                             "must be 0 (no cap) or more")
 
 
 @dataclass(frozen=True)
@@ -195,3 +203,6 @@ def from_args(cls: type[KindConfig], args: argparse.Namespace) -> KindConfig:
     """The config a kind's parsed flags describe (flags it does not take keep their defaults)."""
     engine = EngineConfig(**{name: getattr(args, name) for name in cls.SHARED})
     return cls(engine=engine, **{f.name: getattr(args, f.name) for f in _own_fields(cls)})
+
+
+PAGED_DEFAULTS = PagedConfig()  # the paged kind's own defaults, read by its scheduler (as ENGINE_DEFAULTS is)

@@ -1,7 +1,8 @@
 """`duet engine paged`: the paged scheduler over the runtime engine_core.builder assembles, served by the
 shared worker (engine_core.worker). Automatic prefix caching is on unless `--no-enable-prefix-caching`; its KV
 events hash blocks of one page (GetInfo's hash_block_size). `--schedule-policy priority` admits by a request's
-`priority` (lower first, FCFS among equals); `fcfs` ignores it.
+`priority` (lower first, FCFS among equals); `fcfs` ignores it. `--max-prefill-tokens-while-decoding` caps the
+prompt tokens a step adds while sequences decode (engine_paged.scheduler).
 
 ``build_engine(config)`` assembles the parts (tests and benchmarks call it in-process); ``main(config)`` is the CLI.
 """
@@ -36,6 +37,7 @@ def build_scheduler(config: PagedConfig, pool, sampler: Sampler, *, max_model_le
     sched_config = PagedSchedulerConfig(max_model_len=max_model_len, vocab_size=vocab_size,
                                         eos_token_ids=tuple(eos_token_ids), max_num_seqs=engine.max_num_seqs,
                                         max_num_batched_tokens=engine.max_num_batched_tokens,
+                                        max_prefill_tokens_while_decoding=config.max_prefill_tokens_while_decoding,
                                         priority=config.schedule_policy == "priority")
     return PagedScheduler(sched_config, block_manager, sampler, copy_pages or pool.copy_pages)
 
