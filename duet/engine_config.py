@@ -84,6 +84,12 @@ class EngineConfig:
 ENGINE_DEFAULTS = EngineConfig()
 
 
+# engine_paged: prompt tokens a step may add beside decodes, by device. A step's fixed cost (weights read once) hides
+# about this many prompt tokens: ~40 on one CPU core for a SmolLM2-sized model (57 ms a step, 1.4 ms a prompt token,
+# loadtests/sim/fleet/cpu_cost.json); an H200 decode step of Llama-3.1-8B is memory-bound for ~300 (the h200 cost model)
+PREFILL_TOKENS_WHILE_DECODING = {"cpu": 64, "cuda": 256}
+
+
 @dataclass(frozen=True)
 class PagedConfig:
     """`duet engine paged`: vLLM-style paged KV with automatic prefix caching."""
@@ -93,17 +99,21 @@ class PagedConfig:
     enable_prefix_caching: bool = setting(True, "automatic prefix caching of full KV pages (default: on, as in vLLM)")
     schedule_policy: str = setting("fcfs", "admission order: fcfs, or priority (a request's `priority`, lower "
                                            "first, then arrival)", choices=PAGED_POLICIES)
-    # decode-first, then at most this many prefill tokens (vLLM's chunked prefill idea): a document's prefill
-    # cannot stretch every decoding request's inter-token time to a whole --max-num-batched-tokens step
-    max_prefill_tokens_while_decoding: int = setting(
-        256, "most prompt tokens a step prefills while any sequence is decoding (decodes are scheduled first; "
-             "0: no cap beyond --max-num-batched-tokens)", type=int)
+    max_prefill_tokens_while_decoding: int | None = setting(
+        None, "most prompt tokens a step prefills while any sequence decodes; decodes are scheduled first "
+              "(default: 64 on a CPU, 256 on a GPU; 0: no cap beyond --max-num-batched-tokens)", type=int)
 
     def __post_init__(self) -> None:
         _check_choices(self)
-        if self.max_prefill_tokens_while_decoding < 0:
+        if self.max_prefill_tokens_while_decoding is not None and self.max_prefill_tokens_while_decoding < 0:
             raise ValueError(f"max_prefill_tokens_while_decoding={self.max_prefill_tokens_while_decoding}: "
                              "must be 0 (no cap) or more")
+
+    def prefill_tokens_while_decoding(self, device_type: str) -> int:
+        """The cap on a decoding step's prefill tokens on a `device_type` ("cpu", "cuda") device."""
+        if self.max_prefill_tokens_while_decoding is not None:
+            return self.max_prefill_tokens_while_decoding
+        return PREFILL_TOKENS_WHILE_DECODING.get(device_type, PREFILL_TOKENS_WHILE_DECODING["cpu"])
 
 
 @dataclass(frozen=True)
@@ -204,5 +214,3 @@ def from_args(cls: type[KindConfig], args: argparse.Namespace) -> KindConfig:
     engine = EngineConfig(**{name: getattr(args, name) for name in cls.SHARED})
     return cls(engine=engine, **{f.name: getattr(args, f.name) for f in _own_fields(cls)})
 
-
-PAGED_DEFAULTS = PagedConfig()  # the paged kind's own defaults, read by its scheduler (as ENGINE_DEFAULTS is)

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from duet.contract import FinishReason
-from duet.engine_config import ENGINE_DEFAULTS, PAGED_DEFAULTS
+from duet.engine_config import ENGINE_DEFAULTS, PREFILL_TOKENS_WHILE_DECODING
 from engine_core.errors import CapacityError, InvalidRequestError
 from engine_core.forward_batch import SeqChunk
 from engine_core.request import KvEvent, LoadStats, Request, StepOutput
@@ -51,7 +51,7 @@ class PagedSchedulerConfig:
     eos_token_ids: tuple[int, ...]
     max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs
     max_num_batched_tokens: int = ENGINE_DEFAULTS.max_num_batched_tokens
-    max_prefill_tokens_while_decoding: int = PAGED_DEFAULTS.max_prefill_tokens_while_decoding  # 0: no cap
+    max_prefill_tokens_while_decoding: int = PREFILL_TOKENS_WHILE_DECODING["cpu"]  # 0: no cap
     priority: bool = False  # honour Request.priority (lower first)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from duet.contract import KIND_CAPABILITIES, PAGED
 from duet.engine_config import PagedConfig
 from engine_core.builder import load_runtime
@@ -27,7 +29,8 @@ def build_scheduler(config: PagedConfig, pool, sampler: Sampler, *, max_model_le
                     eos_token_ids: tuple[int, ...], vocab_size: int, model_id: str, watermark: float = 0.01,
                     copy_pages: Callable[[list[tuple[int, int]]], None] | None = None) -> PagedScheduler:
     """The paged scheduler `config` describes over `pool` (a KVPool, or anything with its `num_pages`,
-    `page_size` and `copy_pages`): the worker, the offline LLM and the fleet simulator build it here.
+    `page_size`, `copy_pages` and `device`, whose type picks the default prefill cap): the worker, the offline LLM
+    and the fleet simulator build it here.
     `copy_pages` defaults to copying within `pool`; the worker passes its runtime's (tensor parallelism: one
     that copies on every rank). The scheduler reads no clock (its queue order is the requests' own)."""
     engine = config.engine
@@ -37,7 +40,8 @@ def build_scheduler(config: PagedConfig, pool, sampler: Sampler, *, max_model_le
     sched_config = PagedSchedulerConfig(max_model_len=max_model_len, vocab_size=vocab_size,
                                         eos_token_ids=tuple(eos_token_ids), max_num_seqs=engine.max_num_seqs,
                                         max_num_batched_tokens=engine.max_num_batched_tokens,
-                                        max_prefill_tokens_while_decoding=config.max_prefill_tokens_while_decoding,
+                                        max_prefill_tokens_while_decoding=config.prefill_tokens_while_decoding(
+                                            torch.device(pool.device).type),
                                         priority=config.schedule_policy == "priority")
     return PagedScheduler(sched_config, block_manager, sampler, copy_pages or pool.copy_pages)
 
