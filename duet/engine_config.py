@@ -84,11 +84,11 @@ class EngineConfig:
 ENGINE_DEFAULTS = EngineConfig()
 
 
-# engine_paged: prompt tokens a step may add beside decodes, by device: about what a decode step's fixed cost hides.
-# One CPU core reads a SmolLM2-sized model's weights in 35-57 ms a step and prefills 1.4-2.2 ms a token
-# (loadtests/sim/fleet/cpu_cost.json and its history); an H200 decode step of Llama-3.1-8B is memory-bound up to
-# ~300 tokens, and in the fleet simulation 512 kept 99% of the uncapped goodput (docs/benchmarks.md)
-PREFILL_TOKENS_WHILE_DECODING = {"cpu": 64, "cuda": 512}
+# engine_paged: prompt tokens a step may add beside decodes, by device. Too few and every step pays its fixed cost
+# (the weights read once) again for a few prompt tokens: on one CPU core (35-57 ms a step, 1.4-2.2 ms a prompt token,
+# loadtests/sim/fleet/cpu_cost.json) 64 ran the paged worker past its capacity in duet bench classes, 256 did not;
+# on an H200 (Llama-3.1-8B, the fleet simulation) 512 kept 99% of the uncapped goodput (docs/benchmarks.md)
+PREFILL_TOKENS_WHILE_DECODING = {"cpu": 256, "cuda": 512}
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class PagedConfig:
                                            "first, then arrival)", choices=PAGED_POLICIES)
     max_prefill_tokens_while_decoding: int | None = setting(
         None, "most prompt tokens a step prefills while any sequence decodes; decodes are scheduled first "
-              "(default: 64 on a CPU, 512 on a GPU; 0: no cap beyond --max-num-batched-tokens)", type=int)
+              "(default: 256 on a CPU, 512 on a GPU; 0: no cap beyond --max-num-batched-tokens)", type=int)
 
     def __post_init__(self) -> None:
         _check_choices(self)

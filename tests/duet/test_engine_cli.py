@@ -78,11 +78,11 @@ def test_flags_become_the_kinds_config():
 
 
 def test_the_paged_prefill_cap_is_the_devices_unless_given():
-    """Unset, a CPU worker adds at most 64 prompt tokens to a decoding step and a GPU worker 512 (a GPU decode step
+    """Unset, a CPU worker adds at most 256 prompt tokens to a decoding step and a GPU worker 512 (a GPU decode step
     hides more prefill); a given value, 0 (no cap) included, holds on every device."""
     default = parse("paged", "--port", "7")
     assert default.max_prefill_tokens_while_decoding is None
-    assert (default.prefill_tokens_while_decoding("cpu"), default.prefill_tokens_while_decoding("cuda")) == (64, 512)
+    assert (default.prefill_tokens_while_decoding("cpu"), default.prefill_tokens_while_decoding("cuda")) == (256, 512)
     for value in (0, 128):
         given = parse("paged", "--port", "7", "--max-prefill-tokens-while-decoding", str(value))
         assert given.prefill_tokens_while_decoding("cpu") == given.prefill_tokens_while_decoding("cuda") == value

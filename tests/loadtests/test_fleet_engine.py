@@ -84,7 +84,7 @@ def test_aging_runs_on_the_virtual_clock():
     assert _admitted_first(waited_s=10.0) == ["cold"]  # overdue on the virtual clock: it goes first
 
 
-@pytest.mark.parametrize("profile, cap", [("h200", 512), ("h200-70b", 512), ("cpu", 64)])
+@pytest.mark.parametrize("profile, cap", [("h200", 512), ("h200-70b", 512), ("cpu", 256)])
 def test_the_simulated_paged_engine_caps_prefill_beside_decodes_as_its_device_does(profile, cap):
     config = SimEngine.build("w", "paged", EngineProfile.for_cost_model(profile), COST,
                              clock=lambda: 0.0).core.scheduler.config
