@@ -84,6 +84,13 @@ class EngineConfig:
 ENGINE_DEFAULTS = EngineConfig()
 
 
+# engine_paged: prompt tokens a step may add beside decodes, by device. Too few and every step pays its fixed cost
+# (the weights read once) again for a few prompt tokens: on one CPU core (35-57 ms a step, 1.4-2.2 ms a prompt token,
+# loadtests/sim/fleet/cpu_cost.json) 64 ran the paged worker past its capacity in duet bench classes, 256 did not;
+# on an H200 (Llama-3.1-8B, the fleet simulation) 512 kept 99% of the uncapped goodput (docs/benchmarks.md)
+PREFILL_TOKENS_WHILE_DECODING = {"cpu": 256, "cuda": 512}
+
+
 @dataclass(frozen=True)
 class PagedConfig:
     """`duet engine paged`: vLLM-style paged KV with automatic prefix caching."""
@@ -93,9 +100,21 @@ class PagedConfig:
     enable_prefix_caching: bool = setting(True, "automatic prefix caching of full KV pages (default: on, as in vLLM)")
     schedule_policy: str = setting("fcfs", "admission order: fcfs, or priority (a request's `priority`, lower "
                                            "first, then arrival)", choices=PAGED_POLICIES)
+    max_prefill_tokens_while_decoding: int | None = setting(
+        None, "most prompt tokens a step prefills while any sequence decodes; decodes are scheduled first "
+              "(default: 256 on a CPU, 512 on a GPU; 0: no cap beyond --max-num-batched-tokens)", type=int)
 
     def __post_init__(self) -> None:
         _check_choices(self)
+        if self.max_prefill_tokens_while_decoding is not None and self.max_prefill_tokens_while_decoding < 0:
+            raise ValueError(f"max_prefill_tokens_while_decoding={self.max_prefill_tokens_while_decoding}: "
+                             "must be 0 (no cap) or more")
+
+    def prefill_tokens_while_decoding(self, device_type: str) -> int:
+        """The cap on a decoding step's prefill tokens on a `device_type` ("cpu", "cuda") device."""
+        if self.max_prefill_tokens_while_decoding is not None:
+            return self.max_prefill_tokens_while_decoding
+        return PREFILL_TOKENS_WHILE_DECODING.get(device_type, PREFILL_TOKENS_WHILE_DECODING["cpu"])
 
 
 @dataclass(frozen=True)
@@ -195,3 +214,4 @@ def from_args(cls: type[KindConfig], args: argparse.Namespace) -> KindConfig:
     """The config a kind's parsed flags describe (flags it does not take keep their defaults)."""
     engine = EngineConfig(**{name: getattr(args, name) for name in cls.SHARED})
     return cls(engine=engine, **{f.name: getattr(args, f.name) for f in _own_fields(cls)})
+

@@ -1,19 +1,25 @@
 """Continuous batching over paged KV: who runs this step, with how many tokens.
 
 Each step has a token budget (`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`):
-  1. decode tokens of running sequences first (one each), oldest request first;
-  2. then prefill chunks of running requests still in their prompt, so a long prompt is cut in
-     chunks and never stalls the decoding of others;
+  1. decode tokens of running sequences first (one each), oldest request first: every decoding
+     sequence gets its token before any prefill is considered;
+  2. then prefill chunks of running requests still in their prompt, oldest first, so a long prompt
+     is cut in chunks and never stalls the decoding of others;
   3. then new requests from the waiting queue, FCFS (with `priority`: lower value first, FCFS
      among equals), head of line only, while budget, sequence cap and free pages (above the
      watermark) allow. Nothing is admitted in a step that had to preempt. With the prefix cache
      (engine_paged.prefix_cache) a sequence starts from its longest cached prefix; the cached pages
      it takes from the LRU count against the free room, and the hit is reported as cached_tokens.
+In a step that decodes, 2 and 3 together add at most `max_prefill_tokens_while_decoding` tokens (as
+vLLM's chunked prefill bounds partial prefills), so a document's prefill makes each decode step only
+that much longer instead of a whole budget's worth; the oldest prefill still gets the cap every step,
+so it finishes in a bounded number of steps. A step with nothing to decode prefills the whole budget.
 When a running sequence needs a page and none is free, the NEWEST running request is preempted:
-its pages are freed and it goes back to the waiting queue at its original place, to be
-recomputed from its prompt and the tokens it already produced (nothing already streamed is sent
-again). The oldest request is therefore never preempted by a newer one: no starvation. If a
-request cannot get a page even when it runs alone, it ends with CapacityError and the others go on.
+its pages are freed, its entries of this step are withdrawn, and it goes back to the waiting queue
+at its original place, to be recomputed from its prompt and the tokens it already produced (nothing
+already streamed is sent again). The oldest request is therefore never preempted by a newer one: no
+starvation. If a request cannot get a page even when it runs alone, it ends with CapacityError and the
+others go on.
 
 Sampling, n > 1 forks and beam search live in `engine_paged.postprocess.OutputProcessor`, which this
 scheduler owns (it never imports the scheduler back).
@@ -27,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from duet.contract import FinishReason
-from duet.engine_config import ENGINE_DEFAULTS
+from duet.engine_config import ENGINE_DEFAULTS, PREFILL_TOKENS_WHILE_DECODING
 from engine_core.errors import CapacityError, InvalidRequestError
 from engine_core.forward_batch import SeqChunk
 from engine_core.request import KvEvent, LoadStats, Request, StepOutput
@@ -45,6 +51,7 @@ class PagedSchedulerConfig:
     eos_token_ids: tuple[int, ...]
     max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs
     max_num_batched_tokens: int = ENGINE_DEFAULTS.max_num_batched_tokens
+    max_prefill_tokens_while_decoding: int = PREFILL_TOKENS_WHILE_DECODING["cpu"]  # 0: no cap
     priority: bool = False  # honour Request.priority (lower first)
 
 
@@ -139,33 +146,39 @@ class PagedScheduler:
     # -- one step ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput[ScheduledSeq] | None:
         batch = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens
-        preempted = False
-        for decode_pass in (True, False):
-            i = 0
-            while i < len(self.running) and budget > 0:
-                group = self.running[i]
-                result = self._schedule_group(group, batch, budget, decode_pass)
-                if result is None:  # could not get pages even after preempting everyone newer
-                    preempted = True
-                    if i == 0 and len(self.running) == 1:
-                        self._fail(group, CapacityError(
-                            f"request {group.request_id} needs more KV pages than this worker has "
-                            f"({self.bm.num_total_pages} pages of {self.bm.page_size} tokens)"))
-                    else:
-                        self._preempt(group)
-                    continue
-                budget, did_preempt = result
-                preempted |= did_preempt
-                i += 1
-        if not preempted:
-            budget = self._admit(batch, budget)
+        budget, preempted = self._schedule_running(batch, self.config.max_num_batched_tokens, decode_pass=True)
+        cap = self.config.max_prefill_tokens_while_decoding
+        if batch.entries and cap:  # the decodes have their tokens; prefills share at most the cap
+            budget = min(budget, cap)
+        budget, preempted_for_prefill = self._schedule_running(batch, budget, decode_pass=False)
+        if not (preempted or preempted_for_prefill):
+            self._admit(batch, budget)
         return batch if batch.entries else None
+
+    def _schedule_running(self, batch: SchedulerOutput, budget: int, decode_pass: bool) -> tuple[int, bool]:
+        """One pass over the running groups, oldest first; (budget left, preempted?)."""
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            group = self.running[i]
+            result = self._schedule_group(group, batch, budget, decode_pass)
+            if result is None:  # could not get pages even after preempting everyone newer
+                preempted = True
+                if i == 0 and len(self.running) == 1:
+                    self._fail(group, CapacityError(
+                        f"request {group.request_id} needs more KV pages than this worker has "
+                        f"({self.bm.num_total_pages} pages of {self.bm.page_size} tokens)"))
+                else:
+                    self._preempt(group)
+                continue
+            budget, did_preempt = result
+            preempted |= did_preempt
+            i += 1
+        return budget, preempted
 
     def _schedule_group(self, group: SequenceGroup, batch: SchedulerOutput, budget: int, decode_pass: bool):
         """Slots for this pass's sequences of `group`; (budget left, preempted?) or None when the
         group itself must give way (its entries of this step are withdrawn)."""
-        mark = len(batch.entries)
         preempted = False
         for seq in group.live:
             if (seq.num_uncomputed == 1) != decode_pass or seq.num_uncomputed == 0 or budget <= 0:
@@ -174,10 +187,9 @@ class PagedScheduler:
             while not self.bm.can_append(seq.seq_id, n):
                 victim = self.running[-1]
                 if victim is group:
-                    for e in batch.entries[mark:]:
-                        budget += e.num_tokens
-                    del batch.entries[mark:], batch.chunks[mark:]
+                    self._withdraw(batch, group)
                     return None
+                self._withdraw(batch, victim)  # a prefill can preempt a group whose decode is already in
                 self._preempt(victim)
                 preempted = True
             self._add_entry(batch, group, seq, n)
@@ -222,6 +234,14 @@ class PagedScheduler:
                 budget -= n
             num_seqs += group.width
         return budget
+
+    @staticmethod
+    def _withdraw(batch: SchedulerOutput, group: SequenceGroup) -> None:
+        """Take `group`'s entries out of this step: it is giving way, its pages are about to be freed. Their
+        tokens do not go back to the budget (a step that preempts admits nothing)."""
+        keep = [i for i, e in enumerate(batch.entries) if e.group is not group]
+        batch.entries[:] = [batch.entries[i] for i in keep]
+        batch.chunks[:] = [batch.chunks[i] for i in keep]
 
     def _add_entry(self, batch: SchedulerOutput, group: SequenceGroup, seq: Sequence, n: int) -> None:
         copies = self.bm.append_slots(seq.seq_id, n)

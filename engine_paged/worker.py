@@ -1,7 +1,8 @@
 """`duet engine paged`: the paged scheduler over the runtime engine_core.builder assembles, served by the
 shared worker (engine_core.worker). Automatic prefix caching is on unless `--no-enable-prefix-caching`; its KV
 events hash blocks of one page (GetInfo's hash_block_size). `--schedule-policy priority` admits by a request's
-`priority` (lower first, FCFS among equals); `fcfs` ignores it.
+`priority` (lower first, FCFS among equals); `fcfs` ignores it. `--max-prefill-tokens-while-decoding` caps the
+prompt tokens a step adds while sequences decode (engine_paged.scheduler).
 
 ``build_engine(config)`` assembles the parts (tests and benchmarks call it in-process); ``main(config)`` is the CLI.
 """
@@ -9,6 +10,8 @@ events hash blocks of one page (GetInfo's hash_block_size). `--schedule-policy p
 from __future__ import annotations
 
 from collections.abc import Callable
+
+import torch
 
 from duet.contract import KIND_CAPABILITIES, PAGED
 from duet.engine_config import PagedConfig
@@ -26,7 +29,8 @@ def build_scheduler(config: PagedConfig, pool, sampler: Sampler, *, max_model_le
                     eos_token_ids: tuple[int, ...], vocab_size: int, model_id: str, watermark: float = 0.01,
                     copy_pages: Callable[[list[tuple[int, int]]], None] | None = None) -> PagedScheduler:
     """The paged scheduler `config` describes over `pool` (a KVPool, or anything with its `num_pages`,
-    `page_size` and `copy_pages`): the worker, the offline LLM and the fleet simulator build it here.
+    `page_size`, `copy_pages` and `device`, whose type picks the default prefill cap): the worker, the offline LLM
+    and the fleet simulator build it here.
     `copy_pages` defaults to copying within `pool`; the worker passes its runtime's (tensor parallelism: one
     that copies on every rank). The scheduler reads no clock (its queue order is the requests' own)."""
     engine = config.engine
@@ -36,6 +40,8 @@ def build_scheduler(config: PagedConfig, pool, sampler: Sampler, *, max_model_le
     sched_config = PagedSchedulerConfig(max_model_len=max_model_len, vocab_size=vocab_size,
                                         eos_token_ids=tuple(eos_token_ids), max_num_seqs=engine.max_num_seqs,
                                         max_num_batched_tokens=engine.max_num_batched_tokens,
+                                        max_prefill_tokens_while_decoding=config.prefill_tokens_while_decoding(
+                                            torch.device(pool.device).type),
                                         priority=config.schedule_policy == "priority")
     return PagedScheduler(sched_config, block_manager, sampler, copy_pages or pool.copy_pages)
 

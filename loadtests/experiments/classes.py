@@ -136,6 +136,10 @@ def run_one(kind: str, workload: str, model: Path, s: Settings, src: TokenSource
             "num_requests": summary["num_requests"], "num_good": summary["num_good"],
             "num_errors": summary["num_errors"], "errors": summary["errors"], "goodput_rps": summary["goodput_rps"],
             "duration_s": summary["duration_s"], **{c: after[c] - before[c] for c in COUNTERS},
+            # over every request of the run (a mixed run's tails: does one class's prefill stretch the others?)
+            "ttft_p50_ms": summary["ttft_ms"]["p50"], "ttft_p99_ms": summary["ttft_ms"]["p99"],
+            "tpot_p50_ms": summary["tpot_ms"]["p50"], "tpot_p99_ms": summary["tpot_ms"]["p99"],
+            "itl_p50_ms": summary["itl_ms"]["p50"], "itl_p99_ms": summary["itl_ms"]["p99"],
             "classes": {c: _class_row(g, s.slo.bound(c).describe()) for c, g in summary["by_class"].items()}}
 
 

@@ -35,6 +35,7 @@ def parse(*argv: str):
     (["sim", "--quantization", "int8"], "--quantization"),
     (["sim", "--no-compile"], "--no-compile"),
     (["paged", "--sim-ms-per-token", "3"], "--sim-ms-per-token"),
+    (["prefix", "--max-prefill-tokens-while-decoding", "64"], "--max-prefill-tokens-while-decoding"),
 ])
 def test_a_flag_the_kind_does_not_read_is_a_usage_error(argv, flag, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -48,6 +49,7 @@ def test_a_flag_the_kind_does_not_read_is_a_usage_error(argv, flag, capsys):
                                   ["paged", "--kv-cache-tokens", "64", "--kv-cache-memory-gb", "1"], ["prefix"],
                                   ["paged", "--tensor-parallel-size", "0"], ["prefix", "--tensor-parallel-size", "-1"],
                                   ["paged", "--quantization", "int4"],
+                                  ["paged", "--max-prefill-tokens-while-decoding", "-1"],
                                   ["prefix", "--quantization", "int8", "--tensor-parallel-size", "2"]])
 def test_bad_or_missing_values_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -73,6 +75,17 @@ def test_flags_become_the_kinds_config():
     sim = parse("sim", "--port", "7", "--host", "0.0.0.0", "--sim-as", "paged", "--sim-capabilities", "n,logprobs")
     assert (sim.sim_as, sim.sim_capabilities, sim.engine.worker_label) == ("paged", ("n", "logprobs"), "0.0.0.0:7")
     assert parse("sim", "--port", "7", "--sim-capabilities", "").sim_capabilities == ()
+
+
+def test_the_paged_prefill_cap_is_the_devices_unless_given():
+    """Unset, a CPU worker adds at most 256 prompt tokens to a decoding step and a GPU worker 512 (a GPU decode step
+    hides more prefill); a given value, 0 (no cap) included, holds on every device."""
+    default = parse("paged", "--port", "7")
+    assert default.max_prefill_tokens_while_decoding is None
+    assert (default.prefill_tokens_while_decoding("cpu"), default.prefill_tokens_while_decoding("cuda")) == (256, 512)
+    for value in (0, 128):
+        given = parse("paged", "--port", "7", "--max-prefill-tokens-while-decoding", str(value))
+        assert given.prefill_tokens_while_decoding("cpu") == given.prefill_tokens_while_decoding("cuda") == value
 
 
 def test_the_tensor_parallel_size_reaches_paged_and_prefix_configs():

@@ -40,11 +40,13 @@ class CountingRunner:
         return torch.stack(rows) if rows else torch.empty(0, VOCAB)
 
 
-def make(num_pages=64, page=4, max_seqs=16, budget=64, priority=False, watermark=0.0, cache=False):
+def make(num_pages=64, page=4, max_seqs=16, budget=64, priority=False, watermark=0.0, cache=False, prefill_cap=0):
+    """`prefill_cap` 0: no cap on prefill while decoding (the budget alone, as most tests here assume)."""
     bm = BlockManager(PageAllocator(num_pages), page, watermark=watermark,
                       prefix_cache=PrefixCache("model", page) if cache else None)
     config = PagedSchedulerConfig(max_model_len=4096, vocab_size=VOCAB, eos_token_ids=(EOS,), max_num_seqs=max_seqs,
-                                  max_num_batched_tokens=budget, priority=priority)
+                                  max_num_batched_tokens=budget, max_prefill_tokens_while_decoding=prefill_cap,
+                                  priority=priority)
     return PagedScheduler(config, bm, Sampler(VOCAB, (EOS,), seed=0), copy_pages=lambda pairs: None)
 
 

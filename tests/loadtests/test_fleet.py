@@ -19,8 +19,9 @@ from loadtests.sim.fleet.engine import EngineProfile, SimEngine, make_request
 from loadtests.sim.fleet.simulator import FleetSim, SimSettings, StackSpec
 from loadtests.sim.fleet.workload import build
 
-# small enough to preempt: 40 requests of up to 2k tokens on 12k tokens of KV
-SMALL = EngineProfile(kv_cache_tokens=12_288, max_num_seqs=16, max_num_batched_tokens=1024, max_model_len=4096)
+# small enough to preempt: 40 requests of up to 2k tokens on 4k tokens of KV (engine_paged caps the prefill it
+# adds beside decodes, so with 12k it no longer runs short)
+SMALL = EngineProfile(kv_cache_tokens=4_096, max_num_seqs=16, max_num_batched_tokens=1024, max_model_len=4096)
 
 
 def _workload():

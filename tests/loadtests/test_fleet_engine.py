@@ -19,7 +19,8 @@ COST = RooflineCostModel()
 
 def _started_worker_scheduler(kind: str, profile: EngineProfile):
     """The scheduler `duet engine KIND --port ... --page-size ... --kv-cache-tokens ... --max-num-seqs ...
-    --max-num-batched-tokens ...` builds: every other setting is the command line's default."""
+    --max-num-batched-tokens ...` builds on the deployment's device: every other setting is the command line's
+    default (engine_paged's prefill cap is the device's)."""
     parser = argparse.ArgumentParser()
     add_flags(parser, KINDS[kind])
     config = from_args(KINDS[kind], parser.parse_args([
@@ -29,7 +30,7 @@ def _started_worker_scheduler(kind: str, profile: EngineProfile):
         from engine_paged.worker import build_scheduler
     else:
         from engine_prefix.worker import build_scheduler
-    pool = PagePool(-(-profile.kv_cache_tokens // profile.page_size), profile.page_size)
+    pool = PagePool(-(-profile.kv_cache_tokens // profile.page_size), profile.page_size, profile.device)
     return build_scheduler(config, pool, Sampler(VOCAB, (EOS,), "cpu", 0), max_model_len=profile.max_model_len,
                            eos_token_ids=(EOS,), vocab_size=VOCAB, model_id=MODEL_ID)
 
@@ -81,3 +82,10 @@ def test_aging_runs_on_the_virtual_clock():
     # the monotonic clock would make the cold prompt (arrived at virtual 90 s or 99 s) overdue either way
     assert _admitted_first(waited_s=1.0) == ["hot"]  # cache order: it has waited less than aging_s
     assert _admitted_first(waited_s=10.0) == ["cold"]  # overdue on the virtual clock: it goes first
+
+
+@pytest.mark.parametrize("profile, cap", [("h200", 512), ("h200-70b", 512), ("cpu", 256)])
+def test_the_simulated_paged_engine_caps_prefill_beside_decodes_as_its_device_does(profile, cap):
+    config = SimEngine.build("w", "paged", EngineProfile.for_cost_model(profile), COST,
+                             clock=lambda: 0.0).core.scheduler.config
+    assert config.max_prefill_tokens_while_decoding == cap

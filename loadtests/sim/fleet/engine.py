@@ -3,8 +3,9 @@ replaced by `CostRunner`, which returns cheap logits and advances a virtual cloc
 
 Each kind's scheduler is built by its worker's own builder (`engine_paged.worker.build_scheduler`,
 `engine_prefix.worker.build_scheduler`) from `worker_config`: the worker's default config (`duet engine
-paged|prefix` with no flags) given only the deployment's KV budget, batch limits and page size. So engine_prefix
-runs reuse-aware eviction and 2 s aging as a worker does, and a test (tests/loadtests/test_fleet_engine.py)
+paged|prefix` with no flags) given only the deployment's KV budget, batch limits and page size, on the deployment's
+device (engine_paged's prefill cap while decoding is the device's default). So engine_prefix runs reuse-aware
+eviction and 2 s aging as a worker does, and a test (tests/loadtests/test_fleet_engine.py)
 fails if a simulated scheduler's settings ever differ from the worker's defaults. Scheduler time is the
 engine's clock, here the simulation's virtual time (`SimEngine.build(clock=...)`), and a request's
 `arrival_time` is when it reached the worker on that clock, so aging runs under virtual time as it does live.
@@ -51,6 +52,7 @@ class EngineProfile:
     max_num_batched_tokens: int
     max_model_len: int
     page_size: int = ENGINE_DEFAULTS.page_size
+    device: str = "cpu"  # what the deployment runs on: it picks the defaults a worker takes from its device
 
     @classmethod
     def for_cost_model(cls, name: str) -> EngineProfile:
@@ -58,12 +60,12 @@ class EngineProfile:
             # Llama-3.1-8B bf16 on one H200: ~100 GiB of the 141 GB left for KV at 128 KiB a token; batch limits
             # as a GPU deployment sets them (vLLM's defaults on a large GPU)
             return cls(kv_cache_tokens=819_200, max_num_seqs=256, max_num_batched_tokens=8192,
-                       max_model_len=131_072)
+                       max_model_len=131_072, device="cuda")
         if name == "h200-70b":
             # Llama-3.1-70B FP8 on one H200: 141 GB less 69.6 GB of weights and ~10 GB of activations and graphs
             # leave ~60 GB, 180k tokens at 320 KiB a token: a fifth of the 8B model's KV per worker
             return cls(kv_cache_tokens=180_000, max_num_seqs=256, max_num_batched_tokens=8192,
-                       max_model_len=131_072)
+                       max_model_len=131_072, device="cuda")
         limits = EngineLimits(kv_cache_tokens=4096)  # what the local stack's workers get (duet bench compare)
         return cls(kv_cache_tokens=limits.kv_cache_tokens, max_num_seqs=limits.max_num_seqs,
                    max_num_batched_tokens=limits.max_num_batched_tokens, max_model_len=8192,
@@ -76,6 +78,7 @@ class PagePool:
 
     num_pages: int
     page_size: int
+    device: str = "cpu"  # the modelled deployment's (engine_paged's builder reads it for its device defaults)
 
     def copy_pages(self, pairs) -> None:
         pass  # no KV is stored: copy-on-write has nothing to copy
@@ -117,7 +120,7 @@ def build_scheduler(kind: str, profile: EngineProfile, seed: int = 0, clock: Cal
     engine's (the simulator passes its virtual time)."""
     config = worker_config(kind, profile)
     sampler = Sampler(VOCAB, (EOS,), "cpu", seed)
-    pool = PagePool(-(-profile.kv_cache_tokens // profile.page_size), profile.page_size)
+    pool = PagePool(-(-profile.kv_cache_tokens // profile.page_size), profile.page_size, profile.device)
     model = {"max_model_len": profile.max_model_len, "eos_token_ids": (EOS,), "vocab_size": VOCAB,
              "model_id": MODEL_ID}
     if kind == PAGED:

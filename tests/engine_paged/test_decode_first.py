@@ -1,0 +1,123 @@
+"""Decode room first, then a capped share for prefills (engine_paged.scheduler, issue 46 item 4): a long prompt
+arriving among decoding requests adds at most `max_prefill_tokens_while_decoding` tokens to each of their steps,
+still finishes its prefill in a bounded number of steps, and the page accounting stays exact throughout."""
+
+from __future__ import annotations
+
+from engine_core.request import Request
+from engine_core.sampling_params import SamplingParams
+from engine_paged.sequence import GroupStatus
+from tests.engine_paged.test_scheduler import CountingRunner, expected, make, req, run
+
+CAP = 8
+BUDGET = 64
+
+
+def step(sched, runner, tokens):
+    """One step; its outputs go into `tokens` ((request, index) -> ids). Returns (request ids that decoded one
+    token this step, prefill tokens this step), read before the step's tokens count as computed."""
+    batch = sched.schedule()
+    decodes = {e.group.request_id for e in batch.entries if e.seq.num_computed >= e.seq.num_prompt}
+    prefill = sum(e.num_tokens for e in batch.entries if e.seq.num_computed < e.seq.num_prompt)
+    for o in sched.process(batch, runner.forward(batch.chunks)):
+        tokens.setdefault((o.request_id, o.index), []).extend(o.token_ids)
+    sched.bm.check_integrity()
+    return decodes, prefill
+
+
+def finish(sched, runner, tokens):
+    """Run to the end; every request's tokens, those streamed before included."""
+    rest, _, _, _ = run(sched, runner)
+    for key, ids in rest.items():
+        tokens.setdefault(key, []).extend(ids)
+    return tokens
+
+
+def test_every_decode_gets_its_token_and_prefill_takes_at_most_the_cap():
+    sched, runner = make(num_pages=256, page=4, budget=BUDGET, prefill_cap=CAP), CountingRunner()
+    shorts = [f"s{i}" for i in range(5)]
+    for i, rid in enumerate(shorts):
+        sched.add(req(rid, [10 + i, 20 + i], 80, arrival=i))
+    tokens = {}
+    step(sched, runner, tokens)  # the five prompts in one step: nobody decodes yet, so the whole budget is open
+    long_prompt = list(range(1, 201))
+    sched.add(req("doc", long_prompt, 3, arrival=10))
+    steps_to_prefill = 0
+    while sched.groups["doc"].seqs[0].num_computed < len(long_prompt):
+        decodes, prefill = step(sched, runner, tokens)
+        assert decodes == set(shorts), "a decoding request lost its token to the prefill"
+        assert prefill == CAP, f"{prefill} prefill tokens in a step with 5 decodes (cap {CAP})"
+        steps_to_prefill += 1
+    # the prefill was never starved: the cap every step, so exactly ceil(200 / 8) steps
+    assert steps_to_prefill == -(-len(long_prompt) // CAP)
+    finish(sched, runner, tokens)
+    assert tokens[("doc", 0)] == expected(long_prompt, 3)
+    for i, rid in enumerate(shorts):
+        assert tokens[(rid, 0)] == expected([10 + i, 20 + i], 80), rid
+
+
+def test_without_decodes_a_prefill_takes_the_whole_budget():
+    sched, runner = make(num_pages=256, page=4, budget=BUDGET, prefill_cap=CAP), CountingRunner()
+    sched.add(req("doc", list(range(1, 201)), 2, arrival=0))
+    _, prefill = step(sched, runner, {})
+    assert prefill == BUDGET
+
+
+def test_cap_zero_leaves_the_budget_to_prefill_beside_decodes():
+    sched, runner = make(num_pages=256, page=4, budget=BUDGET, prefill_cap=0), CountingRunner()
+    sched.add(req("chat", [5, 6], 40, arrival=0))
+    step(sched, runner, {})
+    sched.add(req("doc", list(range(1, 201)), 2, arrival=1))
+    decodes, prefill = step(sched, runner, {})
+    assert decodes == {"chat"} and prefill == BUDGET - 1
+
+
+def test_a_stream_of_new_requests_does_not_starve_the_running_prefill():
+    """New short requests keep arriving while a long prompt prefills beside decodes: the oldest prefill keeps
+    its share every step, and every request gets its exact tokens."""
+    sched, runner = make(num_pages=512, page=4, budget=BUDGET, prefill_cap=CAP), CountingRunner()
+    tokens = {}
+    sched.add(req("chat", [7, 8], 60, arrival=0))
+    step(sched, runner, tokens)
+    long_prompt = list(range(1, 121))
+    sched.add(req("doc", long_prompt, 4, arrival=1))
+    prompts = {}
+    for k in range(15):
+        rid = f"late{k}"
+        prompts[rid] = [30 + k, 40 + k, 50 + k]
+        sched.add(req(rid, prompts[rid], 5, arrival=2 + k))
+        step(sched, runner, tokens)
+    assert sched.groups["doc"].seqs[0].num_computed == len(long_prompt), "the long prefill fell behind its cap"
+    finish(sched, runner, tokens)
+    assert tokens[("doc", 0)] == expected(long_prompt, 4)
+    for rid, prompt in prompts.items():
+        assert tokens[(rid, 0)] == expected(prompt, 5), rid
+
+
+def test_a_prefill_that_preempts_a_decoding_request_withdraws_its_entry():
+    """The decode pass has scheduled B; the older A's prefill chunk then needs B's pages and preempts it. B's
+    entry must leave the step: its pages are free again (and may be A's by now)."""
+    sched, runner = make(num_pages=10, page=4, budget=8, priority=True), CountingRunner()
+    tokens = {}
+    sched.add(Request("B", [1, 2, 3], SamplingParams(max_tokens=30, temperature=0.0), arrival_time=0, priority=1))
+    step(sched, runner, tokens)
+    step(sched, runner, tokens)
+    # A goes ahead of B in the running order (priority 0), so A's prefill may preempt B, the newest
+    sched.add(Request("A", list(range(100, 130)), SamplingParams(max_tokens=2, temperature=0.0), arrival_time=1))
+    saw_withdrawal = False
+    for _ in range(40):
+        if not sched.has_unfinished():
+            break
+        before = sched.num_preemptions
+        batch = sched.schedule()
+        for e, chunk in zip(batch.entries, batch.chunks):
+            assert e.group.status is GroupStatus.RUNNING, f"{e.group.request_id} is scheduled but not running"
+            assert chunk.page_table == sched.bm.block_table(e.seq.seq_id)
+        saw_withdrawal |= sched.num_preemptions > before
+        for o in sched.process(batch, runner.forward(batch.chunks)):
+            tokens.setdefault((o.request_id, o.index), []).extend(o.token_ids)
+        sched.bm.check_integrity()
+    assert saw_withdrawal, "the scenario no longer makes A's prefill preempt B"
+    finish(sched, runner, tokens)
+    assert tokens[("A", 0)] == expected(list(range(100, 130)), 2)
+    assert tokens[("B", 0)] == expected([1, 2, 3], 30)
