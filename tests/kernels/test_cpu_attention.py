@@ -91,7 +91,8 @@ def test_decode_groups_bound_the_padding():
     assert sorted(i for g in groups for i in g) == list(range(5))
 
 
-NATIVE_CASES = [c for c in CASES if c[4] == F32]  # the native kernels are fp32
+# the native kernels read fp32 or bf16 caches (csrc/kv_type.h): every fp32 case, and each again in bf16
+NATIVE_CASES = [c for c in CASES if c[4] == F32] + [(*c[:4], BF16, *c[5:]) for c in CASES if c[4] == F32]
 
 
 @pytest.fixture
@@ -112,7 +113,9 @@ def test_native_kernels_build_where_a_compiler_is(native, tmp_path):
     assert cpu_native.native_available()
     assert list((tmp_path / "kernels").glob("cpu_attention-*.so"))
     assert cpu_native.native_applies(torch.device("cpu"), F32, F32)
-    assert not cpu_native.native_applies(torch.device("cpu"), BF16, BF16)
+    assert cpu_native.native_applies(torch.device("cpu"), BF16, BF16)
+    assert not cpu_native.native_applies(torch.device("cpu"), F16, F16)
+    assert not cpu_native.native_applies(torch.device("cpu"), BF16, F32)
 
 
 _FLOAT_ENVIRONMENT = """
