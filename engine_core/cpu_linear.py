@@ -24,12 +24,12 @@ one graph for every batch size: inductor calls the op and never sees the oneDNN 
 
 A bf16 model (`--dtype bfloat16`, or `auto` on a CPU with AMX or AVX512_BF16) makes every plain Linear a
 `BF16PackedLinear`: oneDNN's bf16 inner product on a packed copy, for every call, decode and prefill, which runs
-on AMX tiles where the CPU has them. There the packed copy measured fastest at 1, 16 and 512 rows, and F.linear on
-a bf16 weight stored column-major (the layout above, which the model took before) 0.9-1.0x of the same weight
-row-major (loadtests/profiles/matmul_bench.py). The layer keeps only the packed copy: its `weight` is a one-element
-stand-in seen as [out, in] whose address finds the copy (what duet::cpu_linear takes), so bf16 weights are held
-once. There is no transformers parity to keep in bf16 (two bf16 kernels round differently anyway): the real-model
-tier holds bf16 to fp32's perplexity instead (tests/realmodel/test_real_bf16.py).
+on AMX tiles where the CPU has them. On the Xeon with AMX the packed copy measured 1.2x F.linear on the bf16
+weight at 16 rows (gate_up) and 1.3-1.4x at 1 row (the LM head); at 512 rows the three ways were within that
+loaded machine's spread (loadtests/profiles/matmul_bench.py, docs/benchmarks.md). The layer keeps only the packed
+copy: its `weight` is a one-element stand-in seen as [out, in] whose address finds the copy (what duet::cpu_linear
+takes), so bf16 weights are held once. There is no transformers parity to keep in bf16 (two bf16 kernels round
+differently anyway): the real-model tier holds bf16 to fp32's perplexity instead (tests/realmodel/test_real_bf16.py).
 
 `Int8Linear` (`--quantization int8`) keeps each weight as int8 with one scale per output channel (symmetric,
 absmax / 127), weight-only. Where the CPU has AVX512_BF16 every call, decode or prefill, runs Duet's kernel

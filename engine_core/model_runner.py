@@ -31,8 +31,8 @@ def _column_major_linear_weights(model: torch.nn.Module) -> None:
     F.linear computes x @ weight.T; with this layout weight.T is a plain row-major matrix, and MKL's GEMM on it
     measured 15-25% faster on the bench model at decode batch sizes (~32 rows, one thread), the same at prefill
     sizes. Values are unchanged; only the memory order is. Embeddings keep their row-major layout (a lookup
-    reads rows), so a tied lm_head is left alone. fp32 only: a bf16 weight stored so measured no faster than
-    row-major (loadtests/profiles/matmul_bench.py), so a bf16 layer left to F.linear keeps the checkpoint's order."""
+    reads rows), so a tied lm_head is left alone. fp32 only, where it was measured (MKL's fp32 GEMM); a bf16 model
+    packs every layer (engine_core/cpu_linear.py), and one left to F.linear keeps the checkpoint's order."""
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
             module.weight.data = module.weight.data.t().contiguous().t()
