@@ -18,7 +18,13 @@ from loadtests.experiments.peer import (
 )
 from loadtests.load.workloads import TokenSource
 from loadtests.stack.peer_backends import wrapped_side
-from loadtests.stack.vllm_server import CONFIGS, VllmServer, config_env, reserved_cpus, write_version_dist_info
+from loadtests.stack.vllm_server import (
+    CONFIGS,
+    VllmServer,
+    config_env,
+    reserved_cpus,
+    write_version_dist_info,
+)
 
 
 def _summary(tok_s, ttft, tpot, ok=8, errors=0):
