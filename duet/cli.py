@@ -40,7 +40,10 @@ def _run_engine(args: argparse.Namespace) -> int:
         from duet.model_pull import PullError, resolve_model
 
         try:
-            model = str(resolve_model(config.engine.model, config.engine.dtype))
+            from duet.auto_dtype import resolve_dtype
+
+            dtype = resolve_dtype(config.engine.dtype, config.engine.device)
+            model = str(resolve_model(config.engine.model, dtype or "float32"))
         except PullError as exc:
             raise SystemExit(f"duet engine: {exc}") from exc
         config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, model=model))
@@ -165,8 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--model", default=None,
                     help="model directory, .gguf file or pullable name; default: smollm2-135m-instruct, "
                          "pulled on first use (the tiny random model when it cannot be pulled)")
-    up.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                    help="dtype a .gguf or pulled model is dequantized to (a directory's config.json sets its own)")
+    up.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="dtype the workers compute in: auto is bfloat16 on a CPU with AMX or AVX512_BF16, else "
+                         "float32 (the directory's own on CUDA); printed at start")
     up.add_argument("--paged", type=int, default=None,
                     help="number of engine_paged workers (default 1; 0 when a --backend stands for the paged pool)")
     up.add_argument("--prefix", type=int, default=None,

@@ -18,11 +18,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from duet.auto_dtype import DTYPES
 from duet.contract import ENGINE_KINDS, PAGED, PREFIX, SIM
 
 PAGED_POLICIES = ("fcfs", "priority")
 PREFIX_POLICIES = ("lpm", "dfs-weight", "fcfs")  # engine_prefix.policy.Policy (a test keeps them equal)
-DTYPES = ("float32", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
 QUANTIZATIONS = ("none", "int8")  # engine_core.cpu_linear.QUANTIZATIONS (a test keeps them equal)
 
@@ -41,7 +41,10 @@ def _names(text: str) -> tuple[str, ...]:
 class EngineConfig:
     model: str | None = setting(None, "model directory (Hugging Face format), .gguf file or pullable name "
                                       "(default: the tiny random model; sim: only its config is read)", type=str)
-    dtype: str = setting("float32", "dtype a .gguf or pulled model is dequantized to", choices=DTYPES)
+    dtype: str = setting("auto", "dtype the model computes and caches K/V in (a fp32 directory is cast at load; a "
+                                 ".gguf or pulled model is converted to it): auto is bfloat16 on a CPU with AMX or "
+                                 "AVX512_BF16, float32 on other CPUs, the directory's own on CUDA "
+                                 "(duet/auto_dtype.py)", choices=DTYPES)
     device: str = setting("auto", "where the model runs (cuda with no CUDA device is an error)", choices=DEVICES)
     threads: int | None = setting(None, "torch CPU threads of this worker (default: OMP_NUM_THREADS, else every "
                                         "core it may use)", type=int)

@@ -67,6 +67,7 @@ class EngineLimits:
     torch_threads: int = 1
     paged_prefix_caching: bool = True  # engine_paged's automatic prefix caching (--[no-]enable-prefix-caching)
     quantization: str = "none"  # --quantization (int8: weight-only int8 on the CPU)
+    dtype: str | None = None  # --dtype (None: the worker's default, auto)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class WorkerSpec:
     redis: str | None = None
     device: str | None = None  # real engines only
     threads: int | None = None  # real engines only
+    dtype: str | None = None  # real engines only: --dtype (None: the worker's default, auto)
     tensor_parallel_size: int = 1  # real engines only: ranks (devices) the worker splits its model over
     limits: EngineLimits | None = None  # real engines only
     metrics_port: int | None = None  # real engines only: where it serves Prometheus /metrics (None: off)
@@ -131,7 +133,7 @@ def _engine_argv(spec: WorkerSpec) -> list[str]:
                               ("--sim-fail-rate", sim.fail_rate), ("--sim-cache-blocks", sim.cache_blocks),
                               ("--sim-capabilities", sim.capabilities), ("--sim-load-s", sim.load_s)])
     assert spec.sim is None, "sim options on a real engine worker"
-    argv += _flags([("--device", spec.device), ("--threads", spec.threads),
+    argv += _flags([("--device", spec.device), ("--threads", spec.threads), ("--dtype", spec.dtype),
                     ("--tensor-parallel-size", spec.tensor_parallel_size if spec.tensor_parallel_size > 1 else None),
                     ("--metrics-port", spec.metrics_port)])
     lim = spec.limits
@@ -141,6 +143,8 @@ def _engine_argv(spec: WorkerSpec) -> list[str]:
                         ("--max-num-batched-tokens", lim.max_num_batched_tokens)])
         if lim.quantization != "none":
             argv += ["--quantization", lim.quantization]
+        if lim.dtype is not None and spec.dtype is None:
+            argv += ["--dtype", lim.dtype]
         if spec.kind == PAGED:
             argv.append("--enable-prefix-caching" if lim.paged_prefix_caching else "--no-enable-prefix-caching")
     return argv + list(spec.extra_args)

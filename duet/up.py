@@ -78,6 +78,7 @@ class _Plan:
     admin_key_given: bool
     threads: int  # torch threads per real worker
     backends: tuple[dict, ...] = ()  # --backend entries, as the gateway config's `backends`
+    dtype: str | None = None  # what every real worker computes in (None: the directory's own: auto on CUDA)
 
     @property
     def workers(self) -> int:
@@ -98,7 +99,12 @@ def _plan(args: argparse.Namespace) -> _Plan | int:
     from gateway.backends.backend_spec import DEFAULT_KIND, BackendSpecError, parse_backend_flag
 
     try:
-        model = resolve_model(args.model, getattr(args, "dtype", "float32"), _say)
+        from duet.auto_dtype import describe, resolve_dtype
+
+        requested = getattr(args, "dtype", "auto")
+        dtype = resolve_dtype(requested, getattr(args, "device", "cpu"))
+        _say(describe(requested, dtype))
+        model = resolve_model(args.model, dtype or "float32", _say)
     except PullError as exc:
         print(f"duet up: {exc}", file=sys.stderr)
         return 2
@@ -124,7 +130,7 @@ def _plan(args: argparse.Namespace) -> _Plan | int:
     # each worker gets its share of the cores: more busy torch threads than cores stall every parallel op
     threads = max(1, len(os.sched_getaffinity(0)) // max(1, paged + prefix))
     return _Plan(model, args.host, args.port, paged, prefix, getattr(args, "gateways", 1),
-                 given_key or secrets.token_urlsafe(24), bool(given_key), threads, tuple(backends))
+                 given_key or secrets.token_urlsafe(24), bool(given_key), threads, tuple(backends), dtype)
 
 
 class _Up:
@@ -159,6 +165,7 @@ class _Up:
             metrics_port = self.metrics_ports.setdefault(worker_id, free_port())
             extra = shlex.split(getattr(a, f"{kind}_args", None) or "")
             spec = WorkerSpec(kind, model, port, worker_id, device=a.device, threads=self.plan.threads,
+                              dtype=self.plan.dtype,
                               tensor_parallel_size=getattr(a, "tensor_parallel_size", 1),
                               metrics_port=metrics_port, extra_args=tuple(extra))
         self.launcher.start_worker(worker_id, spec)

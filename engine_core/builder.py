@@ -14,17 +14,21 @@ device is visible, else the CPU; CUDA asked for where none is visible is a `Devi
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from duet.auto_dtype import describe, resolve_dtype
 from duet.engine_config import EngineConfig
 from duet.model_dir import ModelDir, read_model_dir
 from engine_core.errors import DeviceError
 from engine_core.kv_pool import KVPool, pages_for_budget
 from engine_core.model_runner import ModelRunner
 from engine_core.sampler import Sampler
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(name: str | torch.device) -> torch.device:
@@ -85,10 +89,12 @@ def load_runtime(config: EngineConfig, seed: int | None = None) -> Runtime:
     model_dir = read_model_dir(config.model)
     if config.tensor_parallel_size > 1:
         return _tensor_parallel_runtime(model_dir, config, seed)
+    dtype = resolve_dtype(config.dtype, resolve_device(config.device).type)
+    log.info("%s", describe(config.dtype, dtype))
     num_pages = pages_for_budget(model_dir.config, config.page_size, kv_cache_tokens=config.kv_cache_tokens,
-                                 kv_cache_memory_gb=config.kv_cache_memory_gb)
+                                 kv_cache_memory_gb=config.kv_cache_memory_gb, dtype=dtype)
     return build_runtime(model_dir, device=config.device, page_size=config.page_size, num_pages=num_pages,
-                         seed=seed, quantization=config.quantization, compile=config.compile,
+                         dtype=dtype, seed=seed, quantization=config.quantization, compile=config.compile,
                          enforce_eager=config.enforce_eager)
 
 

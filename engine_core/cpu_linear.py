@@ -22,6 +22,15 @@ there), at the cost of the tier's prefill bound. The copy doubles the layers' we
 The choice runs inside one custom op, `duet::cpu_linear`, so a compiled layer (engine_core/cpu_compile.py) keeps
 one graph for every batch size: inductor calls the op and never sees the oneDNN tensor it cannot trace.
 
+A bf16 model (`--dtype bfloat16`, or `auto` on a CPU with AMX or AVX512_BF16) makes every plain Linear a
+`BF16PackedLinear`: oneDNN's bf16 inner product on a packed copy, for every call, decode and prefill, which runs
+on AMX tiles where the CPU has them. On the Xeon with AMX the packed copy measured 1.2x F.linear on the bf16
+weight at 16 rows (gate_up) and 1.3-1.4x at 1 row (the LM head); at 512 rows the three ways were within that
+loaded machine's spread (loadtests/profiles/matmul_bench.py, docs/benchmarks.md). The layer keeps only the packed
+copy: its `weight` is a one-element stand-in seen as [out, in] whose address finds the copy (what duet::cpu_linear
+takes), so bf16 weights are held once. There is no transformers parity to keep in bf16 (two bf16 kernels round
+differently anyway): the real-model tier holds bf16 to fp32's perplexity instead (tests/realmodel/test_real_bf16.py).
+
 `Int8Linear` (`--quantization int8`) keeps each weight as int8 with one scale per output channel (symmetric,
 absmax / 127), weight-only. Where the CPU has AVX512_BF16 every call, decode or prefill, runs Duet's kernel
 (kernels/cpu_int8_linear.py: the weights widened to bf16 in registers, bf16 activations, fp32 sums), 1.8x the
@@ -39,8 +48,8 @@ to be a multiple of 16, so narrower layers (the tiny test models') are zero-padd
 
 `prepare_cpu_linears(model, quantization)` runs at load on the CPU only (a CUDA model keeps cuBLAS, which needs
 none of this). Only plain `nn.Linear` layers are swapped: tensor parallelism's row-parallel subclass keeps
-F.linear. DUET_CPU_PACKED_WEIGHTS=0 keeps F.linear everywhere in fp32 (the benchmarks' before/after, and half the
-weight memory).
+F.linear. DUET_CPU_PACKED_WEIGHTS=0 keeps F.linear everywhere (the benchmarks' before/after, and in fp32 half the
+weight memory); so does a bf16 model on a CPU oneDNN has no bf16 path for (no AVX-512).
 """
 
 from __future__ import annotations
@@ -109,7 +118,9 @@ _PACKED_PREFILL = os.environ.get("DUET_CPU_PACKED_PREFILL", "0") == "1"
 
 def _cpu_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x W^T + b: through W's packed copy in a decode step of PACKED_ROWS rows (with DUET_CPU_PACKED_PREFILL=1, in
-    any call of 2 rows or more), else F.linear on W itself."""
+    any call of 2 rows or more), else F.linear on W itself. A bf16 W is a stand-in: always its packed copy."""
+    if weight.dtype == torch.bfloat16:
+        return torch.ops.mkldnn._linear_pointwise(x, _packed_copy(weight), bias, "none", [], "")
     rows = x.numel() // x.shape[-1]
     use = rows >= 2 if _PACKED_PREFILL else getattr(_step, "decode", False) and rows in PACKED_ROWS
     packed = _packed_copy(weight) if use else None
@@ -130,6 +141,18 @@ def _cpu_linear_shape(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+def _keep_packed_copy(key: Tensor, weight: Tensor) -> None:
+    """Pack `weight` and file the copy under `key`'s address for as long as `key` lives."""
+    address = key.data_ptr()
+
+    def forget(ref: weakref.ref) -> None:
+        if _PACKED_COPIES.get(address, (None,))[0] is ref:
+            del _PACKED_COPIES[address]
+
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 32)
+    _PACKED_COPIES[address] = (weakref.ref(key, forget), packed)
+
+
 class DecodePackedLinear(nn.Module):
     """y = x W^T + b with W column-major, and a oneDNN-packed copy of W for decode-sized calls."""
 
@@ -138,14 +161,23 @@ class DecodePackedLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.weight = nn.Parameter(weight.detach().t().contiguous().t(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().contiguous(), requires_grad=False)
-        address = self.weight.data_ptr()
+        _keep_packed_copy(self.weight, weight)
 
-        def forget(ref: weakref.ref) -> None:
-            if _PACKED_COPIES.get(address, (None,))[0] is ref:
-                del _PACKED_COPIES[address]
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.duet.cpu_linear(x, self.weight, self.bias)
 
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 32)
-        _PACKED_COPIES[address] = (weakref.ref(self.weight, forget), packed)
+
+class BF16PackedLinear(nn.Module):
+    """y = x W^T + b in bf16, every call on W's oneDNN-packed copy (AMX tiles where the CPU has them); W's values
+    live only there: `weight` is a one-element stand-in of W's shape, the key to the copy."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None):
+        super().__init__()
+        assert weight.dtype == torch.bfloat16, weight.dtype
+        self.out_features, self.in_features = weight.shape
+        self.weight = nn.Parameter(weight.new_empty(1).expand(weight.shape), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().contiguous(), requires_grad=False)
+        _keep_packed_copy(self.weight, weight)
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.ops.duet.cpu_linear(x, self.weight, self.bias)
@@ -252,7 +284,10 @@ class GroupedInt8Linear(nn.Module):
 
 
 def packing_applies(device: torch.device, dtype: torch.dtype, environ=os.environ) -> bool:
-    return (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    """Whether a model of `dtype` on `device` gets oneDNN-packed matmuls: fp32, or bf16 where oneDNN has a bf16
+    path on this CPU (AVX-512 or newer), on the CPU, unless DUET_CPU_PACKED_WEIGHTS=0."""
+    packable = dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return (device.type == "cpu" and packable and torch.backends.mkldnn.is_available()
             and environ.get("DUET_CPU_PACKED_WEIGHTS", "1") != "0")
 
 
@@ -262,7 +297,8 @@ def prepare_cpu_linears(model: nn.Module, quantization: str = "none", decode_cop
     Int8Linear, or GroupedInt8Linear where `int8_blocks` holds the weight's Q8_0 blocks (by parameter name:
     engine_core/weights.py load_q8_0_blocks); in fp32 every plain Linear becomes a DecodePackedLinear (unless not
     `decode_copies`: a tensor-parallel rank, whose runner marks no decode steps) and the LM head is packed
-    (`model.head`). Returns how many matmuls were prepared."""
+    (`model.head`); in bf16 every plain Linear becomes a BF16PackedLinear and the head is packed. Returns how many
+    matmuls were prepared."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"--quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
     weight = next(model.parameters())
@@ -284,6 +320,9 @@ def prepare_cpu_linears(model: nn.Module, quantization: str = "none", decode_cop
             if blocks:
                 log.info("int8: %d matmuls serve the GGUF's Q8_0 blocks as they are, the others are quantized "
                          "per output channel", sum(isinstance(m, GroupedInt8Linear) for m in model.modules()))
+        elif packing_applies(weight.device, weight.dtype) and weight.dtype == torch.bfloat16:
+            count = _swap_linears(model, lambda _, w, b: BF16PackedLinear(w, b))
+            model.head = PackedLinear(head, None)
         elif packing_applies(weight.device, weight.dtype):
             count = _swap_linears(model, lambda _, w, b: DecodePackedLinear(w, b)) if decode_copies else 0
             model.head = PackedLinear(head, None)
@@ -292,8 +331,9 @@ def prepare_cpu_linears(model: nn.Module, quantization: str = "none", decode_cop
     if not model.tie_word_embeddings:
         del model.lm_head  # the prepared copy replaces it; a tied head's embedding stays for the lookup
     log.info("%s", mkl_on_amd.STATUS)  # the plain-weight calls' MKL path (prefill, one row): engine_core/mkl_on_amd.py
-    log.info("CPU matmuls prepared at load: %d layers + the LM head, %s", count,
-             "int8, weight-only" if quantization == "int8" else "oneDNN-packed (the layers for decode-sized calls)")
+    how = {"int8": "int8, weight-only"}.get(quantization) or (
+        "bf16, oneDNN-packed" if weight.dtype == torch.bfloat16 else "oneDNN-packed (the layers for decode-sized calls)")
+    log.info("CPU matmuls prepared at load: %d layers + the LM head, %s", count, how)
     return count + 1
 
 

@@ -31,7 +31,8 @@ def _column_major_linear_weights(model: torch.nn.Module) -> None:
     F.linear computes x @ weight.T; with this layout weight.T is a plain row-major matrix, and MKL's GEMM on it
     measured 15-25% faster on the bench model at decode batch sizes (~32 rows, one thread), the same at prefill
     sizes. Values are unchanged; only the memory order is. Embeddings keep their row-major layout (a lookup
-    reads rows), so a tied lm_head is left alone."""
+    reads rows), so a tied lm_head is left alone. fp32 only, where it was measured (MKL's fp32 GEMM); a bf16 model
+    packs every layer (engine_core/cpu_linear.py), and one left to F.linear keeps the checkpoint's order."""
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
             module.weight.data = module.weight.data.t().contiguous().t()
@@ -61,7 +62,7 @@ def load_model(config, weight_files, device: torch.device, dtype: torch.dtype,
     # decode steps, so it keeps no packed decode copies
     blocks = load_q8_0_blocks(model, q8_0_file) if quantization == "int8" and q8_0_file is not None else None
     prepare_cpu_linears(model, quantization, decode_copies=prepare is None, int8_blocks=blocks)
-    if device.type == "cpu":
+    if device.type == "cpu" and dtype == torch.float32:
         _column_major_linear_weights(model)  # the Linear layers left to F.linear (none, unless packing is off)
     model.build_rope_cache(device)
     compile_decoder(model, compile, quantization)  # CPU only, after every weight is in its final form

@@ -16,6 +16,9 @@ if shutil.which("nvidia-smi") is None:
 # torch.compile at every model load would cost each test seconds: the tests run eager unless they ask for
 # compile (tests/engine_core/test_cpu_compile.py, the real-model parity with compile on); users get it by default.
 os.environ.setdefault("DUET_COMPILE", "0")
+# `--dtype auto` computes in fp32 under the tests on every CPU: their checks against transformers are fp32 parity;
+# bf16 is tested where it is asked for (tests/realmodel/test_real_bf16.py, the kernels' bf16 cases)
+os.environ.setdefault("DUET_DTYPE", "float32")
 
 import socket
 import subprocess

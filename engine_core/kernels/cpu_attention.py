@@ -19,9 +19,10 @@ Decode rows are grouped by context length (sorted, cut where padding to the grou
 cost more than a quarter of extra work), so a ragged batch does not pay its longest context in every row.
 An extend chunk with nothing cached before it attends to its own new K/V directly: causal SDPA, no gather.
 
-With `native=True` (the caller checked cpu_native.native_applies: CPU, fp32, a C compiler) the decode rows and the
-extend chunks go to the native kernels instead (cpu_paged_decode.py, cpu_paged_extend.py), which read the pages
-in place; the plan then holds only their int32 inputs.
+With `native=True` (the caller checked cpu_native.native_applies: CPU, fp32 or bf16, a C compiler) the decode rows
+and the extend chunks go to the native kernels instead (cpu_paged_decode.py, cpu_paged_extend.py), which read the
+pages in place; the plan then holds only their int32 inputs. The kernels compute in fp32: a bf16 model's queries
+are widened for them and their outputs narrowed back, once per layer (K and V stay bf16 in the pages).
 """
 
 from __future__ import annotations
@@ -146,22 +147,15 @@ def _gather(cache: Tensor, group: _Group, dtype: torch.dtype) -> Tensor:
 
 def paged_attention_planned(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
                             plan: AttentionPlan, scale: float) -> Tensor:
+    if plan.native is not None or plan.native_extend is not None:
+        return _native(q, k_cache, v_cache, plan, scale)
     gqa = q.shape[1] != k_cache.shape[2]
     out = torch.empty_like(q)
-    if plan.native is not None:
-        n = plan.native
-        rows = n.context_lens.shape[0]
-        out[:rows] = paged_decode_native(q[:rows], k_cache, v_cache, n.block_tables, n.context_lens, scale,
-                                         n.max_context)
     for g in plan.decode:
         qq = q.index_select(0, g.rows).unsqueeze(2)  # [n, Hq, 1, D]
         o = F.scaled_dot_product_attention(qq, _gather(k_cache, g, q.dtype), _gather(v_cache, g, q.dtype),
                                            attn_mask=g.mask, scale=scale, enable_gqa=gqa)
         out.index_copy_(0, g.rows, o.squeeze(2))
-    if plan.native_extend is not None:
-        e = plan.native_extend
-        paged_extend_native(q.contiguous(), k_cache, v_cache, e.block_tables, e.q_start, e.new_lens, e.prefix_lens,
-                            out, scale)
     for g in plan.extend:
         qq = q[g.rows].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
         if g.pages is None:
@@ -172,3 +166,18 @@ def paged_attention_planned(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_
                                                attn_mask=g.mask, scale=scale, enable_gqa=gqa)
         out[g.rows] = o[0].transpose(0, 1)
     return out
+
+
+def _native(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: AttentionPlan, scale: float) -> Tensor:
+    """The plan's rows on the native kernels (every row: a native plan leaves no group to the torch path)."""
+    q32 = q.float().contiguous()  # a copy in bf16, the tensor itself in fp32
+    out = torch.empty_like(q32)
+    if plan.native is not None:
+        n = plan.native
+        rows = n.context_lens.shape[0]
+        out[:rows] = paged_decode_native(q32[:rows], k_cache, v_cache, n.block_tables, n.context_lens, scale,
+                                         n.max_context)
+    if plan.native_extend is not None:
+        e = plan.native_extend
+        paged_extend_native(q32, k_cache, v_cache, e.block_tables, e.q_start, e.new_lens, e.prefix_lens, out, scale)
+    return out.to(q.dtype)

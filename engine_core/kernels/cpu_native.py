@@ -1,8 +1,8 @@
 """The native CPU attention kernels (csrc/*.c): built once per machine with the system C compiler, loaded with ctypes.
 
     native_available() -> bool
-    native_applies(device, dtype, cache_dtype) -> bool   # CPU, fp32 queries and caches, the library built
-    library() -> ctypes.CDLL | None                      # paged_decode_f32, paged_extend_f32
+    native_applies(device, dtype, cache_dtype) -> bool   # CPU, fp32 or bf16 queries and caches, the library built
+    library() -> ctypes.CDLL | None                      # paged_{decode,extend}_{f32,bf16}
     vector_floats() -> int                               # the extend tiles' width: 16 (AVX-512), 8 (AVX2), 1 (C)
     build_and_load(stem, sources, what) -> ctypes.CDLL | None  # any csrc library (cpu_int8_linear.py's too)
 
@@ -19,7 +19,9 @@ CPUs); the extend kernel has AVX-512 and AVX2 tiles and portable C; -march=nativ
 DUET_NATIVE_CPU_CFLAGS adds compiler flags after Duet's (e.g. `-mno-avx512f` to build for AVX2 on a fleet that
 mixes CPUs; the tests use it to run every path on one machine).
 
-fp32 only (the CPU default); other dtypes, a machine without a C compiler, or DUET_NATIVE_CPU_ATTENTION=0 keep the
+Each kernel is built twice, for an fp32 and for a bf16 KV cache (csrc/kv_type.h: the `_bf16` sources include the
+fp32 ones with KV_BF16 defined); queries, outputs and all arithmetic are fp32 in both, so a bf16 model's queries are
+widened for the call. Other dtypes (fp16), a machine without a C compiler, or DUET_NATIVE_CPU_ATTENTION=0 keep the
 torch path, which computes the same thing (tests/kernels/test_cpu_attention.py holds both to the references).
 """
 
@@ -41,7 +43,9 @@ import torch
 log = logging.getLogger("duet.kernels")
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / name for name in ("paged_decode.c", "paged_extend.c")]
+_SOURCES = [_CSRC / name for name in ("paged_decode.c", "paged_extend.c", "paged_decode_bf16.c", "paged_extend_bf16.c")]
+# the kernels' element types (csrc/kv_type.h): the symbol suffix for each KV cache dtype
+KV_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 # -ffast-math lets the compiler vectorize sums and expf (glibc's libmvec); the summation order then differs from
 # torch's by float rounding, as any two fp32 attention kernels do. The kernels handle no inf/NaN themselves
 # (scores of finite K/V are finite), which is what fast-math assumes. -march=native prefers 256-bit vectors on
@@ -49,9 +53,10 @@ _SOURCES = [_CSRC / name for name in ("paged_decode.c", "paged_extend.c")]
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
 _I64, _F32, _P = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 _SIGNATURES = {
-    "paged_decode_f32": [_P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _P, _I64, _I64],
-    "paged_extend_f32": [_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _F32, _P, _P, _P,
-                         _I64, _I64],
+    **{f"paged_decode_{kv}": [_P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _P, _I64, _I64]
+       for kv in KV_SUFFIX.values()},
+    **{f"paged_extend_{kv}": [_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _F32, _P, _P, _P,
+                              _I64, _I64] for kv in KV_SUFFIX.values()},
 }
 
 
@@ -95,7 +100,9 @@ def build_and_load(stem: str, sources: list[Path], what: str) -> ctypes.CDLL | N
     from duet.cache_dir import cache_root
 
     flags = _FLAGS + os.environ.get("DUET_NATIVE_CPU_CFLAGS", "").split()
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in sources) + " ".join(flags).encode()
+    # the headers beside the sources are part of what gets compiled (csrc/kv_type.h)
+    files = [*sources, *sorted({h for s in sources for h in s.parent.glob("*.h")})]
+    key = hashlib.sha256(b"".join(f.read_bytes() for f in files) + " ".join(flags).encode()
                          + _cpu_flags().encode() + _RECIPE.encode()).hexdigest()[:16]
     final = cache_root() / "kernels" / f"{stem}-{key}.so"
     try:
@@ -135,4 +142,4 @@ def native_available() -> bool:
 
 def native_applies(device: torch.device, dtype: torch.dtype, cache_dtype: torch.dtype) -> bool:
     """Whether the native kernels take queries of `dtype` over caches of `cache_dtype` on `device` here."""
-    return device.type == "cpu" and dtype == cache_dtype == torch.float32 and native_available()
+    return device.type == "cpu" and dtype == cache_dtype and dtype in KV_SUFFIX and native_available()

@@ -13,23 +13,25 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from engine_core.kernels.cpu_native import library
+from engine_core.kernels.cpu_native import KV_SUFFIX, library
 
 
 def paged_decode_native(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, context_lens: Tensor,
                         scale: float, max_context: int) -> Tensor:
-    """q [B, Hq, D]; caches [pages, page_size, Hk, D] (contiguous); block_tables [B, P] and context_lens [B]
-    int32, contiguous (the plan makes them so once per step). Same result as paged_decode_attention_ref."""
+    """q [B, Hq, D] fp32; caches [pages, page_size, Hk, D] fp32 or bf16 (contiguous); block_tables [B, P] and
+    context_lens [B] int32, contiguous (the plan makes them so once per step). out fp32. Same result as
+    paged_decode_attention_ref."""
     lib = library()
     assert lib is not None and k_cache.is_contiguous() and v_cache.is_contiguous()
-    assert block_tables.dtype == torch.int32 and context_lens.dtype == torch.int32
+    assert block_tables.dtype == torch.int32 and context_lens.dtype == torch.int32 and q.dtype == torch.float32
     q = q.contiguous()
     rows, hq, d = q.shape
     hk, page_size = k_cache.shape[2], k_cache.shape[1]
     out = torch.empty_like(q)
     threads = torch.get_num_threads()
     scratch = torch.empty(threads, -(-max(1, max_context) // 16) * 16 * hq, dtype=torch.float32)
-    lib.paged_decode_f32(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
-                         block_tables.stride(0), context_lens.data_ptr(), out.data_ptr(), rows, hq, hk, d,
-                         page_size, scale, scratch.data_ptr(), scratch.stride(0), threads)
+    kernel = getattr(lib, f"paged_decode_{KV_SUFFIX[k_cache.dtype]}")
+    kernel(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+           block_tables.stride(0), context_lens.data_ptr(), out.data_ptr(), rows, hq, hk, d,
+           page_size, scale, scratch.data_ptr(), scratch.stride(0), threads)
     return out

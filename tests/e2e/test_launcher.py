@@ -80,6 +80,19 @@ def test_the_tensor_parallel_size_reaches_real_engines_only_when_it_splits():
     assert "--tensor-parallel-size" not in worker_argv(WorkerSpec("sim", Path("m"), 1))
 
 
+def test_a_workers_dtype_comes_from_its_spec_or_its_limits_and_defaults_to_auto():
+    # `duet up` passes the dtype it printed (WorkerSpec.dtype); a benchmark passes its limits' (EngineLimits.dtype)
+    def dtype_of(argv):
+        return argv[argv.index("--dtype") + 1] if "--dtype" in argv else None
+
+    assert dtype_of(worker_argv(WorkerSpec("paged", Path("m"), 1, dtype="bfloat16"))) == "bfloat16"
+    assert dtype_of(worker_argv(WorkerSpec("prefix", Path("m"), 1, limits=EngineLimits(dtype="float32")))) == \
+        "float32"
+    both = worker_argv(WorkerSpec("prefix", Path("m"), 1, dtype="bfloat16", limits=EngineLimits(dtype="float32")))
+    assert both.count("--dtype") == 1 and dtype_of(both) == "bfloat16"  # the spec's own wins
+    assert dtype_of(worker_argv(WorkerSpec("paged", Path("m"), 1))) is None  # the worker's default: auto
+
+
 def test_real_engines_get_their_metrics_port_and_extra_flags_and_the_flags_parse():
     import argparse
 

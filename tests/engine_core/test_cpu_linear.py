@@ -14,6 +14,7 @@ from duet.engine_config import ENGINE_DEFAULTS, QUANTIZATIONS
 from engine_core import LLM, SamplingParams, cpu_linear
 from engine_core.cpu_linear import (
     PACKED_ROWS,
+    BF16PackedLinear,
     DecodePackedLinear,
     Int8Linear,
     PackedLinear,
@@ -58,6 +59,40 @@ def test_prefill_calls_take_the_packed_copy_only_when_asked(monkeypatch):
     monkeypatch.setattr(cpu_linear, "_PACKED_PREFILL", True)
     assert torch.equal(layer(x), packed)
     assert torch.equal(layer(x[:1]), F.linear(x[:1], layer.weight, layer.bias))  # one row keeps MKL's GEMV
+
+
+BF16_PACKING = pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+                                  reason="oneDNN has no bf16 path on this CPU (needs AVX-512): bf16 keeps F.linear")
+
+
+@BF16_PACKING
+@pytest.mark.parametrize("rows", [1, 16, 300])
+def test_bf16_layer_holds_only_the_packed_copy_and_gives_the_product(rows):
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(96, 64, generator=gen).bfloat16()
+    b = torch.randn(96, generator=gen).bfloat16()
+    layer = BF16PackedLinear(w, b)
+    assert layer.weight.shape == w.shape and layer.weight.stride() == (0, 0)  # a stand-in: the values are packed
+    x = torch.randn(rows, 64, generator=gen).bfloat16()
+    got = layer(x)
+    want = F.linear(x.float(), w.float(), b.float())  # the exact product of the bf16 values
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 96)
+    assert (got.float() - want).abs().max() <= 0.01 * want.abs().max()  # bf16's output rounding: ~3 digits
+    address = layer.weight.data_ptr()
+    del layer
+    assert address not in cpu_linear._PACKED_COPIES
+
+
+@BF16_PACKING
+def test_a_bf16_model_packs_every_matmul(hf_checkpoints):
+    from duet.model_dir import read_model_dir
+    from engine_core.model_runner import load_model
+
+    md = read_model_dir(hf_checkpoints["llama"][0])
+    model = load_model(md.config, md.weight_files, torch.device("cpu"), torch.bfloat16)
+    kinds = {type(m) for m in model.modules()}
+    assert BF16PackedLinear in kinds and torch.nn.Linear not in kinds and DecodePackedLinear not in kinds
+    assert isinstance(model.head, PackedLinear) and model.head.packed.dtype == torch.bfloat16
 
 
 def test_a_packed_copy_lives_as_long_as_its_layer():

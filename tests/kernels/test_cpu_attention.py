@@ -91,28 +91,38 @@ def test_decode_groups_bound_the_padding():
     assert sorted(i for g in groups for i in g) == list(range(5))
 
 
-NATIVE_CASES = [c for c in CASES if c[4] == F32]  # the native kernels are fp32
+# the native kernels read fp32 or bf16 caches (csrc/kv_type.h): every fp32 case, and each again in bf16
+NATIVE_CASES = [c for c in CASES if c[4] == F32] + [(*c[:4], BF16, *c[5:]) for c in CASES if c[4] == F32]
+
+
+@pytest.fixture(scope="module")
+def kernel_cache(tmp_path_factory):
+    """A cache dir private to this module: each set of flags is built once here (so the build itself is tested),
+    and the cases that build with the same flags load that library."""
+    return tmp_path_factory.mktemp("kernel_cache")
 
 
 @pytest.fixture
-def native(monkeypatch, tmp_path):
-    """The native kernels, built into a private cache dir (so the build itself is tested). CPU only."""
+def native(monkeypatch, kernel_cache):
+    """The native kernels, built into the module's private cache dir. CPU only."""
     if torch.get_default_device().type != "cpu":
         pytest.skip("the native kernel is for CPU tensors")
-    monkeypatch.setenv("DUET_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("DUET_CACHE_DIR", str(kernel_cache))
     monkeypatch.delenv("DUET_NATIVE_CPU_ATTENTION", raising=False)
     cpu_native.library.cache_clear()
     yield
     cpu_native.library.cache_clear()
 
 
-def test_native_kernels_build_where_a_compiler_is(native, tmp_path):
+def test_native_kernels_build_where_a_compiler_is(native, kernel_cache):
     if shutil.which(os.environ.get("CC", "cc")) is None:
         pytest.skip("no C compiler on this machine: the torch path serves attention")
     assert cpu_native.native_available()
-    assert list((tmp_path / "kernels").glob("cpu_attention-*.so"))
+    assert list((kernel_cache / "kernels").glob("cpu_attention-*.so"))
     assert cpu_native.native_applies(torch.device("cpu"), F32, F32)
-    assert not cpu_native.native_applies(torch.device("cpu"), BF16, BF16)
+    assert cpu_native.native_applies(torch.device("cpu"), BF16, BF16)
+    assert not cpu_native.native_applies(torch.device("cpu"), F16, F16)
+    assert not cpu_native.native_applies(torch.device("cpu"), BF16, F32)
 
 
 _FLOAT_ENVIRONMENT = """

@@ -8,10 +8,23 @@ import importlib.metadata
 import pytest
 
 from loadtests.cli import main as bench_main
-from loadtests.experiments.peer import VLLM_CONFIGS, build_requests, combine, figures, ratios
+from loadtests.experiments.peer import (
+    VLLM_CONFIGS,
+    build_requests,
+    combine,
+    figures,
+    ratios,
+    strongest_per_load,
+)
 from loadtests.load.workloads import TokenSource
 from loadtests.stack.peer_backends import wrapped_side
-from loadtests.stack.vllm_server import CONFIGS, config_env, reserved_cpus, write_version_dist_info
+from loadtests.stack.vllm_server import (
+    CONFIGS,
+    VllmServer,
+    config_env,
+    reserved_cpus,
+    write_version_dist_info,
+)
 
 
 def _summary(tok_s, ttft, tpot, ok=8, errors=0):
@@ -63,6 +76,45 @@ def test_every_ratio_is_against_the_stronger_vllm_configuration_of_its_load():
 
 
 
+def test_bf16_configurations_serve_bf16_and_the_sgl_one_sets_its_switch(tmp_path):
+    def command(config):
+        return VllmServer(tmp_path, tmp_path, "m", tmp_path, max_num_seqs=64, max_num_batched_tokens=2048,
+                          kv_cache_gib=1, config=config).command()
+
+    for config in ("vllm_bf16", "vllm_all_cores_bf16", "vllm_all_cores_bf16_sgl"):
+        assert command(config)[command(config).index("--dtype") + 1] == "bfloat16"
+    assert command("vllm_all_cores")[command("vllm_all_cores").index("--dtype") + 1] == "float32"
+    assert config_env("vllm_bf16") == {}  # vLLM's default cores
+    assert config_env("vllm_all_cores_bf16", [0, 1]) == config_env("vllm_all_cores", [0, 1])
+    assert config_env("vllm_all_cores_bf16_sgl", [0, 1]) == {**config_env("vllm_all_cores", [0, 1]),
+                                                             "VLLM_CPU_SGL_KERNEL": "1"}
+    assert "VLLM_CPU_SGL_KERNEL" not in config_env("vllm_all_cores_bf16", [0, 1])
+
+
+def test_the_strongest_configuration_may_differ_per_load_and_every_ratio_follows_it():
+    # fp32 all-cores, bf16 and bf16 + SGL kernels: bf16 wins the unique load, SGL the shared one; a failed
+    # configuration (0 tok/s) never wins
+    fp32 = {"unique": figures(_summary(100.0, 3000.0, 130.0)), "shared_prefix": figures(_summary(150.0, 1300.0, 86.0))}
+    bf16 = {"unique": figures(_summary(250.0, 700.0, 57.0)), "shared_prefix": figures(_summary(300.0, 400.0, 45.0))}
+    sgl = {"unique": figures(_summary(0.0, None, None, ok=0, errors=8)),
+           "shared_prefix": figures(_summary(320.0, 380.0, 44.0))}
+    duet = {"unique": figures(_summary(125.0, 1400.0, 114.0)), "shared_prefix": figures(_summary(160.0, 760.0, 88.0))}
+    sides = {"vllm_all_cores": fp32, "vllm_all_cores_bf16": bf16, "vllm_all_cores_bf16_sgl": sgl, "prefix": duet}
+    assert strongest_per_load(sides, ["prefix"]) == {"unique": "vllm_all_cores_bf16",
+                                                     "shared_prefix": "vllm_all_cores_bf16_sgl"}
+    out = combine(sides, ["prefix"])
+    assert out["unique"]["prefix"]["vs"] == "vllm_all_cores_bf16"
+    assert out["unique"]["prefix"]["output_tok_s_ratio_vs_vllm"] == 0.5
+    assert out["unique"]["prefix"]["ttft_p50_ratio_vs_vllm"] == 2.0
+    assert out["unique"]["prefix"]["tpot_p50_ratio_vs_vllm"] == 2.0
+    assert out["shared_prefix"]["prefix"]["vs"] == "vllm_all_cores_bf16_sgl"
+    assert out["shared_prefix"]["prefix"]["output_tok_s_ratio_vs_vllm"] == 0.5
+    # a tie goes to the configuration measured first (the order of VLLM_CONFIGS, fp32 before bf16)
+    tie = {"vllm_all_cores": bf16, "vllm_all_cores_bf16": bf16, "prefix": duet}
+    assert strongest_per_load(tie, ["prefix"])["unique"] == "vllm_all_cores"
+    assert strongest_per_load({"prefix": duet}, ["prefix"]) == {"unique": None, "shared_prefix": None}
+
+
 def test_a_stack_that_wraps_vllm_is_compared_with_the_vllm_it_wraps():
     # the gateway's overhead is measured against the same vLLM configuration, not the stronger other one
     # and duet_over_vllm with its own server measured directly (the gateway's overhead on one server)
@@ -103,7 +155,7 @@ def test_the_cores_vllm_reserves_are_read_from_its_thread_binding_log():
 
 
 def test_vllm_all_cores_binds_every_core_and_reserves_none():
-    assert VLLM_CONFIGS == CONFIGS
+    assert VLLM_CONFIGS == tuple(CONFIGS)
     assert config_env("vllm") == {}
     assert config_env("vllm_all_cores", [1, 0]) == {"VLLM_CPU_OMP_THREADS_BIND": "0-1",
                                                     "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}

@@ -1,4 +1,4 @@
-/* Paged decode attention for CPU, fp32: each query row attends over its sequence's pages where they lie in
+/* Paged decode attention for CPU over an fp32 or bf16 KV cache (kv_type.h): each query row attends over its sequence's pages where they lie in
  * the cache, so nothing is copied (the torch path gathers every layer's K/V pages into a contiguous view
  * first, which was 39% of a decode step on SmolLM2's shape).
  *
@@ -24,6 +24,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "kv_type.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -53,9 +54,9 @@ static inline __attribute__((always_inline)) int64_t next_token(token_cursor *c)
 #define AHEAD 8
 #endif
 
-/* every 64-byte line of the n floats at row */
-static inline __attribute__((always_inline)) void prefetch_row(const float *row, const int64_t n) {
-    for (int64_t c = 0; c < n; c += 16) __builtin_prefetch(row + c, 0, 3);
+/* every 64-byte line of the n elements at row */
+static inline __attribute__((always_inline)) void prefetch_row(const kv_t *row, const int64_t n) {
+    for (int64_t c = 0; c < n; c += 64 / sizeof(kv_t)) __builtin_prefetch(row + c, 0, 3);
 }
 
 /* the first ctx scores of each of the `heads` rows of s (row stride `stride`) become their max-subtracted
@@ -75,10 +76,10 @@ static inline __attribute__((always_inline)) void softmax_rows(float *restrict s
     }
 }
 
-/* One item, portable C. k and v point at KV head g's D floats within a token's row; q and out at the group's
+/* One item, portable C. k and v point at KV head g's D elements within a token's row; q and out at the group's
  * first query head. */
 static inline __attribute__((always_inline)) void attend_group(
-    const float *restrict q, const float *restrict k_cache, const float *restrict v_cache,
+    const float *restrict q, const kv_t *restrict k_cache, const kv_t *restrict v_cache,
     const int32_t *restrict pages, const int64_t ctx, float *restrict out, const int64_t kv_heads,
     const int64_t group, const int64_t d, const int64_t page_size, const int64_t token_stride, const float scale,
     float *restrict s) {
@@ -86,11 +87,11 @@ static inline __attribute__((always_inline)) void attend_group(
     token_cursor at = {pages, page_size, token_stride, 0, 0}, ahead = at;
     for (int64_t t = 0; t < AHEAD && t < ctx; t++) next_token(&ahead);
     for (int64_t t = 0; t < ctx; t++) {
-        const float *k = k_cache + next_token(&at);
+        const kv_t *k = k_cache + next_token(&at);
         if (t + AHEAD < ctx) prefetch_row(k_cache + next_token(&ahead), kv_heads * d);
         for (int64_t h = 0; h < heads; h++) {
             float acc = 0.0f;
-            for (int64_t i = 0; i < d; i++) acc += q[h * d + i] * k[(h / group) * d + i];
+            for (int64_t i = 0; i < d; i++) acc += q[h * d + i] * kv_float(k[(h / group) * d + i]);
             s[h * ctx + t] = scale * acc;
         }
     }
@@ -99,10 +100,10 @@ static inline __attribute__((always_inline)) void attend_group(
     at = ahead = (token_cursor){pages, page_size, token_stride, 0, 0};
     for (int64_t t = 0; t < AHEAD && t < ctx; t++) next_token(&ahead);
     for (int64_t t = 0; t < ctx; t++) {
-        const float *v = v_cache + next_token(&at);
+        const kv_t *v = v_cache + next_token(&at);
         if (t + AHEAD < ctx) prefetch_row(v_cache + next_token(&ahead), kv_heads * d);
         for (int64_t h = 0; h < heads; h++)
-            for (int64_t i = 0; i < d; i++) out[h * d + i] += s[h * ctx + t] * v[(h / group) * d + i];
+            for (int64_t i = 0; i < d; i++) out[h * d + i] += s[h * ctx + t] * kv_float(v[(h / group) * d + i]);
     }
 }
 
@@ -132,22 +133,22 @@ static inline __attribute__((always_inline)) __m512 hsum16(const __m512 a[16]) {
 
 /* s[0..16) = scale * q . k[j] over 16 key rows (a block's tail points at zero_row). Unrolled, so the 16 dot
  * products are independent chains of FMAs in registers rather than one chain at a time. */
-static inline __attribute__((always_inline)) void scores16(const float *restrict q, const float *const k[16],
+static inline __attribute__((always_inline)) void scores16(const float *restrict q, const kv_t *const k[16],
                                                            const int64_t d, const float scale, float *restrict s) {
     __m512 qv[8], acc[16];
     for (int64_t c = 0; c < d / 16; c++) qv[c] = _mm512_loadu_ps(q + 16 * c);
 #pragma GCC unroll 16
-    for (int j = 0; j < 16; j++) acc[j] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k[j]));
+    for (int j = 0; j < 16; j++) acc[j] = _mm512_mul_ps(qv[0], KV_LOAD16(k[j]));
     for (int64_t c = 1; c < d / 16; c++)
 #pragma GCC unroll 16
-        for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k[j] + 16 * c), acc[j]);
+        for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qv[c], KV_LOAD16(k[j] + 16 * c), acc[j]);
     _mm512_storeu_ps(s, _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(scale)));
 }
 
 /* out[h] = sum_t s[h][t] v_t for `heads` query heads (a constant after inlining, so the accumulators stay in
  * registers) */
 static inline __attribute__((always_inline)) void weighted_v(
-    const float *restrict v_cache, const int32_t *restrict pages, const int64_t ctx, const int64_t page_size,
+    const kv_t *restrict v_cache, const int32_t *restrict pages, const int64_t ctx, const int64_t page_size,
     const int64_t token_stride, const float *restrict s, const int64_t s_stride, const int heads, const int64_t d,
     float *restrict out) {
     __m512 o[4][8];
@@ -156,10 +157,10 @@ static inline __attribute__((always_inline)) void weighted_v(
     token_cursor at = {pages, page_size, token_stride, 0, 0}, ahead = at;
     for (int64_t t = 0; t < AHEAD && t < ctx; t++) next_token(&ahead);
     for (int64_t t = 0; t < ctx; t++) {
-        const float *v = v_cache + next_token(&at);
+        const kv_t *v = v_cache + next_token(&at);
         if (t + AHEAD < ctx) prefetch_row(v_cache + next_token(&ahead), d);
         for (int64_t c = 0; c < d / 16; c++) {
-            const __m512 vc = _mm512_loadu_ps(v + 16 * c);
+            const __m512 vc = KV_LOAD16(v + 16 * c);
             for (int h = 0; h < heads; h++) o[h][c] = _mm512_fmadd_ps(_mm512_set1_ps(s[h * s_stride + t]), vc, o[h][c]);
         }
     }
@@ -168,16 +169,16 @@ static inline __attribute__((always_inline)) void weighted_v(
 }
 
 static inline __attribute__((always_inline)) void attend_group_avx512(
-    const float *restrict q, const float *restrict k_cache, const float *restrict v_cache,
+    const float *restrict q, const kv_t *restrict k_cache, const kv_t *restrict v_cache,
     const int32_t *restrict pages, const int64_t ctx, float *restrict out, const int64_t kv_heads,
     const int64_t group, const int64_t d, const int64_t page_size, const int64_t token_stride, const float scale,
     float *restrict s) {
     /* scores, 16 tokens a block, in rows of cs floats (room for a whole last block); the next block's K rows are
      * fetched while this one is computed */
     const int64_t cs = (ctx + 15) / 16 * 16;
-    static const float zero_row[128] = {0};
+    static const kv_t zero_row[128] = {0};
     token_cursor at = {pages, page_size, token_stride, 0, 0};
-    const float *k[16], *kg[16], *next[16];
+    const kv_t *k[16], *kg[16], *next[16];
     for (int j = 0; j < 16; j++) next[j] = j < ctx ? k_cache + next_token(&at) : zero_row;
     for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
         for (int j = 0; j < 16; j++) {
@@ -195,7 +196,8 @@ static inline __attribute__((always_inline)) void attend_group_avx512(
     for (int64_t g = 0; g < kv_heads; g++)
         for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += most) {
             const int heads = (g + 1) * group - h0 < most ? (int)((g + 1) * group - h0) : most;
-            const float *vg = v_cache + g * d, *sh = s + h0 * cs;
+            const kv_t *vg = v_cache + g * d;
+            const float *sh = s + h0 * cs;
             float *oh = out + h0 * d;
             switch (heads) {
             case 1: weighted_v(vg, pages, ctx, page_size, token_stride, sh, cs, 1, d, oh); break;
@@ -210,7 +212,7 @@ static inline __attribute__((always_inline)) void attend_group_avx512(
 #define ATTEND_FAST attend_group
 #endif
 
-void paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
+void KV_NAME(paged_decode)(const float *q, const kv_t *k_cache, const kv_t *v_cache, const int32_t *block_tables,
                       int64_t bt_stride, const int32_t *context_lens, float *out, int64_t num_rows,
                       int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t page_size, float scale,
                       float *scratch, int64_t scratch_stride, int64_t num_threads) {
@@ -228,7 +230,7 @@ void paged_decode_f32(const float *q, const float *k_cache, const float *v_cache
 #endif
         const float *qg = q + (b * num_q_heads + g * group) * head_dim;
         float *og = out + (b * num_q_heads + g * group) * head_dim;
-        const float *kg = k_cache + g * head_dim, *vg = v_cache + g * head_dim;
+        const kv_t *kg = k_cache + g * head_dim, *vg = v_cache + g * head_dim;
         const int32_t *pages = block_tables + b * bt_stride;
         const int64_t ctx = context_lens[b];
         if (head_dim == 64)

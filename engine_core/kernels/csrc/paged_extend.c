@@ -1,4 +1,5 @@
-/* Paged prefill (extend) attention for CPU, fp32: each chunk's new query tokens attend, causally, over every key
+/* Paged prefill (extend) attention for CPU over an fp32 or bf16 KV cache (kv_type.h; queries, the transposed
+ * keys and all arithmetic fp32): each chunk's new query tokens attend, causally, over every key
  * of their sequence, the cached prefix and the chunk's own (already stored in the pages), read through the page
  * table where they lie. Flash attention's order: keys in blocks of KB, a running max and sum per query row, so
  * no [queries, keys] score matrix is ever held.
@@ -21,6 +22,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "kv_type.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -38,13 +40,13 @@ static inline __attribute__((always_inline)) void scores_c(const float *restrict
 }
 
 /* o[r] += sum_j p[r][j] v_j over the block's n keys (v_j at v + at[j]) */
-static inline __attribute__((always_inline)) void weighted_values_c(const float *restrict p, const float *restrict v,
+static inline __attribute__((always_inline)) void weighted_values_c(const float *restrict p, const kv_t *restrict v,
                                                                     const int64_t *restrict at, const int64_t n,
                                                                     const int rb, const int64_t d,
                                                                     float *restrict o) {
     for (int64_t j = 0; j < n; j++)
         for (int r = 0; r < rb; r++)
-            for (int64_t i = 0; i < d; i++) o[r * d + i] += p[r * KB + j] * v[at[j] + i];
+            for (int64_t i = 0; i < d; i++) o[r * d + i] += p[r * KB + j] * kv_float(v[at[j] + i]);
 }
 
 #if defined(__AVX512F__)
@@ -74,7 +76,7 @@ static inline __attribute__((always_inline)) void scores_v(const float *restrict
 }
 
 /* weighted_values_c with the rb x d/16 accumulators in registers (d a multiple of 16, at most 128) */
-static inline __attribute__((always_inline)) void weighted_values_v(const float *restrict p, const float *restrict v,
+static inline __attribute__((always_inline)) void weighted_values_v(const float *restrict p, const kv_t *restrict v,
                                                                     const int64_t *restrict at, const int64_t n,
                                                                     const int rb, const int64_t d,
                                                                     float *restrict o) {
@@ -82,9 +84,9 @@ static inline __attribute__((always_inline)) void weighted_values_v(const float 
     for (int r = 0; r < rb; r++)
         for (int64_t c = 0; c < d / 16; c++) acc[r][c] = _mm512_loadu_ps(o + r * d + 16 * c);
     for (int64_t j = 0; j < n; j++) {
-        const float *vj = v + at[j];
+        const kv_t *vj = v + at[j];
         __m512 x[8];
-        for (int64_t c = 0; c < d / 16; c++) x[c] = _mm512_loadu_ps(vj + 16 * c);
+        for (int64_t c = 0; c < d / 16; c++) x[c] = KV_LOAD16(vj + 16 * c);
         for (int r = 0; r < rb; r++) {
             const __m512 b = _mm512_set1_ps(p[r * KB + j]);
             for (int64_t c = 0; c < d / 16; c++) acc[r][c] = _mm512_fmadd_ps(b, x[c], acc[r][c]);
@@ -127,7 +129,7 @@ static inline __attribute__((always_inline)) void scores_v(const float *restrict
         }
 }
 
-static inline __attribute__((always_inline)) void weighted_values_v(const float *restrict p, const float *restrict v,
+static inline __attribute__((always_inline)) void weighted_values_v(const float *restrict p, const kv_t *restrict v,
                                                                     const int64_t *restrict at, const int64_t n,
                                                                     const int rb, const int64_t d,
                                                                     float *restrict o) {
@@ -137,9 +139,8 @@ static inline __attribute__((always_inline)) void weighted_values_v(const float 
             for (int r = 0; r < 2; r++)
                 for (int c = 0; c < 4; c++) acc[r][c] = _mm256_loadu_ps(o + (r0 + r) * d + c0 + 8 * c);
             for (int64_t j = 0; j < n; j++) {
-                const float *vj = v + at[j] + c0;
-                const __m256 x0 = _mm256_loadu_ps(vj), x1 = _mm256_loadu_ps(vj + 8), x2 = _mm256_loadu_ps(vj + 16),
-                             x3 = _mm256_loadu_ps(vj + 24);
+                const kv_t *vj = v + at[j] + c0;
+                const __m256 x0 = KV_LOAD8(vj), x1 = KV_LOAD8(vj + 8), x2 = KV_LOAD8(vj + 16), x3 = KV_LOAD8(vj + 24);
                 for (int r = 0; r < 2; r++) {
                     const __m256 b = _mm256_set1_ps(p[(r0 + r) * KB + j]);
                     acc[r][0] = _mm256_fmadd_ps(b, x0, acc[r][0]);
@@ -163,7 +164,7 @@ static inline __attribute__((always_inline)) void weighted_values_v(const float 
  * transposed keys, v + at[j] its value rows. Writes o [rb][d] = the rows' attention outputs. s: [rb][KB]. */
 static inline __attribute__((always_inline)) void attend_rows(
     const float *restrict q, const int64_t *restrict last, const int rows, const int rb, const int vector,
-    const float *restrict kt, const float *restrict v, const int64_t *restrict at, const int64_t len,
+    const float *restrict kt, const kv_t *restrict v, const int64_t *restrict at, const int64_t len,
     const int64_t d, const float scale, float *restrict s, float *restrict o) {
     float mx[RB], sum[RB];
     int64_t reach = 0; /* the last key any row sees */
@@ -208,6 +209,7 @@ static inline __attribute__((always_inline)) void attend_rows(
         for (int64_t i = 0; i < d; i++) o[r * d + i] /= sum[r];
 }
 
+#ifndef KV_BF16 /* once in the library */
 /* the vector width (floats) of this build's tiles: 16 (AVX-512), 8 (AVX2) or 1 (portable C) */
 int paged_vector_floats(void) {
 #if defined(__AVX512F__)
@@ -218,8 +220,9 @@ int paged_vector_floats(void) {
     return 1;
 #endif
 }
+#endif
 
-void paged_extend_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
+void KV_NAME(paged_extend)(const float *q, const kv_t *k_cache, const kv_t *v_cache, const int32_t *block_tables,
                       int64_t bt_stride, const int32_t *q_start, const int32_t *new_lens,
                       const int32_t *prefix_lens, int64_t num_chunks, float *out, int64_t num_q_heads,
                       int64_t num_kv_heads, int64_t head_dim, int64_t page_size, float scale, int64_t *key_at,
@@ -247,7 +250,7 @@ void paged_extend_f32(const float *q, const float *k_cache, const float *v_cache
                 float *kt = kt_scratch + kt0[c] + g * blocks * d * KB;
                 for (int64_t j = 0; j < blocks * KB; j++)
                     for (int64_t i = 0; i < d; i++)
-                        kt[(j / KB) * d * KB + i * KB + j % KB] = j < len ? k_cache[at[j] + g * d + i] : 0.0f;
+                        kt[(j / KB) * d * KB + i * KB + j % KB] = j < len ? kv_float(k_cache[at[j] + g * d + i]) : 0.0f;
             }
         }
 #ifdef _OPENMP
@@ -272,7 +275,8 @@ void paged_extend_f32(const float *q, const float *k_cache, const float *v_cache
                 row_of[rows] = row;
                 last[rows] = prefix_lens[c] + t;
             }
-            const float *kt = kt_scratch + kt0[c] + g * blocks * d * KB, *vg = v_cache + g * d;
+            const float *kt = kt_scratch + kt0[c] + g * blocks * d * KB;
+            const kv_t *vg = v_cache + g * d;
             const int64_t *at = key_at + at0[c];
             if (VECTOR && d == 64) /* constant sizes: the tiles unroll and stay in registers */
                 attend_rows(qb, last, rows, 4, 1, kt, vg, at, len, 64, scale, s, o);
