@@ -261,17 +261,22 @@ async def run(quick: bool) -> dict:
         launcher.shutdown()
 
 
+def print_result(result: dict, as_json: bool) -> None:
+    """A bench's result: one JSON object, or a line per figure."""
+    if as_json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:28s} {v}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadtests.experiments.gateway_bench")
     ap.add_argument("--quick", action="store_true", help="fewer requests per stream")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     result = asyncio.run(run(args.quick))
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:28s} {v}")
+    print_result(result, args.json)
     return 0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
@@ -26,7 +25,7 @@ import time
 from pathlib import Path
 
 from duet.launcher import Launcher, SimOptions, WorkerSpec, free_port, gateway_config
-from loadtests.experiments.gateway_bench import SIM_MS_PER_TOKEN, _wait_port, streams_burst
+from loadtests.experiments.gateway_bench import SIM_MS_PER_TOKEN, _wait_port, print_result, streams_burst
 
 STREAMS, MAX_TOKENS = 1000, 16
 
@@ -120,11 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     result = asyncio.run(run(args.rounds))
     result["finished_us"] = finished_us()
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:28s} {v}")
+    print_result(result, args.json)
     return 0
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from duet.launcher import Launcher, SimOptions, WorkerSpec, free_port, gateway_config
-from loadtests.experiments.gateway_bench import HttpConn, _pct, _wait_port
+from loadtests.experiments.gateway_bench import HttpConn, _pct, _wait_port, print_result
 
 ADMIN_KEY = "shadow-bench"
 CONCURRENCY = 16
@@ -145,11 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     result = asyncio.run(run(args.quick, args.rounds, args.max_loop_lag_ms))
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:28s} {v}")
+    print_result(result, args.json)
     return 0
 
 

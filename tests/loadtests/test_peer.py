@@ -79,7 +79,7 @@ def test_every_ratio_is_against_the_stronger_vllm_configuration_of_its_load():
 def test_bf16_configurations_serve_bf16_and_the_sgl_one_sets_its_switch(tmp_path):
     def command(config):
         return VllmServer(tmp_path, tmp_path, "m", tmp_path, max_num_seqs=64, max_num_batched_tokens=2048,
-                          kv_cache_gib=1, config=config).command()
+                          kv_cache_gib=1, config=config).argv
 
     for config in ("vllm_bf16", "vllm_all_cores_bf16", "vllm_all_cores_bf16_sgl"):
         assert command(config)[command(config).index("--dtype") + 1] == "bfloat16"
