@@ -239,8 +239,8 @@ def _measure(url: str, served_name: str, src: TokenSource, loads: list[str], arg
 def run(args: argparse.Namespace, progress) -> dict:
     from duet.auto_dtype import describe, resolve_dtype
     from loadtests.stack import vllm_server
+    from loadtests.stack.server_process import PeerError
     from loadtests.stack.serving import NO_DRAFTING, ServingStack
-    from loadtests.stack.vllm_server import PeerError
 
     loads = parse_list(args.loads, LOADS, "loads")
     check_args(args)
@@ -336,8 +336,8 @@ def format_table(result: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    from loadtests.stack.server_process import PeerError
     from loadtests.stack.serving import StackError
-    from loadtests.stack.vllm_server import PeerError
 
     try:
         result = run(args, progress=lambda line: print(line, file=sys.stderr, flush=True))

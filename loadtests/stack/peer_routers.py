@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from duet.cache_dir import cache_root
+from loadtests.stack import peer_venv
 from loadtests.stack.server_process import ServerProcess
-from loadtests.stack.vllm_server import base_python, run_logged
 
-_MARKER = ".duet-peer-installed"
 DUET = "duet"
 
 
@@ -61,22 +60,12 @@ def venv_dir(peer: Peer) -> Path:
 
 
 def installed(peer: Peer) -> bool:
-    return (venv_dir(peer) / _MARKER).is_file()
+    return peer_venv.installed(venv_dir(peer))
 
 
 def ensure_installed(peer: Peer, progress=print) -> Path:
     """The peer's virtualenv, installed on first use (seconds: each is one Rust wheel and a few packages)."""
-    venv = venv_dir(peer)
-    if installed(peer):
-        return venv
-    venv.mkdir(parents=True, exist_ok=True)
-    log = venv.parent / f"{venv.name}-install.log"
-    progress(f"installing {peer.package}=={peer.version} into {venv} (log: {log})")
-    if not (venv / "bin" / "python").exists():
-        run_logged([base_python(), "-m", "venv", str(venv)], log)
-    run_logged([str(venv / "bin" / "pip"), "install", "-q", f"{peer.package}=={peer.version}"], log)
-    (venv / _MARKER).write_text(f"{peer.package}=={peer.version}\n")
-    return venv
+    return peer_venv.install_venv(venv_dir(peer), f"{peer.package}=={peer.version}", progress)
 
 
 @dataclass(frozen=True)

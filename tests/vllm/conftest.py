@@ -25,7 +25,8 @@ import pytest
 
 from duet.launcher import WorkerSpec, free_port, gateway_config, worker_argv
 from loadtests.stack.peer_backends import backend_entry
-from loadtests.stack.vllm_server import PeerError, VllmServer, backend_args, ensure_installed
+from loadtests.stack.server_process import PeerError
+from loadtests.stack.vllm_server import VllmServer, backend_args, ensure_installed
 from tests.support.stack import ROOT, GatewayThread
 
 SERVED = "smollm2-135m-instruct"
