@@ -73,6 +73,7 @@ class WorkerHandle:
             healthy=self.healthy, draining=load.draining, num_running=load.num_running,
             num_waiting=load.num_waiting,
             kv_usage=load.kv_pages_used / load.kv_pages_total if load.kv_pages_total else 0.0,
+            prefill_tokens_per_s=load.prefill_tokens_per_s, decode_tokens_per_s=load.decode_tokens_per_s,
         )
 
 

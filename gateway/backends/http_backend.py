@@ -8,12 +8,17 @@ circuit breaker and gateway/serving/generation.py treat it like one of Duet's gR
                     string must equal the gateway's own tokens, or the backend is refused (FAILED_PRECONDITION,
                     both token lists in the message and the log)
     get_load        GET /metrics (backend_load.py)
-    check_health    GET /health (an unreachable backend is logged once, naming it, until it answers)
+    check_health    GET /health (an unreachable backend is logged once, naming it, until it answers); skipped
+                    while a stream was served to its end within the last poll interval (that is as good a sign)
     watch_kv_events the backend's ZMQ publisher, rehashed (kv_events_sub.py); UNIMPLEMENTED without one
 
 A stream is a task pumping SSE chunks into a queue, so `cancel()` (a client gone, a stop string, the
 watchdog) is synchronous, as the interface wants: it ends the pump, which closes the HTTP response,
 and a pending read raises CancelledError, as a cancelled gRPC call does.
+
+CPU per request (profiled over HTTP backends, docs/benchmarks.md): each stream is read to the end of its body
+after `[DONE]`, so its connection goes back to the pool (a response closed unread closes its connection, and
+every request paid a new one), and httpx's per-request log records are not made at all (gateway/server.py).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import time
 from collections.abc import AsyncIterator
 
 import httpx
@@ -88,10 +95,11 @@ class _HttpStream:
 
 class HttpBackendClient:
     def __init__(self, spec: BackendSpec, models: dict, hash_block_size: int, rpc_timeout_s: float = 2.0,
-                 request_timeout_s: float | None = None) -> None:
+                 request_timeout_s: float | None = None, health_fresh_s: float = 1.0) -> None:
         self.spec, self.models, self.hash_block_size = spec, models, hash_block_size
         self.address = self.worker_id = spec.url
         self.rpc_timeout_s = rpc_timeout_s
+        self.health_fresh_s = health_fresh_s
         self._http = httpx.AsyncClient(base_url=spec.url, timeout=httpx.Timeout(request_timeout_s, connect=5.0),
                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
         self.served_name: str | None = None  # the backend's name for the model
@@ -100,6 +108,7 @@ class HttpBackendClient:
         self.reachable: bool | None = None  # None: not asked yet
         self._tasks: set[asyncio.Task] = set()
         self._refused: str | None = None  # the last refusal logged
+        self.answered_at = -math.inf  # time.monotonic() of the last stream the backend served to its end
 
     # -- generation -------------------------------------------------------------------------
     def generate(self, request: pb.GenerateRequest, metadata: tuple = ()) -> _HttpStream:
@@ -124,12 +133,17 @@ class HttpBackendClient:
                     code = "INVALID_ARGUMENT" if bad else "RESOURCE_EXHAUSTED" if resp.status_code == 429 \
                         else "UNAVAILABLE"
                     raise EngineCallError(self.worker_id, code, f"HTTP {resp.status_code}: {text}", not bad)
-                events = SseReader(resp.aiter_lines())
+                lines = resp.aiter_lines()
+                events = SseReader(lines)
                 async for data in events:
                     for msg in reader.push(json.loads(data)):
                         yield msg
                 if not events.done:
                     raise EngineCallError(self.worker_id, "UNAVAILABLE", "the stream ended before [DONE]", True)
+                async for _ in lines:
+                    pass  # the body's end after [DONE]: a response read to its end leaves its connection open for
+                    # the next request (closed unread, every request paid a new connection: profiled, module doc)
+                self.answered_at = time.monotonic()
         except WireError as e:
             raise EngineCallError(self.worker_id, "INTERNAL", str(e), e.retryable) from None
         except (httpx.HTTPError, json.JSONDecodeError) as e:
@@ -214,6 +228,8 @@ class HttpBackendClient:
         return engine_load((await self._get("/metrics", timeout)).text, self.spec.engine)
 
     async def check_health(self, timeout: float | None = None) -> bool:
+        if self.reachable and time.monotonic() - self.answered_at < self.health_fresh_s:
+            return True  # a stream served to its end since the last poll says as much as GET /health
         try:
             await self._get("/health", timeout)
         except EngineCallError as e:

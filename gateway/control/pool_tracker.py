@@ -4,6 +4,11 @@
   estimated uncached prompt tokens of every request sent to the worker that has not yet produced its
   first message. The gateway counts its own requests, so no engine has to report it. The same count per
   tenant (API key) and worker is flow control's fairness signal (gateway/serving/admission.py).
+- The prefill rate each worker showed this gateway (`prefill_rate`, routing's predicted TTFT where the engine
+  reports no rate of its own, as an external server does not): over its last `RATE_WINDOW` first tokens, the
+  prefill each request waited for (the tokens queued there when it was sent, its own included) over the
+  seconds it waited. A ratio of sums, as the engines' own rates (engine_core/step_rates.py); it is the rate
+  that makes "queued tokens / rate" the TTFT this gateway saw, overheads included.
 - Work per engine kind (gateway/control/pool_planner.WorkMeter): each finished request's real uncached
   prompt tokens and generated tokens, charged to the kind routing WANTED for it (a prompt that
   spilled to the other kind still shows demand for the kind it was meant for), and the planner's
@@ -33,6 +38,7 @@ from gateway.control.pool_planner import PlannerConfig, PoolPlanner, WorkMeter, 
 from gateway.routing.route_types import RouteDecision, WorkerView
 
 _CAPABILITIES_OF = {PAGED: PAGED_CAPABILITIES, PREFIX: PREFIX_CAPABILITIES}
+RATE_WINDOW = 32  # first tokens per worker the observed prefill rate is measured over
 
 
 def estimated_cached_tokens(decision: RouteDecision, block_size: int, prompt_tokens: int) -> int:
@@ -62,6 +68,8 @@ class PoolTracker:
         self._prefill: dict[str, tuple[str, int, str | None]] = {}  # request id -> (worker id, tokens, tenant)
         self._queued: dict[str, int] = {}  # worker id -> tokens
         self._by_tenant: dict[tuple[str | None, str], int] = {}  # (tenant, worker id) -> tokens
+        self._sent: dict[str, tuple[float, int]] = {}  # request id -> (when sent, prefill tokens ahead of it)
+        self._waited: dict[str, deque[tuple[int, float]]] = {}  # worker id -> (tokens waited for, seconds)
         self.current: dict[str, int] = {k: 0 for k in KINDS}
         self.recent: deque[tuple[int, bool]] = deque(maxlen=1000)  # (real - estimate, stale) per request
         self._needed_at: dict[str, float] = {}  # kind -> when a request last needed a capability of it
@@ -86,13 +94,31 @@ class PoolTracker:
         return recent == {other}
 
     # -- queued prefill ----------------------------------------------------------------------
-    def prefill_started(self, request_id: str, worker_id: str, tokens: int, tenant: str | None = None) -> None:
+    def prefill_started(self, request_id: str, worker_id: str, tokens: int, tenant: str | None = None,
+                        now: float | None = None) -> None:
         self.prefill_done(request_id)
         self._prefill[request_id] = (worker_id, tokens, tenant)
+        self._sent[request_id] = (time.monotonic() if now is None else now, self.queued(worker_id) + tokens)
         _add(self._queued, worker_id, tokens)
         _add(self._by_tenant, (tenant, worker_id), tokens)
 
+    def first_token(self, request_id: str, now: float | None = None) -> None:
+        """The request's first message came: what it waited for, and how long, feeds its worker's rate."""
+        sent, entry = self._sent.get(request_id), self._prefill.get(request_id)
+        if sent is None or entry is None:
+            return
+        waited = (time.monotonic() if now is None else now) - sent[0]
+        if waited > 0 and sent[1] > 0:
+            self._waited.setdefault(entry[0], deque(maxlen=RATE_WINDOW)).append((sent[1], waited))
+
+    def prefill_rate(self, worker_id: str) -> float:
+        """Prefill tokens per second this worker served this gateway's requests at (0.0: none measured yet)."""
+        samples = self._waited.get(worker_id)
+        seconds = sum(s for _, s in samples) if samples else 0.0
+        return sum(n for n, _ in samples) / seconds if seconds > 0 else 0.0
+
     def prefill_done(self, request_id: str) -> None:
+        self._sent.pop(request_id, None)
         entry = self._prefill.pop(request_id, None)
         if entry is not None:
             worker_id, tokens, tenant = entry

@@ -10,8 +10,8 @@ The seven steps, in order (docs/routing.md explains each and every default):
                  search need engine_paged; no capable worker -> NoCapableWorker (503);
 3. variant     - canary arm, sticky by the hash of the session or user key, or the
                  operator's override (unknown name -> UnknownVariant, 400): gateway/routing/canary.py;
-4. affinity    - the session's previous worker, kept unless unhealthy, overloaded, or another
-                 worker's prefill wait is `shed_tokens` shorter (then this session alone moves);
+4. affinity    - the session's previous worker, kept unless unhealthy, overloaded, or saturated: sticky
+                 until saturated (below), then this session alone moves;
 5. engine      - a cost per kind: the preferred kind (estimated reuse, leading blocks seen
                  recently / head blocks, >= threshold, or a session / multi-turn chat -> prefix,
                  else paged) is a bias of up to `spill_tokens`; a worker holding the prompt's
@@ -19,9 +19,21 @@ The seven steps, in order (docs/routing.md explains each and every default):
                  a shared prompt's second request stays where its prefix is (`prefix_held`) unless
                  moving pays; a far busier wanted pool gives its work away (`spill`);
 6. replica     - the cheapest worker (cost: queued prefill tokens + this prompt's uncached tokens
-                 + `request_tokens` per request in flight); an anonymous prompt keeps to the worker
-                 caching most of it unless that one's prefill wait is `shed_tokens` longer;
+                 + `request_tokens` per request in flight, over the worker's prefill rate); an anonymous
+                 prompt keeps to the worker caching most of it unless that one is saturated;
 7. decision    - the worker plus the reason, one of REASONS (a metric label).
+
+Predicted latency and saturation (issue 45; docs/architecture.md says why, after llm-d's "sticky until
+saturated"). A worker's predicted TTFT for this request is its prefill wait (the prefill queued there plus the
+prompt tokens it does not hold) over its measured prefill rate (`WorkerView.prefill_tokens_per_s`: the engine's
+own figure, else the one this gateway observed; a worker with none is taken to be as fast as the mean of the
+measured ones), and its predicted TPOT is its batch with this request over its measured decode rate. The worker
+holding a request's prefix (the session's, or the one caching most of an anonymous prompt) keeps it until it
+is saturated: its predicted TTFT passes `saturation_share` of the request's class TTFT bound
+(duet/traffic_classes.py at `slo_profile`), or its predicted TPOT the class TPOT bound; then the request goes
+where it starts sooner. With no class or no measured rate there is nothing to predict from, and the holder keeps
+the request unless another worker's prefill wait is `shed_tokens` shorter (the fixed margin of before). The
+replica cost of step 6 is in tokens at the candidates' mean prefill rate, so a faster worker costs less.
 
 `capable` is steps 1-3 as a list (empty when no worker can serve the request): the one answer to "which
 workers can serve this" that routing, admission and dispatch's wait for a circuit breaker all use.
@@ -35,6 +47,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from duet.contract import PAGED, PAGED_CAPABILITIES, PREFIX, PREFIX_CAPABILITIES
+from duet.traffic_classes import bound_of
 from gateway.routing.canary import pick_variant
 from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
 from gateway.routing.route_types import (
@@ -96,17 +109,19 @@ def route(
     cached = {w.worker_id: index.match(w.worker_id, req.block_hashes) for w in in_variant}
     waits = {w.worker_id: _prefill_wait(w, req, cached[w.worker_id]) for w in in_variant}
     costs = {w.worker_id: waits[w.worker_id] + config.request_tokens * _load(w, config) for w in in_variant}
+    latency = Latency.predict(req, in_variant, config, waits)
+    if latency is not None:  # tokens at the mean rate: a worker twice as fast costs half
+        costs = {wid: c * latency.mean_rate / latency.rates[wid] for wid, c in costs.items()}
     if affinity_worker is not None:
         kept = next((w for w in in_variant if w.worker_id == affinity_worker), None)
         if kept is not None:
-            others = [c for wid, c in waits.items() if wid != kept.worker_id]
-            if not _overloaded(kept, config) and (
-                    not others or waits[kept.worker_id] - min(others) <= config.shed_tokens):
+            others = [w for w in in_variant if w.worker_id != kept.worker_id]
+            if not _overloaded(kept, config) and _holds(kept, others, waits, latency, config):
                 steps.append("affinity")
                 # the kind the session prefers is its demand, also while it stays on a worker of the other
                 # kind (it spilled there, or stayed where its prefix was): the planner counts it there
                 return _decide(kept, variant, reuse, index, req, steps, _preferred(req, reuse, config, steps,
-                                                                                   in_variant)[0])
+                                                                                   in_variant)[0], latency)
             steps.append("shed")
 
     # 5. engine kind: the reuse estimate names the kind this request suits, and that preference is a
@@ -144,7 +159,7 @@ def route(
                                         (turn[w.worker_id] - req.sequence) % len(pool)))
     home = max(pool, key=lambda w: (cached[w.worker_id], -costs[w.worker_id]))
     if req.session_key is None and cached[home.worker_id] > min(cached[w.worker_id] for w in pool) and (
-            waits[home.worker_id] - waits[cheapest.worker_id] <= config.shed_tokens):
+            _holds(home, [cheapest], waits, latency, config)):
         worker = home
     else:
         worker = cheapest
@@ -152,7 +167,59 @@ def route(
                  else "least_load")
 
     # 7. decision
-    return _decide(worker, variant, reuse, index, req, steps, first_choice)
+    return _decide(worker, variant, reuse, index, req, steps, first_choice, latency)
+
+
+class Latency(NamedTuple):
+    """Each candidate's predicted TTFT and TPOT (seconds) for one request, and the class bounds they are held to."""
+
+    rates: dict[str, float]  # prefill tokens per second, a worker not measured at the mean of those measured
+    mean_rate: float
+    ttft_s: dict[str, float]
+    tpot_s: dict[str, float | None]  # None: no measured decode rate
+    ttft_bound_s: float | None  # the request's class bound (None: no class known)
+    tpot_bound_s: float | None
+
+    @classmethod
+    def predict(cls, req: RouteRequest, workers: Sequence[WorkerView], config: RoutingConfig,
+                waits: dict[str, int]) -> Latency | None:
+        """None when no candidate has a measured prefill rate (nothing to predict from)."""
+        measured = [w.prefill_tokens_per_s for w in workers if w.prefill_tokens_per_s > 0]
+        if not measured:
+            return None
+        mean = sum(measured) / len(measured)
+        rates = {w.worker_id: w.prefill_tokens_per_s if w.prefill_tokens_per_s > 0 else mean for w in workers}
+        # the batch this request joins over the batch's measured token rate: one step's time, the gap between
+        # two of this request's tokens (an upper estimate where a step takes no longer for a larger batch)
+        tpot = {w.worker_id: (w.num_running + 1) / w.decode_tokens_per_s if w.decode_tokens_per_s > 0 else None
+                for w in workers}
+        bound = bound_of(req.traffic_class, config.slo_profile) if req.traffic_class else None
+        return cls(rates, mean, {wid: waits[wid] / rates[wid] for wid in rates}, tpot,
+                   bound.ttft_bound_ms(req.num_prompt_tokens) / 1000 if bound else None,
+                   bound.itl_ms / 1000 if bound else None)
+
+    def saturated(self, worker_id: str, config: RoutingConfig) -> bool:
+        """The worker would serve this request past `saturation_share` of its TTFT bound, or past its TPOT bound."""
+        tpot = self.tpot_s[worker_id]
+        return self.ttft_s[worker_id] > config.saturation_share * self.ttft_bound_s or (
+            tpot is not None and tpot > self.tpot_bound_s)
+
+
+def _holds(holder: WorkerView, others: Sequence[WorkerView], waits: dict[str, int], latency: Latency | None,
+           config: RoutingConfig) -> bool:
+    """Whether the worker holding a request's prefix keeps it against `others`: sticky until saturated (module
+    doc); without a prediction, unless another's prefill wait is `shed_tokens` shorter."""
+    if not others:
+        return True
+    wid = holder.worker_id
+    if latency is None or latency.ttft_bound_s is None:
+        return waits[wid] - min(waits[w.worker_id] for w in others) <= config.shed_tokens
+    if not latency.saturated(wid, config):
+        return True
+    # saturated: it moves where it would be served within its bounds or start sooner; elsewhere moving loses the
+    # cache and gains nothing
+    return not any(not latency.saturated(w.worker_id, config) or latency.ttft_s[w.worker_id] < latency.ttft_s[wid]
+                   for w in others)
 
 
 def _capable(
@@ -237,7 +304,7 @@ _PRECEDENCE = (
 
 def _decide(
     w: WorkerView, variant: str, reuse: float, index: WorkerBlockIndex,
-    req: RouteRequest, steps: list[str], wanted_kind: str = "",
+    req: RouteRequest, steps: list[str], wanted_kind: str = "", latency: Latency | None = None,
 ) -> RouteDecision:
     reason = next(r for r in _PRECEDENCE if r in steps)
     return RouteDecision(
@@ -249,4 +316,5 @@ def _decide(
         cached_blocks=index.match(w.worker_id, req.block_hashes),
         steps=tuple(steps),
         wanted_kind=wanted_kind,
+        predicted_ttft_s=latency.ttft_s[w.worker_id] if latency is not None else None,
     )

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from duet.contract import ENGINE_KINDS, HASH_BLOCK_TOKENS
+from duet.traffic_classes import GPU, PROFILES
 
 # the route reasons of Duet's policy (a metric label; docs/routing.md explains each)
 REASONS = (
@@ -50,6 +51,10 @@ class WorkerView:
     num_waiting: int
     kv_usage: float
     queued_prefill_tokens: int = 0  # uncached prompt tokens routed here still before their first token
+    # measured rates (0: not measured): prompt tokens prefilled per second (the engine's own figure, else what
+    # this gateway saw: gateway/control/pool_tracker.py), and tokens decoded per second by the whole batch
+    prefill_tokens_per_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
 
     @property
     def load(self) -> int:
@@ -90,6 +95,8 @@ class RoutingConfig:
     request_tokens: int = 256  # duet's cost: one request in flight weighs as much as this many prefill tokens
     shed_tokens: int = 98304  # a session leaves its worker when another's prefill wait is shorter by this many tokens
     spill_tokens: int = 4096  # the engine-kind bias: a prompt new to a worker of the other kind costs this much more there
+    slo_profile: str = GPU  # the class SLOs (duet/traffic_classes.py) a worker's predicted TTFT and TPOT are held to
+    saturation_share: float = 0.5  # a worker is saturated once its predicted TTFT passes this share of the SLO's
 
     def validate(self) -> RoutingConfig:
         """Return self, or raise RoutingConfigError with what is wrong."""
@@ -107,6 +114,10 @@ class RoutingConfig:
             raise RoutingConfigError(f"overload_running must be >= 1, got {self.overload_running}")
         if min(self.request_tokens, self.shed_tokens, self.spill_tokens) < 0:
             raise RoutingConfigError("request_tokens, shed_tokens and spill_tokens must be >= 0")
+        if self.slo_profile not in PROFILES:
+            raise RoutingConfigError(f"slo_profile must be one of {', '.join(PROFILES)}, got {self.slo_profile!r}")
+        if not 0.0 < self.saturation_share <= 1.0:
+            raise RoutingConfigError(f"saturation_share must be in (0, 1], got {self.saturation_share}")
         if self.waiting_weight < 0:
             raise RoutingConfigError(f"waiting_weight must be >= 0, got {self.waiting_weight}")
         names = [v.name for v in self.variants]
@@ -137,6 +148,7 @@ class RouteRequest:
     turn_count: int = 1  # user messages in the chat; > 1 means multi-turn
     sequence: int = 0  # the caller's count of routed requests (ties between equal workers rotate with it)
     block_tokens: int = HASH_BLOCK_TOKENS  # tokens per hashed block (cached blocks -> tokens in duet's cost)
+    traffic_class: str = ""  # duet/traffic_classes.py's class ("": none known; no SLO to predict against)
 
 
 @dataclass(frozen=True)
@@ -152,3 +164,4 @@ class RouteDecision:
     cached_blocks: int
     steps: tuple[str, ...] = field(default=())
     wanted_kind: str = ""  # the kind step 5 chose, before a spill or a missing kind changed it ("": none)
+    predicted_ttft_s: float | None = None  # on the chosen worker, from its measured prefill rate (None: no rate)

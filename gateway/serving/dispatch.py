@@ -29,6 +29,7 @@ from gateway.backends.engine_client import EngineCallError
 from gateway.routing.route_types import NoCapableWorker, RouteRequest, RoutingConfig, UnknownVariant
 from gateway.serving.context import ServingContext
 from gateway.serving.generation import Dispatched, Prepared, to_pb
+from gateway.serving.request_class import request_class
 from gateway.serving.timeouts import ClientDeadline
 
 _SEQUENCE = itertools.count()  # routed requests of this process (RouteRequest.sequence)
@@ -90,6 +91,7 @@ async def dispatch(ctx: ServingContext, prep: Prepared) -> Dispatched:
                 decision.cached_blocks * block_size, len(prep.prompt_ids) - 1), prep.tenant)
             try:
                 first = await it.__anext__()
+                ctx.pool_tracker.first_token(prep.request_id)  # the prefill rate this gateway observes
             except (EngineCallError, StopAsyncIteration) as e:
                 stream.cancel()
                 if isinstance(e, ClientDeadline):
@@ -147,7 +149,7 @@ def route_request(ctx: ServingContext, prep: Prepared, sequence: int = 0,
         model=model_id, block_hashes=hashes, num_prompt_tokens=len(prep.prompt_ids),
         session_key=prep.session_key, user_key=api.user, required_capabilities=api.required_capabilities,
         variant_override=prep.variant_override, turn_count=api.turn_count, sequence=sequence,
-        block_tokens=block_size,
+        block_tokens=block_size, traffic_class=request_class(api, prep.session_key, len(prep.prompt_ids)),
     )
 
 

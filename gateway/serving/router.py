@@ -68,9 +68,14 @@ class Router:
             queued = pool_tracker.queued
             open_breakers = breakers.open_workers()
             drained = fleet.drained
+            observed = pool_tracker.prefill_rate
+            # the engine's own prefill rate where it reports one (Duet's workers), else what this gateway saw
+            # (an external server: its queued prefill over its time to first token, pool_tracker.py)
             return [replace(v, healthy=v.healthy and v.worker_id not in open_breakers,
                             draining=v.draining or v.worker_id in drained,
-                            queued_prefill_tokens=queued(v.worker_id)) for v in fleet.views()]
+                            queued_prefill_tokens=queued(v.worker_id),
+                            prefill_tokens_per_s=v.prefill_tokens_per_s or observed(v.worker_id))
+                    for v in fleet.views()]
 
         def engine_block_tokens(worker_id: str) -> int:
             w = fleet.get(worker_id) if worker_id in external else None

@@ -298,8 +298,10 @@ def router_process(name: str, fleet, model: Path, log_dir: Path):
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
     if peer is None:
         cfg = log_dir / "duet-gateway.yaml"
+        # the deployment's defaults, as the peers', but for the class SLOs it serves under: the cpu profile the
+        # report judges every router by (routing holds a worker's predicted latency to them)
         cfg.write_text(yaml.safe_dump({"host": "127.0.0.1", "port": port, "models": [{"path": str(model)}],
-                                       "backends": fleet.backends()}))  # the deployment's defaults, as the peers'
+                                       "backends": fleet.backends(), "routing": {"slo_profile": "cpu"}}))
         return peer_routers.RouterProcess(name, duet_argv("gateway", "--config", str(cfg)), port,
                                           log_dir / f"{safe}.log")
     argv = peer_routers.peer_argv(peer, policy, port, fleet.urls, model=model.name, block_size=fleet.block_size,

@@ -186,3 +186,22 @@ def test_a_request_needing_a_missing_kind_s_capability_brings_a_worker_of_it_bac
     t.capability_demand(12.0, frozenset({"n"}))  # refused with a 503 naming engine_paged
     assert t.tick(12.5, only_prefix) == {"paged": 1, "prefix": 1}
     assert t.report(12.5)["needed"] == ["paged"]
+
+
+def test_the_observed_prefill_rate_is_the_tokens_each_request_waited_for_over_its_wait():
+    from gateway.control.pool_tracker import PoolTracker
+    from gateway.metrics import GatewayMetrics
+
+    t = PoolTracker(GatewayMetrics())
+    assert t.prefill_rate("w") == 0.0  # nothing measured: routing then has no rate for an external server
+    t.prefill_started("r1", "w", 1000, now=10.0)
+    t.prefill_started("r2", "w", 500, now=10.0)  # queued behind r1: it waits for 1,500 tokens
+    t.first_token("r1", now=10.5)
+    t.prefill_done("r1")
+    t.first_token("r2", now=10.75)
+    t.prefill_done("r2")
+    assert t.prefill_rate("w") == pytest.approx((1000 + 1500) / (0.5 + 0.75))
+    # a failed attempt (no first token) measures nothing, and another worker has a rate of its own
+    t.prefill_started("r3", "w", 4000, now=20.0)
+    t.prefill_done("r3")
+    assert t.prefill_rate("w") == pytest.approx(2000.0) and t.prefill_rate("v") == 0.0

@@ -392,3 +392,98 @@ def test_a_session_kept_on_a_paged_worker_still_shows_its_demand_for_prefix():
     r = Router()
     d = r(req([5000, 5001, 5002], session_key="s-p", turn_count=2), MIXED, affinity="p0")
     assert (d.worker_id, d.reason, d.wanted_kind) == ("p0", "affinity", "prefix")
+
+
+# sticky until saturated: the holder's predicted TTFT against its class's SLO --------------------------------------
+
+def test_a_session_holder_keeps_its_turn_until_its_predicted_ttft_passes_the_share_of_the_class_slo():
+    # the cpu profile's session class: a 2 s TTFT bound; saturation_share 0.5 -> saturated past 1 s of predicted
+    # prefill wait. Both workers prefill 2,000 tokens/s; x0 holds the session's 10 blocks (160 tokens) of 12
+    r = Router(RoutingConfig(slo_profile="cpu", saturation_share=0.5))
+    r.index.add("x0", tuple(range(700, 710)))
+    turn = req(range(700, 712), session_key="A", turn_count=5, traffic_class="session")
+
+    def pool(queued_on_holder: int):
+        return [worker("x0", "prefix", queued_prefill_tokens=queued_on_holder, prefill_tokens_per_s=2000.0),
+                worker("x1", "prefix", prefill_tokens_per_s=2000.0)]
+
+    # 1,800 tokens queued: (1,800 + 37 uncached) / 2,000 = 0.92 s <= 1 s: below the threshold, the holder keeps it
+    # (the fixed margin of before, 98,304 tokens, keeps it too)
+    kept = r(turn, pool(1800), affinity="x0", record=False)
+    assert (kept.worker_id, kept.reason) == ("x0", "affinity")
+    assert kept.predicted_ttft_s == pytest.approx((1800 + 197 - 160) / 2000)
+    # 2,400 tokens queued: 1.22 s > 1 s: saturated; the cold worker starts it in 197 / 2,000 = 0.1 s and takes it,
+    # where the fixed margin would have kept the session queued behind its holder
+    moved = r(turn, pool(2400), affinity="x0", record=False)
+    assert (moved.worker_id, moved.reason) == ("x1", "shed")
+    assert moved.predicted_ttft_s == pytest.approx(197 / 2000)
+    legacy = Router()
+    legacy.index.add("x0", tuple(range(700, 710)))
+    assert legacy(dataclasses.replace(turn, traffic_class=""), pool(2400), affinity="x0").reason == "affinity"
+
+
+def test_the_threshold_follows_the_measured_prefill_rate_and_the_class_bound():
+    r = Router(RoutingConfig(slo_profile="cpu"))
+    r.index.add("x0", tuple(range(700, 710)))
+    turn = req(range(700, 712), session_key="A", turn_count=5, traffic_class="session")
+    # the same 2,400 queued tokens: saturating at 2,000 tokens/s, not at 8,000 (0.32 s); x1 has no rate of its
+    # own and is taken to be as fast as the measured one
+    for rate, expected in ((2000.0, "x1"), (8000.0, "x0")):
+        pool = [worker("x0", "prefix", queued_prefill_tokens=2400, prefill_tokens_per_s=rate), worker("x1", "prefix")]
+        assert r(turn, pool, affinity="x0", record=False).worker_id == expected, rate
+    # a document's bound grows with its prompt (4 s + 4 ms a token on cpu): 2,400 tokens queued do not saturate
+    # the holder of a 1,200-token document (bound 8.8 s, half of it 4.4 s > 1.8 s predicted)
+    doc_blocks = tuple(range(2000, 2075))
+    r.index.add("x0", doc_blocks)
+    doc = req(doc_blocks, num_prompt_tokens=1200, traffic_class="document")
+    pool = [worker("x0", "prefix", queued_prefill_tokens=2400, prefill_tokens_per_s=2000.0),
+            worker("x1", "prefix", prefill_tokens_per_s=2000.0)]
+    assert r(doc, pool, record=False).worker_id == "x0"
+
+
+def test_a_saturated_holder_of_an_anonymous_prompt_loses_it_to_a_cold_worker_and_a_calm_one_keeps_it():
+    r = Router(RoutingConfig(slo_profile="cpu"))
+    shared = tuple(range(910, 930))  # a shared 320-token system prompt, cached on "a" only
+    r.index.add("a", shared)
+    prompt = req(shared + (931,), traffic_class="oneshot")  # the cpu one-shot bound: 3 s; saturated past 1.5 s
+
+    def pool(queued: int):
+        return [worker("a", "prefix", queued_prefill_tokens=queued, prefill_tokens_per_s=1000.0),
+                worker("b", "prefix", prefill_tokens_per_s=1000.0)]
+
+    calm = r(prompt, pool(1200), record=False)  # 1.2 s predicted: within 1.5 s, the cache holder keeps it
+    assert (calm.worker_id, calm.reason) == ("a", "cache_match")
+    hot = r(prompt, pool(1600), record=False)  # 1.6 s: saturated; "b" re-prefills 325 tokens in 0.33 s
+    assert (hot.worker_id, hot.reason) == ("b", "least_load")
+    # a holder past its share is still kept when no worker would start the request sooner
+    both_busy = [worker("a", "prefix", queued_prefill_tokens=1600, prefill_tokens_per_s=1000.0),
+                 worker("b", "prefix", queued_prefill_tokens=3000, prefill_tokens_per_s=1000.0)]
+    assert r(prompt, both_busy, record=False).worker_id == "a"
+
+
+def test_a_holder_whose_predicted_tpot_passes_the_class_bound_is_saturated():
+    # prefill is quick on both; x0's batch of 40 at 150 decoded tokens/s would give this request a
+    # (40 + 1) / 150 = 273 ms gap between tokens, past the cpu bound of 250 ms; x1's 3 running: 27 ms
+    r = Router(RoutingConfig(slo_profile="cpu"))
+    r.index.add("x0", tuple(range(700, 710)))
+    turn = req(range(700, 712), session_key="A", turn_count=5, traffic_class="session")
+    pool = [worker("x0", "prefix", running=40, prefill_tokens_per_s=5000.0, decode_tokens_per_s=150.0),
+            worker("x1", "prefix", running=3, prefill_tokens_per_s=5000.0, decode_tokens_per_s=150.0)]
+    assert r(turn, pool, affinity="x0", record=False).worker_id == "x1"
+    pool[0] = dataclasses.replace(pool[0], num_running=30)  # 207 ms: within the bound, kept
+    assert r(turn, pool, affinity="x0", record=False).worker_id == "x0"
+
+
+def test_a_faster_worker_costs_less_for_the_same_queue():
+    pool = [worker("slow", "prefix", queued_prefill_tokens=3000, prefill_tokens_per_s=1000.0),
+            worker("fast", "prefix", queued_prefill_tokens=4000, prefill_tokens_per_s=4000.0)]
+    # by tokens "slow" is cheaper; by predicted time (3.1 s against 1.0 s) "fast" is
+    d = Router()(req([1, 2], traffic_class="oneshot"), pool)
+    assert d.worker_id == "fast" and d.predicted_ttft_s == pytest.approx((4000 + 37) / 4000)
+
+
+def test_slo_profile_and_saturation_share_are_validated():
+    with pytest.raises(RoutingConfigError, match="slo_profile"):
+        RoutingConfig(slo_profile="tpu").validate()
+    with pytest.raises(RoutingConfigError, match="saturation_share"):
+        RoutingConfig(saturation_share=0.0).validate()
