@@ -16,6 +16,8 @@ is what the watchdog asks ("has a worker with work stopped moving?"). Series wit
 The page is scanned line by line for the eight names above only. vLLM's page is mostly histograms (tens of
 kilobytes); a full Prometheus parse of it took about 20 ms of the gateway's event loop at every poll, which
 profiling a gateway over vLLM found to be half the gateway's CPU and a stall of every stream it carried.
+The gateway asks for those eight only (`GET /metrics?name[]=...`, which prometheus_client's exposition
+honours), so the page it reads is about a kilobyte.
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ def sample_sums(text: str, names: frozenset[str]) -> dict[str, float]:
             continue  # a malformed line reads as absent, as the module doc says of a missing metric
         sums[name] = sums.get(name, 0.0) + value
     return sums
+
+
+def metric_names(engine: str) -> list[str]:
+    """The sample names `engine_load` reads of this engine's page."""
+    return sorted(NAMES.get(engine, NAMES["vllm"]).values())
 
 
 def engine_load(text: str, engine: str) -> pb.EngineLoad:

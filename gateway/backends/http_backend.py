@@ -7,9 +7,10 @@ circuit breaker and gateway/serving/generation.py treat it like one of Duet's gR
     get_info        GET /v1/models, then the tokenizer check: the backend's POST /tokenize of a probe
                     string must equal the gateway's own tokens, or the backend is refused (FAILED_PRECONDITION,
                     both token lists in the message and the log)
-    get_load        GET /metrics (backend_load.py)
-    check_health    GET /health (an unreachable backend is logged once, naming it, until it answers); skipped
-                    while a stream was served to its end within the last poll interval (that is as good a sign)
+    get_load        GET /metrics, asking for the series it reads only (`name[]`; backend_load.py)
+    check_health    GET /health (an unreachable backend is logged once, naming it, until it answers); asked
+                    every `health_every_s` (10 s) while the backend keeps answering (/metrics or a stream served to
+                    its end within `health_fresh_s`), at once after a stream failed
     watch_kv_events the backend's ZMQ publisher, rehashed (kv_events_sub.py); UNIMPLEMENTED without one
 
 A stream is a task pumping SSE chunks into a queue, so `cancel()` (a client gone, a stop string, the
@@ -18,7 +19,9 @@ and a pending read raises CancelledError, as a cancelled gRPC call does.
 
 CPU per request (profiled over HTTP backends, docs/benchmarks.md): each stream is read to the end of its body
 after `[DONE]`, so its connection goes back to the pool (a response closed unread closes its connection, and
-every request paid a new one), and httpx's per-request log records are not made at all (gateway/server.py).
+every request paid a new one), httpx's per-request log records are not made at all (gateway/server.py), and a
+backend that keeps answering is asked GET /health every 10 s, not every poll: each GET through httpx costs
+about as much CPU as a request's own relay, and the polls were most of the gateway's CPU at a steady low rate.
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator
+from urllib.parse import urlencode
 
 import httpx
 
 from duet.rpc import engine_pb2 as pb
 from duet.sse import SseReader
-from gateway.backends.backend_load import engine_load
+from gateway.backends.backend_load import engine_load, metric_names
 from gateway.backends.backend_spec import CAPABILITIES, BackendSpec
 from gateway.backends.backend_wire import ChunkReader, WireError, completions_body, vllm_generate_body
 from gateway.backends.engine_client import EngineCallError
@@ -88,18 +92,22 @@ class _HttpStream:
         except asyncio.CancelledError:
             raise
         except EngineCallError as e:
+            if e.retryable:
+                c.answered_at = -math.inf  # the next poll asks GET /health again
             self._queue.put_nowait(e)
         except Exception as e:  # noqa: BLE001 - every failure of the backend reaches the reader as one error
+            c.answered_at = -math.inf
             self._queue.put_nowait(EngineCallError(c.worker_id, "INTERNAL", f"{type(e).__name__}: {e}", True))
 
 
 class HttpBackendClient:
     def __init__(self, spec: BackendSpec, models: dict, hash_block_size: int, rpc_timeout_s: float = 2.0,
-                 request_timeout_s: float | None = None, health_fresh_s: float = 1.0) -> None:
+                 request_timeout_s: float | None = None, health_fresh_s: float = 1.5,
+                 health_every_s: float = 10.0) -> None:
         self.spec, self.models, self.hash_block_size = spec, models, hash_block_size
         self.address = self.worker_id = spec.url
         self.rpc_timeout_s = rpc_timeout_s
-        self.health_fresh_s = health_fresh_s
+        self.health_fresh_s, self.health_every_s = health_fresh_s, health_every_s
         self._http = httpx.AsyncClient(base_url=spec.url, timeout=httpx.Timeout(request_timeout_s, connect=5.0),
                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
         self.served_name: str | None = None  # the backend's name for the model
@@ -108,7 +116,11 @@ class HttpBackendClient:
         self.reachable: bool | None = None  # None: not asked yet
         self._tasks: set[asyncio.Task] = set()
         self._refused: str | None = None  # the last refusal logged
-        self.answered_at = -math.inf  # time.monotonic() of the last stream the backend served to its end
+        self.answered_at = -math.inf  # time.monotonic() of the last stream served to its end or /metrics answered
+        self._health_at = -math.inf  # time.monotonic() of the last GET /health that answered
+        # only the series the load reads: prometheus_client's exposition (vLLM's and SGLang's /metrics) honours
+        # `name[]`, so the page is about a kilobyte instead of tens; a server that ignores it sends the whole page
+        self._metrics_path = "/metrics?" + urlencode([("name[]", n) for n in metric_names(spec.engine)])
 
     # -- generation -------------------------------------------------------------------------
     def generate(self, request: pb.GenerateRequest, metadata: tuple = ()) -> _HttpStream:
@@ -225,13 +237,17 @@ class HttpBackendClient:
         return TokenizerMismatch(self.worker_id, details)
 
     async def get_load(self, timeout: float | None = None) -> pb.EngineLoad:
-        return engine_load((await self._get("/metrics", timeout)).text, self.spec.engine)
+        load = engine_load((await self._get(self._metrics_path, timeout)).text, self.spec.engine)
+        self.answered_at = time.monotonic()
+        return load
 
     async def check_health(self, timeout: float | None = None) -> bool:
-        if self.reachable and time.monotonic() - self.answered_at < self.health_fresh_s:
-            return True  # a stream served to its end since the last poll says as much as GET /health
+        now = time.monotonic()
+        if self.reachable and now - self.answered_at < self.health_fresh_s and now - self._health_at < self.health_every_s:
+            return True  # it answered since the last poll, and no stream failed since (module doc)
         try:
             await self._get("/health", timeout)
+            self._health_at = now
         except EngineCallError as e:
             if self.reachable is not False:
                 log.warning("%s backend %s is unreachable (%s); its pool waits for it, the others serve",
