@@ -7,8 +7,8 @@
 - The prefill rate each worker showed this gateway (`prefill_rate`, routing's predicted TTFT where the engine
   reports no rate of its own, as an external server does not): over its last `RATE_WINDOW` first tokens, the
   prefill each request waited for (the tokens queued there when it was sent, its own included) over the
-  seconds it waited. A ratio of sums, as the engines' own rates (engine_core/step_rates.py); it is the rate
-  that makes "queued tokens / rate" the TTFT this gateway saw, overheads included.
+  seconds it waited beyond the window's shortest wait (the fixed cost of any first token). A ratio of sums,
+  as the engines' own rates (engine_core/step_rates.py): the rate a queue of prefill drains at.
 - Work per engine kind (gateway/control/pool_planner.WorkMeter): each finished request's real uncached
   prompt tokens and generated tokens, charged to the kind routing WANTED for it (a prompt that
   spilled to the other kind still shows demand for the kind it was meant for), and the planner's
@@ -114,8 +114,18 @@ class PoolTracker:
     def prefill_rate(self, worker_id: str) -> float:
         """Prefill tokens per second this worker served this gateway's requests at (0.0: none measured yet)."""
         samples = self._waited.get(worker_id)
-        seconds = sum(s for _, s in samples) if samples else 0.0
-        return sum(n for n, _ in samples) / seconds if seconds > 0 else 0.0
+        if not samples:
+            return 0.0
+        # a first token costs a fixed time whatever the prefill (the HTTP hops, one engine step, the gateway's
+        # own work): the shortest wait of the window, taken off every wait, so the rate is the marginal one
+        # that a queue of prefill drains at (measured with the fixed time in, a loaded 2-core machine made
+        # every queue of a few short prompts look seconds long, and routing spread a shared prefix for nothing)
+        floor = min(s for _, s in samples)
+        seconds = sum(s - floor for _, s in samples)
+        tokens = sum(n for n, _ in samples)
+        if seconds <= 0:  # every wait the same: no marginal rate to see; the plain ratio
+            seconds = sum(s for _, s in samples)
+        return tokens / seconds
 
     def prefill_done(self, request_id: str) -> None:
         self._sent.pop(request_id, None)

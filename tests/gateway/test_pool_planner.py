@@ -195,13 +195,18 @@ def test_the_observed_prefill_rate_is_the_tokens_each_request_waited_for_over_it
     t = PoolTracker(GatewayMetrics())
     assert t.prefill_rate("w") == 0.0  # nothing measured: routing then has no rate for an external server
     t.prefill_started("r1", "w", 1000, now=10.0)
-    t.prefill_started("r2", "w", 500, now=10.0)  # queued behind r1: it waits for 1,500 tokens
     t.first_token("r1", now=10.5)
     t.prefill_done("r1")
-    t.first_token("r2", now=10.75)
+    assert t.prefill_rate("w") == pytest.approx(1000 / 0.5)  # one wait: no fixed cost to tell apart yet
+    t.prefill_started("r2", "w", 1000, now=20.0)
+    t.prefill_started("r3", "w", 500, now=20.0)  # queued behind r2: it waits for 1,500 tokens
+    t.first_token("r2", now=20.5)
     t.prefill_done("r2")
-    assert t.prefill_rate("w") == pytest.approx((1000 + 1500) / (0.5 + 0.75))
-    # a failed attempt (no first token) measures nothing, and another worker has a rate of its own
-    t.prefill_started("r3", "w", 4000, now=20.0)
+    t.first_token("r3", now=20.75)
     t.prefill_done("r3")
-    assert t.prefill_rate("w") == pytest.approx(2000.0) and t.prefill_rate("v") == 0.0
+    # the waits beyond the shortest (0.5 s, the fixed cost of a first token): 0, 0, 0.25 s for 3,500 tokens
+    assert t.prefill_rate("w") == pytest.approx((1000 + 1000 + 1500) / 0.25)
+    # a failed attempt (no first token) measures nothing, and another worker has a rate of its own
+    t.prefill_started("r4", "w", 4000, now=30.0)
+    t.prefill_done("r4")
+    assert t.prefill_rate("w") == pytest.approx(14000.0) and t.prefill_rate("v") == 0.0
