@@ -1,0 +1,113 @@
+"""What gateway/backends/http_backend.py costs a backend per poll and per request: a stream read to its end leaves
+its connection for the next request, /metrics is asked for the series the load reads, and /health is asked
+every `health_every_s` while the backend answers, at once after a stream failed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from duet.rpc import engine_pb2 as pb
+from gateway.backends.backend_load import NAMES
+from gateway.backends.backend_spec import BackendSpec
+from gateway.backends.http_backend import HttpBackendClient
+
+
+def _request(i: int) -> pb.GenerateRequest:
+    req = pb.GenerateRequest(request_id=f"r{i}", prompt_token_ids=[1, 2, 3])
+    req.sampling.max_tokens = 3
+    return req
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_streams_read_to_their_end_reuse_one_connection():
+    peers: list[int] = []  # the client port of each request the server saw
+
+    async def generate(request):
+        peers.append(request.scope["client"][1])
+        await request.body()
+
+        async def body():
+            for i in range(3):
+                chunk = {"choices": [{"index": 0, "token_ids": [10 + i], "finish_reason": "length" if i == 2 else None}]}
+                yield f"data: {json.dumps(chunk)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    async def run() -> list[list[int]]:
+        port = _free_port()
+        server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/inference/v1/generate", generate,
+                                                                       methods=["POST"])]),
+                                               host="127.0.0.1", port=port, log_level="warning"))
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.05)
+        client = HttpBackendClient(BackendSpec(engine="vllm", url=f"http://127.0.0.1:{port}", kind="paged"), {}, 16)
+        try:
+            return [[t for m in [msg async for msg in client.stream_messages(_request(i))] for t in m.token_ids]
+                    for i in range(5)]
+        finally:
+            await client.close()
+            server.should_exit = True
+            await task
+
+    answers = asyncio.run(run())
+    assert answers == [[10, 11, 12]] * 5
+    # five requests over one TCP connection (a stream closed before its body's end closes its connection: five)
+    assert len(peers) == 5 and len(set(peers)) == 1, peers
+
+
+def test_health_is_asked_every_health_every_s_while_the_backend_answers_and_at_once_after_a_failed_stream():
+    asked: list[str] = []
+    fail = {"generate": False}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        if request.url.path == "/metrics":
+            names = request.url.params.get_list("name[]")
+            assert sorted(names) == sorted(NAMES["vllm"].values())  # only the series the load reads
+            return httpx.Response(200, text="vllm:num_requests_running 2\n")
+        if request.url.path == "/inference/v1/generate":
+            return httpx.Response(500 if fail["generate"] else 200, text="data: [DONE]\n\n")
+        return httpx.Response(200)
+
+    async def run() -> None:
+        client = HttpBackendClient(BackendSpec(engine="vllm", url="http://backend", kind="paged"), {}, 16,
+                                   health_every_s=10.0)
+        client._http = httpx.AsyncClient(base_url="http://backend", transport=httpx.MockTransport(handler))
+
+        async def poll() -> None:  # what gateway/backends/fleet.py does each poll
+            if await client.check_health():
+                assert (await client.get_load()).num_running == 2
+
+        for _ in range(3):
+            await poll()
+        assert asked == ["/health", "/metrics", "/metrics", "/metrics"]  # /metrics answering: no more /health
+        asked.clear()
+        fail["generate"] = True
+        try:
+            async for _ in client.generate(_request(1)):  # the stream the gateway reads: HTTP 500
+                pass
+        except Exception:  # noqa: BLE001 - the stream's failure is not what this test is about
+            pass
+        await poll()
+        assert asked[-2:] == ["/health", "/metrics"]  # a failed stream: the next poll asks /health again
+        client._health_at -= 11.0  # ten seconds on, /health is asked again though /metrics kept answering
+        asked.clear()
+        await poll()
+        assert asked == ["/health", "/metrics"]
+        await client.close()
+
+    asyncio.run(run())
