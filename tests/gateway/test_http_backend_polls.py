@@ -11,7 +11,7 @@ import socket
 import httpx
 import uvicorn
 from starlette.applications import Starlette
-from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from duet.rpc import engine_pb2 as pb
