@@ -22,7 +22,7 @@ from duet.launcher import (
 )
 from duet.model_make import default_model_dir
 
-POLL = re.compile(r"(GET|POST) \S+/(health|metrics|v1/models|tokenize) ")
+POLL = re.compile(r"(GET|POST) \S+/(health|metrics|v1/models|tokenize)[? ]")  # /metrics?name[]=...
 
 
 def test_polls_stay_out_of_the_default_log_and_changes_are_in_it(tmp_path):
