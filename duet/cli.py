@@ -57,9 +57,12 @@ def _run_engine(args: argparse.Namespace) -> int:
     if args.kind == SIM:
         from duet.sim_worker import main
     else:
-        # the worker's start: MKL's fast kernels on an AMD CPU, which must come before anything imports torch
+        # the worker's start, before anything imports torch: MKL's fast kernels on an AMD CPU, and OpenMP threads
+        # that sleep soon after a parallel region instead of spinning through a shared core's time slices
         from engine_core.mkl_on_amd import unlock_mkl_on_amd
+        from engine_core.openmp_wait import default_spin
 
+        default_spin()
         unlock_mkl_on_amd()
         if args.kind == PAGED:
             from engine_paged.worker import main
