@@ -30,7 +30,7 @@ from gateway.control.pool_planner import PlannerConfig
 from loadtests.load.class_slo import FLEET_SLOS, ClassSlo
 from loadtests.sim.fleet.cost_models import COST_MODELS, cost_model
 from loadtests.sim.fleet.engine import EngineProfile
-from loadtests.sim.fleet.peer_policies import PEER_POLICIES
+from loadtests.sim.fleet.peer_policies import PEER_POLICIES, VARIANTS
 from loadtests.sim.fleet.report import add_ratios, summarize
 from loadtests.sim.fleet.simulator import FleetSim, SimSettings, StackSpec
 from loadtests.sim.fleet.workload import CLASSES, build
@@ -39,7 +39,7 @@ STACKS = ("all_paged", "all_prefix", "duet_planner")
 # one kind behind Duet's routing: what the routing alone is worth, without a second engine kind (shown, not
 # counted as a homogeneous baseline: the baselines run behind the SGLang-style router, as in duet bench compare)
 ROUTING_ONLY = ("paged_duet_routing", "prefix_duet_routing")
-PEERS = PEER_POLICIES  # N engine_prefix workers behind a peer's policy (the engines the peers front cache prefixes)
+PEERS = PEER_POLICIES + VARIANTS  # N engine_prefix workers behind a peer's policy (the engines the peers front cache prefixes)
 DUET_ROUTING = "prefix_duet_routing"  # the same workers behind Duet's routing: what --contest compares each peer to
 
 

@@ -21,7 +21,10 @@ prefix tables. Ties are broken as the peer's code breaks them.
   speculative_ttl 2 s (until its real events arrive). Score = the longest contiguous prefix of the prompt's
   blocks a worker holds (`PrefixScorer`); the highest score wins (Rust's `max_by_key`: the LAST of equal
   maxima); a best score of 0 -> the least loaded (`min_by_key`: the first of equals). No load term otherwise.
-  The whole prompt is hashed (it tokenizes the full text).
+  The whole prompt is hashed (it tokenizes the full text). `vllm_kv_aware_unmatched`: the same with an index
+  that never matches the request's blocks (a tokenizer, model name or block size that differs from the
+  engines'): every choice is then the least-loaded fallback, first of equals. It is what the real router did
+  on this machine (loadtests/sim/fleet/peer_check.py), shown beside the policy as its code means it.
 - `llmd_default`: llm-d's default scheduling profile (the InferencePool chart's default-plugins.yaml, as in
   llm-d-inference-scheduler's deploy configs): queue-scorer weight 2, kv-cache-utilization-scorer weight 2,
   prefix-cache-scorer weight 3, max-score-picker. queue: (max - own waiting) / (max - min waiting) over the
@@ -42,6 +45,7 @@ from gateway.routing.policy import eligible
 from gateway.routing.route_types import RouteDecision, RouteRequest, RoutingConfig, WorkerView
 
 PEER_POLICIES = ("smg_cache_aware", "vllm_kv_aware", "llmd_default")
+VARIANTS = ("vllm_kv_aware_unmatched",)  # a peer as it was seen to run, not as its code means it (module doc)
 
 
 def _decision(req: RouteRequest, w: WorkerView, variant: str, steps: list[str], reason: str, seen,
@@ -112,8 +116,9 @@ class VllmKvAware:
     name = "vllm_kv_aware"
     full_prompt = True
 
-    def __init__(self, clock: Callable[[], float], speculative_ttl_s: float = 2.0) -> None:
+    def __init__(self, clock: Callable[[], float], speculative_ttl_s: float = 2.0, matching: bool = True) -> None:
         self.clock = clock
+        self.matching = matching
         self.ttl = speculative_ttl_s
         self.cached: dict[str, set[int]] = {}  # from the engines' KV events
         self.speculative: dict[str, dict[int, float]] = {}  # worker -> hash -> expiry
@@ -144,7 +149,7 @@ class VllmKvAware:
         hashes = req.block_hashes
         if len(pool) == 1:
             return _decision(req, pool[0], variant, steps, "single", seen, index)
-        if not hashes:  # shorter than one block
+        if not hashes or not self.matching:  # shorter than one block (or, unmatched, every request's keys miss)
             return _decision(req, pool[_least_loaded(pool)], variant, steps, "least_load", seen, index)
         now = self.clock()
         scores = [self.score(w.worker_id, hashes, now) for w in pool]
@@ -223,6 +228,8 @@ def make_peer_policy(name: str, clock: Callable[[], float]):
         return SmgCacheAware()
     if name == "vllm_kv_aware":
         return VllmKvAware(clock)
+    if name == "vllm_kv_aware_unmatched":
+        return VllmKvAware(clock, matching=False)
     if name == "llmd_default":
         return LlmdDefault()
-    raise ValueError(f"unknown peer policy {name!r}; choose from {', '.join(PEER_POLICIES)}")
+    raise ValueError(f"unknown peer policy {name!r}; choose from {', '.join(PEER_POLICIES + VARIANTS)}")
