@@ -138,19 +138,28 @@ def run_stack(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> d
     return out
 
 
-def capacity_rate(spec: StackSpec, s: FleetSettings) -> float:
+def capacity_rate(spec: StackSpec, s: FleetSettings, runs: dict | None = None, progress=None) -> float:
     """The highest rate multiplier (geometric bisection over `s.rate_range`) at which `spec` meets the
-    attainment (the low end when it misses there too, the high end when it meets it there)."""
+    attainment (the low end when it misses there too, the high end when it meets it there). `runs`, when
+    given, keeps every run by rate (the contest reuses the one at the rate found)."""
+    def attains(rate: float) -> bool:
+        r = run_stack(spec, s, rate)
+        if runs is not None:
+            runs[rate] = r
+        if progress:
+            progress(f"{spec.name} at x{rate:.3f}: attainment {r['slo_attainment']}, goodput {r['goodput_rps']} req/s")
+        return r["slo_attainment"] >= s.attainment
+
     lo, hi = s.rate_range
-    if run_stack(spec, s, lo)["slo_attainment"] < s.attainment:
+    if not attains(lo):
         return lo
     for _ in range(s.search_steps):
         mid = (lo * hi) ** 0.5
-        if run_stack(spec, s, mid)["slo_attainment"] >= s.attainment:
+        if attains(mid):
             lo = mid
         else:
             hi = mid
-    return round(lo, 3)
+    return lo
 
 
 def run(s: FleetSettings, find_rate: bool = False, progress=None) -> dict:
@@ -161,7 +170,7 @@ def run(s: FleetSettings, find_rate: bool = False, progress=None) -> dict:
         for spec in all_specs:
             if spec.name not in STACKS:
                 continue  # fixed splits are run at the found rate, not searched
-            capacities[spec.name] = capacity_rate(spec, s)
+            capacities[spec.name] = round(capacity_rate(spec, s), 3)
             if progress:
                 progress(f"{spec.name}: meets {s.attainment:.0%} of SLOs up to rate x{capacities[spec.name]}")
         homogeneous = [capacities[k] for k in ("all_paged", "all_prefix") if k in capacities]
@@ -197,9 +206,10 @@ def contest(s: FleetSettings, progress=None) -> dict:
     duet = next(spec for spec in specs(replace(s, stacks=(DUET_ROUTING,), splits=())))
     rows = {}
     for spec in peers:
-        rate = capacity_rate(spec, s)
-        peer, mine = run_stack(spec, s, rate), run_stack(duet, s, rate)
-        rows[spec.name] = {"rate": rate, "peer": peer, "duet": mine,
+        runs: dict[float, dict] = {}
+        rate = capacity_rate(spec, s, runs, progress)
+        peer, mine = runs[rate], run_stack(duet, s, rate)
+        rows[spec.name] = {"rate": round(rate, 3), "peer": peer, "duet": mine,
                            "goodput_ratio": round(mine["goodput_rps"] / peer["goodput_rps"], 4)
                            if peer["goodput_rps"] > 0 else None}
         if progress:
