@@ -163,3 +163,16 @@ def test_peer_stacks_run_and_the_contest_compares_each_with_duet():
         contest(FleetSettings(workers=4, stacks=("all_prefix",)))
     with pytest.raises(ValueError, match="unknown peer"):
         make_peer_policy("nginx", lambda: 0.0)
+
+
+def test_contest_table_names_each_peer_its_rate_and_the_ratio():
+    from loadtests.sim.fleet.cli import format_contest
+
+    side = {"goodput_rps": 10.0, "slo_attainment": 0.9, "cached_token_share": 0.3}
+    result = {"workers": 32, "cost_model": "h200", "mix": {"mooncake": 1.0}, "window_s": 300.0, "attainment": 0.9,
+              "duet_stack": "prefix_duet_routing", "best_peer": "llmd_default",
+              "peers": {"llmd_default": {"rate": 4.757, "peer": side, "duet": {**side, "goodput_rps": 10.5},
+                                         "goodput_ratio": 1.05}}}
+    table = format_contest(result)
+    assert "best peer: llmd_default" in table
+    assert "| llmd_default | x4.757 | 10.0 (90.0%, 30.0%) | 10.5 (90.0%, 30.0%) | 1.05 |" in table
