@@ -6,12 +6,18 @@ Stacks (each the same N workers, the same engine profile and cost model):
     duet_planner  Duet's routing and pool planner, starting from N/2 + N/2 (the planner may go to zero of a kind)
     duet_P:Q      a fixed split behind Duet's routing (`--split 16:16`, several allowed)
     paged_duet_routing, prefix_duet_routing   (on request) one kind behind Duet's routing: the routing's share
+    smg_cache_aware, vllm_kv_aware, llmd_default   (on request) N engine_prefix workers behind a peer router's
+                  policy, written from its code (loadtests/sim/fleet/peer_policies.py)
 
 Each stack's figures are loadtests/sim/fleet/report.py's (goodput, SLO attainment, TTFT/TPOT p50/p99 per class),
 plus `goodput_ratio_vs_best_homogeneous`. With `--find-rate`, the rate is first set to the one at which the
 best homogeneous stack meets its SLOs for `--attainment` (0.9) of requests (bisection on the rate multiplier),
 and every stack also gets `capacity_rate` (the highest multiplier at which IT meets that attainment) and
 `capacity_ratio_vs_best_homogeneous`.
+
+`contest` (`--contest`, issue 45): for each peer stack asked for, the rate at which IT meets its SLOs for
+`--attainment` of requests (bisection, as --find-rate), then the peer and Duet's routing over the same
+workers (`prefix_duet_routing`) at that rate: Duet's goodput over the peer's.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from gateway.control.pool_planner import PlannerConfig
 from loadtests.load.class_slo import FLEET_SLOS, ClassSlo
 from loadtests.sim.fleet.cost_models import COST_MODELS, cost_model
 from loadtests.sim.fleet.engine import EngineProfile
+from loadtests.sim.fleet.peer_policies import PEER_POLICIES, VARIANTS
 from loadtests.sim.fleet.report import add_ratios, summarize
 from loadtests.sim.fleet.simulator import FleetSim, SimSettings, StackSpec
 from loadtests.sim.fleet.workload import CLASSES, build
@@ -32,6 +39,8 @@ STACKS = ("all_paged", "all_prefix", "duet_planner")
 # one kind behind Duet's routing: what the routing alone is worth, without a second engine kind (shown, not
 # counted as a homogeneous baseline: the baselines run behind the SGLang-style router, as in duet bench compare)
 ROUTING_ONLY = ("paged_duet_routing", "prefix_duet_routing")
+PEERS = PEER_POLICIES + VARIANTS  # N engine_prefix workers behind a peer's policy (the engines the peers front cache prefixes)
+DUET_ROUTING = "prefix_duet_routing"  # the same workers behind Duet's routing: what --contest compares each peer to
 
 
 @dataclass(frozen=True)
@@ -56,9 +65,10 @@ class FleetSettings:
             raise ValueError(f"--cost-model must be one of {', '.join(COST_MODELS)}, got {self.cost_model!r}")
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
-        unknown = [s for s in self.stacks if s not in STACKS + ROUTING_ONLY]
+        known = STACKS + ROUTING_ONLY + PEERS
+        unknown = [s for s in self.stacks if s not in known]
         if unknown:
-            raise ValueError(f"--stacks: unknown {', '.join(unknown)}; choose from {', '.join(STACKS + ROUTING_ONLY)}")
+            raise ValueError(f"--stacks: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
         if "duet_planner" in self.stacks and self.workers < 2:
             raise ValueError("duet_planner needs --workers >= 2 (it starts with one of each kind)")
         for p, q in self.splits:
@@ -92,6 +102,8 @@ def specs(s: FleetSettings) -> list[StackSpec]:
             out.append(StackSpec(name, ("prefix",) * n, "sglang"))
         elif name in ROUTING_ONLY:
             out.append(StackSpec(name, (name.split("_")[0],) * n, "duet"))
+        elif name in PEERS:
+            out.append(StackSpec(name, ("prefix",) * n, name))
         else:
             out.append(StackSpec(name, ("paged",) * (n // 2) + ("prefix",) * (n - n // 2), "duet", planner=True))
     for p, q in s.splits:
@@ -126,19 +138,28 @@ def run_stack(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> d
     return out
 
 
-def capacity_rate(spec: StackSpec, s: FleetSettings) -> float:
+def capacity_rate(spec: StackSpec, s: FleetSettings, runs: dict | None = None, progress=None) -> float:
     """The highest rate multiplier (geometric bisection over `s.rate_range`) at which `spec` meets the
-    attainment (the low end when it misses there too, the high end when it meets it there)."""
+    attainment (the low end when it misses there too, the high end when it meets it there). `runs`, when
+    given, keeps every run by rate (the contest reuses the one at the rate found)."""
+    def attains(rate: float) -> bool:
+        r = run_stack(spec, s, rate)
+        if runs is not None:
+            runs[rate] = r
+        if progress:
+            progress(f"{spec.name} at x{rate:.3f}: attainment {r['slo_attainment']}, goodput {r['goodput_rps']} req/s")
+        return r["slo_attainment"] >= s.attainment
+
     lo, hi = s.rate_range
-    if run_stack(spec, s, lo)["slo_attainment"] < s.attainment:
+    if not attains(lo):
         return lo
     for _ in range(s.search_steps):
         mid = (lo * hi) ** 0.5
-        if run_stack(spec, s, mid)["slo_attainment"] >= s.attainment:
+        if attains(mid):
             lo = mid
         else:
             hi = mid
-    return round(lo, 3)
+    return lo
 
 
 def run(s: FleetSettings, find_rate: bool = False, progress=None) -> dict:
@@ -149,7 +170,7 @@ def run(s: FleetSettings, find_rate: bool = False, progress=None) -> dict:
         for spec in all_specs:
             if spec.name not in STACKS:
                 continue  # fixed splits are run at the found rate, not searched
-            capacities[spec.name] = capacity_rate(spec, s)
+            capacities[spec.name] = round(capacity_rate(spec, s), 3)
             if progress:
                 progress(f"{spec.name}: meets {s.attainment:.0%} of SLOs up to rate x{capacities[spec.name]}")
         homogeneous = [capacities[k] for k in ("all_paged", "all_prefix") if k in capacities]
@@ -173,3 +194,28 @@ def run(s: FleetSettings, find_rate: bool = False, progress=None) -> dict:
             "rate": s.rate, "attainment": s.attainment,
             "slos": (s.slos or FLEET_SLOS[s.cost_model]).describe(CLASSES),
             "stacks": stacks}
+
+
+def contest(s: FleetSettings, progress=None) -> dict:
+    """Each peer stack in `s.stacks` against Duet's routing over the same workers, at the rate where the peer
+    meets `s.attainment` of its SLOs (module doc)."""
+    s.validate()
+    peers = [spec for spec in specs(s) if spec.name in PEERS]
+    if not peers:
+        raise ValueError(f"--contest needs at least one peer in --stacks ({', '.join(PEERS)})")
+    duet = next(spec for spec in specs(replace(s, stacks=(DUET_ROUTING,), splits=())))
+    rows = {}
+    for spec in peers:
+        runs: dict[float, dict] = {}
+        rate = capacity_rate(spec, s, runs, progress)
+        peer, mine = runs[rate], run_stack(duet, s, rate)
+        rows[spec.name] = {"rate": round(rate, 3), "peer": peer, "duet": mine,
+                           "goodput_ratio": round(mine["goodput_rps"] / peer["goodput_rps"], 4)
+                           if peer["goodput_rps"] > 0 else None}
+        if progress:
+            progress(f"{spec.name}: meets {s.attainment:.0%} up to x{rate}; there goodput {peer['goodput_rps']} "
+                     f"req/s against Duet's {mine['goodput_rps']} ({rows[spec.name]['goodput_ratio']}x)")
+    best = max(rows, key=lambda k: (rows[k]["rate"], rows[k]["peer"]["goodput_rps"]))
+    return {"cost_model": s.cost_model, "workers": s.workers, "mix": s.mix, "window_s": s.window_s,
+            "attainment": s.attainment, "slos": (s.slos or FLEET_SLOS[s.cost_model]).describe(CLASSES),
+            "duet_stack": DUET_ROUTING, "best_peer": best, "peers": rows}

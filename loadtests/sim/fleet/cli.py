@@ -34,7 +34,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--attainment", type=float, default=0.9)
     p.add_argument("--rate-range", default="1:16", help="--find-rate: LOW:HIGH multipliers to search")
     p.add_argument("--search-steps", type=int, default=5, help="--find-rate: bisection steps per stack")
-    p.add_argument("--stacks", default="all_paged,all_prefix,duet_planner")
+    p.add_argument("--stacks", default="all_paged,all_prefix,duet_planner", help="all_paged, all_prefix, "
+                   "duet_planner, paged_duet_routing, prefix_duet_routing, and the peers' policies smg_cache_aware, "
+                   "vllm_kv_aware, llmd_default (N engine_prefix workers behind each)")
+    p.add_argument("--contest", action="store_true", help="each peer in --stacks against Duet's routing over the "
+                   "same workers (prefix_duet_routing), at the rate where the peer meets --attainment of its SLOs")
     p.add_argument("--split", action="append", default=[], help="a fixed Duet split PAGED:PREFIX (repeatable)")
     p.add_argument("--slo", default=None, help="per-class bounds in ms, e.g. chat.ttft=3000,document.ttft=6s,"
                    "chat.tpot=100 (defaults: duet/traffic_classes.py at the cost model's profile)")
@@ -103,6 +107,12 @@ def _run_fleet(args: argparse.Namespace) -> int:
         result = validate(validate_settings(args), progress=_progress, per_request=args.per_request)
         print(json.dumps(result, indent=2) if args.json else validate_table(result))
         return 0
+    if args.contest:
+        from loadtests.sim.fleet.bench import contest
+
+        result = contest(settings_from(args), progress=_progress)
+        print(json.dumps(result, indent=2) if args.json else format_contest(result))
+        return 0
     from loadtests.sim.fleet.bench import run
 
     result = run(settings_from(args), find_rate=args.find_rate, progress=_progress)
@@ -122,4 +132,18 @@ def format_table(result: dict) -> str:
                          f"{r['goodput_ratio_vs_best_homogeneous']} | {cls} ({c['slo_attainment']:.1%}) | "
                          f"{c['ttft_p50_s']} / {c['ttft_p99_s']} | {1000 * (c['tpot_p50_s'] or 0):.1f} / "
                          f"{1000 * (c['tpot_p99_s'] or 0):.1f} | {c['cached_token_share']:.1%} |")
+    return "\n".join(lines)
+
+
+def format_contest(result: dict) -> str:
+    lines = [(f"contest: {result['workers']} workers, cost model {result['cost_model']}, mix {result['mix']}, "
+              f"window {result['window_s']} s; each peer at the rate where it meets {result['attainment']:.0%} "
+              f"of its SLOs, against {result['duet_stack']} there; best peer: {result['best_peer']}"), "",
+             "| peer | rate | peer goodput req/s (SLO met, cached) | Duet goodput req/s (SLO met, cached) | Duet / peer |",
+             "|---|---|---|---|---|"]
+    for name, r in result["peers"].items():
+        p, d = r["peer"], r["duet"]
+        lines.append(f"| {name} | x{r['rate']} | {p['goodput_rps']} ({p['slo_attainment']:.1%}, "
+                     f"{p['cached_token_share']:.1%}) | {d['goodput_rps']} ({d['slo_attainment']:.1%}, "
+                     f"{d['cached_token_share']:.1%}) | {r['goodput_ratio']} |")
     return "\n".join(lines)

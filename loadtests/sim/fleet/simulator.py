@@ -43,6 +43,7 @@ from gateway.serving.router import Router
 from loadtests.sim.fleet.cost_models import for_engine
 from loadtests.sim.fleet.engine import MODEL_ID, EngineProfile, SimEngine, make_request
 from loadtests.sim.fleet.gateway_path import GatewayPath, GatewayQueue
+from loadtests.sim.fleet.peer_policies import make_peer_policy
 from loadtests.sim.fleet.workload import FleetRequest
 from loadtests.sim.routing.baselines import SGLangRoute
 
@@ -54,7 +55,8 @@ ARRIVE, STEP, TICK, BACK, ROUTE, POLL = 0, 1, 2, 3, 4, 5
 class StackSpec:
     name: str
     kinds: tuple[str, ...]  # the workers' kinds at the start
-    policy: str  # "duet" (gateway.routing.policy.route) or "sglang" (the cache-aware baseline)
+    policy: str  # "duet" (gateway.routing.policy.route), "sglang" (the cache-aware baseline) or a peer's
+    # (loadtests/sim/fleet/peer_policies.py: smg_cache_aware, vllm_kv_aware, llmd_default)
     planner: bool = False
 
 
@@ -109,9 +111,18 @@ class FleetSim:
             self._add_worker(kind, i)
         self.tracker = PoolTracker(GatewayMetrics(), self.s.planner)
         # the gateway's own Router: its decide and record, on this simulation's clock
+        if spec.policy == "duet":
+            policy = route
+        elif spec.policy == "sglang":
+            policy = SGLangRoute()
+        else:
+            policy = make_peer_policy(spec.policy, lambda: self.now)
         self.router = Router(self.views, WorkerBlockIndex(max(1, profile.kv_cache_tokens // HASH_BLOCK_TOKENS)),
-                             policy=route if spec.policy == "duet" else SGLangRoute(), pool_tracker=self.tracker,
-                             clock=lambda: self.now)
+                             policy=policy, pool_tracker=self.tracker, clock=lambda: self.now)
+        # a peer that hashes the whole prompt (SMG's tree, vllm-router's tokenizer) gets every block, not the
+        # gateway's head; one fed by the engines' KV events (vllm-router kv_aware) gets them as they come
+        self.max_hash_blocks = None if getattr(policy, "full_prompt", False) else MAX_HASH_BLOCKS
+        self.policy_kv_event = getattr(policy, "kv_event", None)
         self.index = self.router.index  # corrected by the workers' KV events, as the gateway's fleet does
         self.affinity: dict[str, str] = {}
         self.served: dict[str, Served] = {}
@@ -197,7 +208,7 @@ class FleetSim:
 
     def _dispatch(self, req: FleetRequest) -> None:
         prompt = req.prompt(self.profile.max_model_len)
-        hashes = tuple(block_hashes(prompt, HASH_BLOCK_TOKENS, MODEL_ID, max_blocks=MAX_HASH_BLOCKS))
+        hashes = tuple(block_hashes(prompt, HASH_BLOCK_TOKENS, MODEL_ID, max_blocks=self.max_hash_blocks))
         rr = RouteRequest(model=MODEL_ID, block_hashes=hashes, num_prompt_tokens=len(prompt), session_key=req.session,
                           turn_count=req.turn, sequence=next(self.sequence), block_tokens=HASH_BLOCK_TOKENS)
         decision = self.router.decide(rr, self.router.views(), self.s.routing, self.affinity.get(req.session))
@@ -236,6 +247,8 @@ class FleetSim:
     def _deliver(self, w: SimEngine, result) -> None:
         for ev in result.kv_events:
             self.index.apply_kv_event(w.worker_id, ev.kind, list(ev.block_hashes))
+            if self.policy_kv_event is not None:
+                self.policy_kv_event(w.worker_id, ev.kind, list(ev.block_hashes))
         for out in result.outputs:
             s = self.served.get(out.request_id)
             if s is None or s.done:
