@@ -63,8 +63,9 @@ def validate_advice(advice: dict, settings, model: str | None = None, progress=N
 
 
 def format_validation(v: dict) -> str:
-    lines = ["", f"## Validation: {v['deployment']} ({' + '.join(v['kinds'])}, {v['router']} router) run on this "
-             f"machine, {v['requests']} requests, {v['errors']} errors", "",
+    head = (f"## Validation: {v['deployment']} ({' + '.join(v['kinds'])}, {v['router']} router) run on this "
+            f"machine, {v['requests']} requests, {v['errors']} errors")
+    lines = ["", head, "",
              f"| figure | advise predicted | measured | measured / predicted | error (target <= {v['target']:.0%}) |",
              "|---|---|---|---|---|"]
     for key in FIGURES:
