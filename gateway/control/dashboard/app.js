@@ -108,10 +108,11 @@ async function refreshProfile() {
   }
   const p = snap.models[select.value] || snap.models["*"];
   document.body.dataset.profiled = String(p.requests);
+  document.body.dataset.concurrencyPeak = String(p.concurrency_peak);
   if (!p.requests) { $("#profile-summary").textContent = "no finished requests yet"; return; }
   const r = p.prefix_repetition;
   $("#profile-summary").textContent = `${p.requests} requests, ${p.arrival_rps.toFixed(2)} req/s, ` +
-    `${fmt(p.concurrency_mean)} in flight on average; prompt p50 ${p.prompt_tokens.p50} tokens, ` +
+    `${fmt(p.concurrency_mean)} in flight on average, ${p.concurrency_peak} at the peak; prompt p50 ${p.prompt_tokens.p50} tokens, ` +
     `output p50 ${p.output_tokens.p50}; ${(100 * (r.any || 0)).toFixed(0)}% of prompt blocks seen before ` +
     `(${(100 * (r.cross_session || 0)).toFixed(0)}% from other sessions, ${(100 * (r.within_session || 0)).toFixed(0)}% ` +
     `from the same session); ${p.session_turns.sessions} sessions`;
