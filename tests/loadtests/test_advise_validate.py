@@ -64,6 +64,10 @@ def test_validate_runs_the_recommendation_here_and_prints_both_sides(tmp_path, c
     (("--validate",), "--validate replays a trace file (--trace FILE) or a gateway's capture"),
     (("--validate", "--simulate", "--trace", "mooncake"), "--validate checks the fleet simulator's prediction"),
     (("--validate", "--trace", "mooncake"), "--validate replays a trace file (--trace FILE) or a gateway's capture"),
+    # with --from-gateway the flags are accepted and the capture is fetched first
+    (("--validate", "--from-gateway", "http://127.0.0.1:9"), "cannot reach http://127.0.0.1:9/admin/capture"),
+    (("--validate", "--from-gateway", "http://127.0.0.1:9", "--cost-model", "h200"),
+     "--validate runs the recommendation on this machine, so advise predicts with the cpu cost model"),
 ])
 def test_validate_flags_are_checked(args, message, capsys):
     assert main(["advise", *args]) == 2
