@@ -3,8 +3,10 @@
 Each step reads the gateway's admin API (the admin key from --admin-key or DUET_ADMIN_KEY), prints what it
 saw, does its one thing, and prints the next step:
 
-    plan     the deployment (workers by pool), the model's routing, any shadow and canary; the traffic-based
-             advice (`duet bench advise --from-gateway`) when this build has it
+    plan     the deployment (workers by pool), the model's routing, any shadow and canary; then, when this
+             build has `duet bench advise`, its answer on the gateway's capture of this model's traffic (the
+             fleet simulator at the model's worker count: the recommended deployment, its predicted figures,
+             the answer at half and double the traffic, and the move's steps)
     shadow   gives the candidate pools a variant of weight 0 (no live traffic), then starts the shadow run
              (`PUT /admin/models/{model}/shadow`): a share of live requests mirrored there, answers dropped
     canary   `POST /admin/models/{model}/canary/start`: refused (exit 1, with the failed bounds) until the
@@ -174,6 +176,58 @@ def _advise_available() -> bool:
     return False
 
 
+def advise_capture(args, model: str, workers: int) -> dict | str:
+    """`duet bench advise --from-gateway` on the capture's records of `model` (loadtests/advise/fleet.py) at
+    `--workers` (default: the model's own count, at least 2); or why there is no advice."""
+    import tempfile
+    from pathlib import Path
+
+    from duet.capture_export import CaptureExportError, fetch_capture
+    from loadtests.advise import fleet
+    from loadtests.sim.fleet.bench import FleetSettings
+
+    try:
+        text = fetch_capture(args.gateway, args.admin_key)
+    except CaptureExportError as e:
+        return str(e)
+    lines = [line for line in text.splitlines() if line.strip() and json.loads(line).get("model") == model]
+    if not lines:
+        return "nothing of this model captured yet: send traffic, then plan again"
+    with tempfile.TemporaryDirectory(prefix="duet-migrate-plan-") as tmp:
+        path = Path(tmp) / "capture.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        n = args.workers or max(2, workers)
+        print(f"advice: {len(lines)} captured requests of {model} in the fleet simulator, {n} workers, cost model "
+              f"{args.cost_model} ...", flush=True)
+        try:
+            return fleet.advise(FleetSettings(cost_model=args.cost_model, workers=n, mix={str(path): 1.0},
+                                              window_s=args.window_s))
+        except ValueError as e:
+            raise MigrateError(f"advice: {e}") from None
+
+
+def _print_advice(advice: dict | str) -> None:
+    if isinstance(advice, str):
+        print(f"advice: none: {advice}")
+        return
+    rec = advice["recommendation"]
+    option = advice["rates"]["traffic"]["options"][rec["deployment"]]
+    print(f"advice: run {rec['deployment']} ({rec['split']['paged']} paged + {rec['split']['prefix']} prefix, "
+          f"{rec['router']} router): predicted goodput {option['goodput_rps']} req/s, "
+          f"{option['slo_attainment']:.1%} within the SLOs, TTFT p50 {option['ttft_p50_s']} s, "
+          f"p99 {option['ttft_p99_s']} s")
+    print(f"  why: {rec['why']}")
+    print("  at half and double the traffic: " + ", ".join(
+        f"{label.replace('_', ' ')} -> {answer}" for label, answer in advice["sensitivity"].items()))
+    canary = advice.get("canary")
+    if canary and canary["needed"]:
+        print(f"  the move (now served by {' + '.join(advice['served_by'])}):")
+        for i, step in enumerate(canary["steps"], 1):
+            print(f"    {i}. {step}")
+    elif canary:
+        print(f"  no move: {canary['why']}")
+
+
 def plan(admin: Admin, args) -> int:
     model, workers = _model(admin, args.model)
     routing = admin.call("GET", f"/admin/models/{model}/routing")
@@ -181,8 +235,10 @@ def plan(admin: Admin, args) -> int:
     _print_shadow(admin.call("GET", f"/admin/models/{model}/shadow"))
     _print_canary(admin.call("GET", f"/admin/models/{model}/canary-policy"))
     if _advise_available():
-        print(f"next: `duet bench advise --from-gateway {args.gateway}` says which deployment suits this traffic; "
-              f"then `duet migrate shadow --candidate KIND@VERSION` mirrors traffic to that pool")
+        if args.advise:
+            _print_advice(advise_capture(args, model, len(workers)))
+        print("next: `duet migrate shadow --candidate KIND@VERSION` mirrors a share of live traffic to the "
+              "recommended pool")
     else:
         print("(this build has no `duet bench advise --from-gateway`: the plan reads the deployment and the "
               "shadow state only)")
@@ -280,6 +336,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         s.add_argument("--gateway", default="http://127.0.0.1:8000", help="the gateway's base URL")
         s.add_argument("--admin-key", default=os.environ.get("DUET_ADMIN_KEY"), help="or DUET_ADMIN_KEY")
         s.add_argument("--model", default=None, help="the model (default: the one served)")
+        if name == "plan":
+            s.add_argument("--no-advise", dest="advise", action="store_false",
+                           help="only the deployment: skip `duet bench advise` on the gateway's capture")
+            s.add_argument("--cost-model", default="h200", choices=("h200", "h200-70b", "cpu"),
+                           help="advise's cost model (default h200)")
+            s.add_argument("--workers", type=int, default=None,
+                           help="advise's fleet size (default: the model's workers, at least 2)")
+            s.add_argument("--window-s", type=float, default=300.0, help="capture seconds advise replays")
         if name == "shadow":
             s.add_argument("--candidate", type=_pool, action="append", required=True, metavar="KIND@VERSION",
                            help="a candidate pool (repeatable), e.g. paged@v2 or an external backend's "

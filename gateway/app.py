@@ -32,6 +32,7 @@ from gateway.control.migration import migration_routes
 from gateway.control.pool_tracker import PoolTracker
 from gateway.control.rollback import RollbackController
 from gateway.control.shadow import ShadowLedger
+from gateway.control.shadow_sync import ShadowSync
 from gateway.control.state.memory import MemoryStore
 from gateway.control.stats import RequestStats
 from gateway.control.workload import Workload, workload_routes
@@ -97,6 +98,7 @@ class Gateway:
         self.workload = Workload(config.capture, self.state, self.metrics.registry, profile=config.profile)
         self.pending = PendingRequests(config.limits.max_pending_requests, self.metrics.pending)
         self.mirror = Mirror(self.shadow, self.fleet, self.pending, t.request_s)
+        self.shadow_sync = ShadowSync(self.shadow, self.state, config.shadow)
         self.serving = ServingContext(
             config=config, models=self.models, metrics=self.metrics,
             tracer=trace.get_tracer("duet.gateway", tracer_provider=tracer_provider), state=self.state,
@@ -105,16 +107,18 @@ class Gateway:
             mirror=self.mirror, workload=self.workload)
         self.admin = GatewayAdmin(
             config=config, models=self.models, state=self.state, stats=self.stats, decisions=self.decisions,
-            rollback=self.rollback, fleet=self.fleet, pool_tracker=self.pool_tracker, shadow=self.shadow)
+            rollback=self.rollback, fleet=self.fleet, pool_tracker=self.pool_tracker, shadow=self.shadow,
+            shadow_sync=self.shadow_sync)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app):
         if self._starts_state:
             await self.state.start()
         await self.fleet.start()
+        await self.shadow_sync.start()
         tasks = [asyncio.create_task(work) for work in (self.rollback.run(), self.watchdog.run(), self.limiter.run(),
                                                         self.pool_tracker.run(self.router.views), self.mirror.run(),
-                                                        self.workload.capture.run())]
+                                                        self.workload.capture.run(), self.shadow_sync.run())]
         try:
             yield
         finally:

@@ -30,6 +30,9 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
     profile: {enabled: true}      # the live workload profile (gateway/control/profile.py)
     capture: {enabled: false, sample_rate: 1.0, max_records: 100000, max_age_s: null, models: []}
                                   # the privacy-safe traffic capture (gateway/control/capture.py); off by default
+    shadow:                       # per model, a shadow run (PUT /admin/models/MODEL/shadow's body), shared by
+      MODEL: {pools: [{engine_kind: paged, version: v2}], share: 0.1, max_concurrency: 4, gates: {...}}
+                                  # every replica through the state store (gateway/control/shadow_sync.py)
 
 Environment `DUET_API_KEYS` (comma separated) and `DUET_ADMIN_KEY` add to / override `auth`;
 `DUET_REDIS_URL` overrides `redis` (a URL with a password can then come from a Secret).
@@ -95,6 +98,8 @@ class GatewayConfig:
     pool_planner: PlannerConfig = field(default_factory=PlannerConfig)
     profile: bool = True  # the live workload profile (gateway/control/profile.py)
     capture: CaptureConfig = field(default_factory=CaptureConfig)  # the traffic capture (gateway/control/capture.py)
+    # model -> its shadow run (ShadowConfig.to_dict(), validated): seeds the state store's (gateway/control/shadow_sync.py)
+    shadow: dict[str, dict] = field(default_factory=dict)
 
 
 def _section(raw: dict, name: str) -> dict:
@@ -141,6 +146,19 @@ def routing_from_dict(d: dict) -> RoutingConfig:
 @dataclass(frozen=True)
 class _Switch:
     enabled: bool = True  # a section whose one key turns its feature on or off
+
+
+def shadow_from_dict(d: dict) -> dict[str, dict]:
+    """`shadow:` {model: the admin API's PUT .../shadow body}, each checked as that endpoint checks it."""
+    from gateway.control.shadow import ShadowConfig, ShadowError, ShadowLedger
+
+    out = {}
+    for model, body in d.items():
+        try:
+            out[str(model)] = ShadowConfig.from_dict(str(model), body, ShadowLedger.MAX_WINDOW_S).to_dict()
+        except ShadowError as e:
+            raise ConfigError(f"shadow.{model}: {e}") from None
+    return out
 
 
 def capture_from_dict(d: dict) -> CaptureConfig:
@@ -215,6 +233,7 @@ def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
                                                 "pool_planner")).validate(),
             profile=bool(_known(_Switch, _section(raw, "profile"), "profile").get("enabled", True)),
             capture=capture_from_dict(_section(raw, "capture")),
+            shadow=shadow_from_dict(_section(raw, "shadow")),
         )
     except (TypeError, ValueError) as e:
         if isinstance(e, ConfigError):

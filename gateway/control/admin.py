@@ -67,6 +67,7 @@ class AdminBackend(Protocol):
     decisions: DecisionLog
     rollback: RollbackController
     shadow: ShadowLedger
+    shadow_sync: Any  # gateway.control.shadow_sync.ShadowSync: a shadow change goes to every replica
     admin_key: str | None  # None: the admin API answers 403 (disabled)
 
     def model_ids(self) -> list[str]:

@@ -17,6 +17,7 @@ from gateway.control.pool_tracker import PoolTracker
 from gateway.control.rollback import RollbackController
 from gateway.control.sampling_defaults import differences, engine_defaults
 from gateway.control.shadow import ShadowConfig, ShadowLedger
+from gateway.control.shadow_sync import ShadowSync
 from gateway.control.state import StateStore
 from gateway.control.stats import RequestStats
 from gateway.models import ServedModel
@@ -35,6 +36,7 @@ class GatewayAdmin:
     fleet: Fleet
     pool_tracker: PoolTracker
     shadow: ShadowLedger
+    shadow_sync: ShadowSync  # the shadow configs every replica shares (the state store's)
 
     @property
     def admin_key(self) -> str | None:

@@ -79,13 +79,13 @@ def migration_routes(gateway: AdminBackend) -> list[Route]:
             raise InvalidRequest(
                 f"the candidate takes live traffic now ({', '.join(reached)}): give its pools a variant of weight "
                 f"0 in the routing config of {model!r} first (`duet migrate shadow` does)", "pools")
-        gateway.shadow.set_config(config)
+        await gateway.shadow_sync.publish(model, config)  # every replica mirrors and gates alike
         return JSONResponse(await _answer(gateway, model))
 
     async def delete_shadow(request: Request, actor: str) -> Response:
         model = request.path_params["model"]
         _check_model(gateway, model)
-        gateway.shadow.set_config(None, model)
+        await gateway.shadow_sync.publish(model, None)
         return JSONResponse({"shadow": None})
 
     async def start_canary(request: Request, actor: str) -> Response:

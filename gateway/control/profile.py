@@ -8,7 +8,8 @@ answers, per model and for all models together (`"*"`):
   the chained hashes dispatch already computed) seen before, split into blocks this request's own session sent
   first (`within_session`) and blocks another session or a session-less request sent first (`cross_session`);
 - prompt and output length distributions, session length in turns (histograms with fixed bounds);
-- arrival rate and mean concurrency (Little's law: the requests' busy seconds over the window);
+- arrival rate, mean concurrency (Little's law: the requests' busy seconds over the window) and peak
+  concurrency (the most requests in flight at once, from every request's span, not the sample);
 - the traffic-class mix (duet/traffic_classes.py) and each engine kind's prefix hit rate (cached/prompt tokens).
 
 Memory is bounded: at most `max_requests` requests are kept (older than `max_window_s` dropped), and the block
@@ -153,10 +154,20 @@ class WorkloadProfile:
         for r in recent:
             groups.setdefault(r.model, []).append(r)
         snap = {"window_s": window_s, "tracked_blocks": len(self._owners),
-                "models": {name: summarize(rs[::-(-len(rs) // SAMPLE) or 1], window_s, len(rs))
+                "models": {name: summarize(rs[::-(-len(rs) // SAMPLE) or 1], window_s, len(rs),
+                                           peak_concurrency(rs))
                            for name, rs in sorted(groups.items())}}
         self._snapshots[window_s] = (now, snap)
         return snap
+
+
+def peak_concurrency(requests: list[Finished]) -> int:
+    """The most of `requests` in flight at once (a request ending as another starts is not beside it). They are
+    in order of their ends (the ring's), so one sort of the starts and a binary search per start: at the j-th
+    start, j + 1 have started and those ending by then have left. Only finished requests are seen."""
+    ends = [r.end for r in requests]
+    return max((j + 1 - bisect.bisect_right(ends, start)
+                for j, start in enumerate(sorted(r.start for r in requests))), default=0)
 
 
 def histogram(values: Iterable[int], bounds: Sequence[int]) -> dict:
@@ -175,8 +186,9 @@ def _quantiles(values: list[int]) -> dict:
     return {"mean": round(sum(s) / len(s), 1), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
 
 
-def summarize(requests: list[Finished], window_s: float, total: int) -> dict:
-    """The profile of `requests`, a sample (every k-th) of the `total` that ended in the window."""
+def summarize(requests: list[Finished], window_s: float, total: int, peak: int | None = None) -> dict:
+    """The profile of `requests`, a sample (every k-th) of the `total` that ended in the window; `peak`: the
+    window's peak concurrency over every request (None: the sample's own)."""
     n = len(requests)
     blocks = sum(r.blocks for r in requests)
     within = sum(r.within_session for r in requests)
@@ -203,6 +215,7 @@ def summarize(requests: list[Finished], window_s: float, total: int) -> dict:
         "sampled": n,
         "arrival_rps": round(total / window_s, 4),
         "concurrency_mean": round(busy / window_s, 3),
+        "concurrency_peak": peak_concurrency(requests) if peak is None else peak,
         "prefix_repetition": {"blocks": blocks, "any": share(within + cross), "within_session": share(within),
                               "cross_session": share(cross)},
         "prompt_tokens": {**_quantiles(prompts), "histogram": histogram(prompts, PROMPT_BOUNDS)},

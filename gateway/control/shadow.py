@@ -126,7 +126,9 @@ class _Compared:
 class ShadowLedger:
     """The shadow's configs and books, bounded in time (`max_window_s`) and size (`max_samples`)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, max_window_s: float = 300.0,
+    MAX_WINDOW_S = 300.0  # the default bound of a config's window_s (the gateway config's `shadow:` is checked by it)
+
+    def __init__(self, registry: CollectorRegistry | None = None, max_window_s: float = MAX_WINDOW_S,
                  max_samples: int = 50_000, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_window_s = max_window_s
         self.configs: dict[str, ShadowConfig] = {}

@@ -64,6 +64,8 @@ class _ProfileCollector:
         rate = GaugeMetricFamily("duet_profile_arrival_rate", "Requests per second, last minute", labels=("model",))
         conc = GaugeMetricFamily("duet_profile_concurrency", "Mean requests in flight, last minute",
                                  labels=("model",))
+        peak = GaugeMetricFamily("duet_profile_concurrency_peak", "Most requests in flight at once, last minute "
+                                 "(finished requests' spans)", labels=("model",))
         lengths = GaugeMetricFamily("duet_profile_tokens", "Prompt and output length, last minute (kind: prompt, "
                                     "output; stat: mean, p50, p90, p99)", labels=("model", "kind", "stat"))
         turns = GaugeMetricFamily("duet_profile_session_turns", "Session length in turns, last minute (stat: mean, "
@@ -78,6 +80,7 @@ class _ProfileCollector:
                     rep.add_metric((model, scope), p["prefix_repetition"][scope])
             rate.add_metric((model,), p["arrival_rps"])
             conc.add_metric((model,), p["concurrency_mean"])
+            peak.add_metric((model,), p["concurrency_peak"])
             for stat in ("mean", "p50", "p90", "p99"):
                 for kind in ("prompt", "output"):
                     if p[f"{kind}_tokens"][stat] is not None:
@@ -89,7 +92,7 @@ class _ProfileCollector:
             for engine, e in p["engines"].items():
                 if e["hit_rate"] is not None:
                     hits.add_metric((model, engine), e["hit_rate"])
-        return [rep, rate, conc, lengths, turns, mix, hits]
+        return [rep, rate, conc, peak, lengths, turns, mix, hits]
 
 
 def workload_routes(admin, workload: Workload) -> list[Route]:

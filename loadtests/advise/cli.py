@@ -38,6 +38,7 @@ MODE_FLAGS = {
 }
 DEFAULT_WORKERS = {SIMULATE: 8, LOCAL: 4, FLEET: 8}
 DEFAULT_TRACE = {SIMULATE: "mooncake", LOCAL: "mooncake", FLEET: "mixed"}
+VALIDATE_WORKERS = 2  # --validate: one engine worker per core of the local stack (loadtests/stack/pinning.py)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -77,6 +78,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="replay a running gateway's traffic capture (GET /admin/capture; implies --fleet): the "
                    "answer adds the canary config that would start the move")
     p.add_argument("--admin-key", default=None, help="--from-gateway: the gateway's admin key (or DUET_ADMIN_KEY)")
+    p.add_argument("--validate", action="store_true",
+                   help="with --trace FILE or --from-gateway (implies --fleet, on the cpu cost model, default 2 "
+                   "workers): then run the recommended deployment on this machine on the same requests and print "
+                   "advise's predicted goodput and TTFT p50 beside the measured ones (loadtests/advise/validate.py; "
+                   "--model: local checkpoint, default the SmolLM2-shaped one the cpu model was fitted on)")
     p.set_defaults(func=_run)
 
 
@@ -91,15 +97,33 @@ def mode_of(args: argparse.Namespace) -> str:
         args.fleet = True
     elif args.admin_key:
         raise ValueError("--admin-key goes with --from-gateway")
+    if args.validate:
+        _validate_flags(args)
     mode = SIMULATE if args.simulate else FLEET if args.fleet else LOCAL
     for flag, (dest, modes, default) in MODE_FLAGS.items():
+        if args.validate and dest == "model":
+            continue  # the validation's local checkpoint
         if mode not in modes and getattr(args, dest) is not None:
             raise ValueError(f"{flag} does not apply to {mode}; it is for {' and '.join(modes)}")
         if getattr(args, dest) is None:
             setattr(args, dest, default)
-    args.workers = args.workers or DEFAULT_WORKERS[mode]
+    args.workers = args.workers or (VALIDATE_WORKERS if args.validate else DEFAULT_WORKERS[mode])
     args.trace = args.trace or DEFAULT_TRACE[mode]
     return mode
+
+
+def _validate_flags(args: argparse.Namespace) -> None:
+    """--validate: advise in the fleet simulator on this machine's cost model, for a trace file or a capture."""
+    import os
+
+    if args.simulate:
+        raise ValueError("--validate checks the fleet simulator's prediction: give it without --simulate")
+    if not args.from_gateway and not (args.trace and os.path.isfile(args.trace)):
+        raise ValueError("--validate replays a trace file (--trace FILE) or a gateway's capture (--from-gateway URL)")
+    if args.cost_model not in (None, "cpu"):
+        raise ValueError(f"--validate runs the recommendation on this machine, so advise predicts with the cpu cost "
+                         f"model (fitted here), not {args.cost_model!r}")
+    args.fleet, args.cost_model = True, "cpu"
 
 
 def _progress(line: str) -> None:
@@ -125,8 +149,7 @@ def _capture_file(args: argparse.Namespace) -> str:
     return str(path)
 
 
-def _fleet(args: argparse.Namespace) -> dict:
-    from loadtests.advise import fleet
+def _fleet_settings(args: argparse.Namespace):
     from loadtests.sim.fleet.bench import FleetSettings
     from loadtests.sim.fleet.cost_models import COST_MODELS
     from loadtests.sim.fleet.report import parse_slos
@@ -134,10 +157,21 @@ def _fleet(args: argparse.Namespace) -> dict:
 
     if args.cost_model not in COST_MODELS:
         raise ValueError(f"--cost-model must be one of {', '.join(COST_MODELS)}, got {args.cost_model!r}")
-    s = FleetSettings(cost_model=args.cost_model, workers=args.workers, mix=parse_mix(args.trace),
-                      window_s=args.window_s, rate=args.rate,
-                      slos=parse_slos(args.class_slo, args.cost_model, "--class-slo"))
-    return fleet.advise(s, args.worker_hour_usd, progress=_progress)
+    return FleetSettings(cost_model=args.cost_model, workers=args.workers, mix=parse_mix(args.trace),
+                         window_s=args.window_s, rate=args.rate,
+                         slos=parse_slos(args.class_slo, args.cost_model, "--class-slo"))
+
+
+def _fleet(args: argparse.Namespace) -> dict:
+    from loadtests.advise import fleet
+
+    s = _fleet_settings(args)
+    result = fleet.advise(s, args.worker_hour_usd, progress=_progress)
+    if args.validate:
+        from loadtests.advise.validate import validate_advice
+
+        result["validation"] = validate_advice(result, s, args.model, progress=_progress)
+    return result
 
 
 def _trace(args: argparse.Namespace, mode: str) -> dict:

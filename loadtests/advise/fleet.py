@@ -89,11 +89,15 @@ def _option(r: dict, s: FleetSettings, price: float) -> dict:
                                                 "tpot_p99_s")} for c, v in r["classes"].items()}}
 
 
+def options_settings(s: FleetSettings) -> FleetSettings:
+    """The settings whose stacks are advise's options: both baselines, the routing-only ones and the splits."""
+    return replace(s, stacks=BASELINES + ROUTING_ONLY, splits=s.splits or default_splits(s.workers)).validate()
+
+
 def advise(s: FleetSettings, worker_hour_usd: float | None = None, progress=None) -> dict:
     if s.workers < 2:
         raise ValueError(f"--workers must be >= 2 (a split needs one worker of each kind), got {s.workers}")
-    s = replace(s, stacks=BASELINES + ROUTING_ONLY,
-                splits=s.splits or default_splits(s.workers)).validate()
+    s = options_settings(s)
     price = WORKER_HOUR_USD[s.cost_model] if worker_hour_usd is None else worker_hour_usd
     if price <= 0:
         raise ValueError(f"--worker-hour-usd must be > 0, got {price}")

@@ -61,6 +61,10 @@ def _fleet_markdown(result: dict) -> list[str]:
                                             indent=2), "```"]
     elif canary:
         lines += ["", f"No move: {canary['why']}."]
+    if "validation" in result:
+        from loadtests.advise.validate import format_validation
+
+        lines += format_validation(result["validation"]).splitlines()
     return lines
 
 

@@ -47,10 +47,11 @@ def _pin(pid: int, core: int) -> None:
 
 
 @contextmanager
-def pinned_stack(model: Path, kinds: tuple[str, ...], limits, trace_dir: Path | None = None):
+def pinned_stack(model: Path, kinds: tuple[str, ...], limits, trace_dir: Path | None = None,
+                 gateway_extra: dict | None = None):
     """(stack, model dir): a ServingStack of `kinds` with each worker pinned to its own core once running
     (`duet bench fleet --validate` and its calibrations); with `trace_dir`, each worker writes its step trace
-    there (DUET_STEP_TRACE, engine_core/step_trace.py)."""
+    there (DUET_STEP_TRACE, engine_core/step_trace.py); `gateway_extra`: more gateway config keys (its router)."""
     from engine_core.step_trace import STEP_TRACE_ENV
     from loadtests.stack.serving import NO_DRAFTING, ServingStack
 
@@ -60,7 +61,8 @@ def pinned_stack(model: Path, kinds: tuple[str, ...], limits, trace_dir: Path | 
         os.environ[STEP_TRACE_ENV] = str(trace_dir)  # the workers inherit it; the gateway ignores it
     try:
         # the simulator does not model drafting, so the local prefix worker does not draft either
-        with ServingStack(model, list(kinds), {}, limits, worker_args=NO_DRAFTING) as stack:
+        with ServingStack(model, list(kinds), {}, limits, worker_args=NO_DRAFTING,
+                          gateway_extra=gateway_extra) as stack:
             for i, (worker_id, _, _) in enumerate(stack.slots):
                 pid = stack.supervisor.pid(worker_id)
                 if pid is not None and len(cores) >= len(kinds):

@@ -124,6 +124,10 @@ async def test_dashboard_live(stack, tmp_path):
             }""")
             assert profiled["prompts"] == profiled["requests"] and profiled["twoTurns"] > 0, profiled
             assert profiled["crossShare"] > 10, profiled
+            # the peak concurrency beside the mean: the traffic keeps at most 6 requests in flight, and some overlap
+            peak = int(await page.evaluate("document.body.dataset.concurrencyPeak"))
+            assert 2 <= peak <= 6, peak
+            assert f"{peak} at the peak" in await page.text_content("#profile-summary")
             await page.wait_for_timeout(4000)  # a few more seconds of lines on the charts
             # the committed docs/dashboard.png is refreshed only on request, so test runs leave the tree clean
             shot = SCREENSHOT if os.environ.get("DUET_UPDATE_SCREENSHOT") or not SCREENSHOT.exists() \

@@ -12,6 +12,7 @@ from starlette.applications import Starlette
 from gateway.control.admin import admin_routes, key_id, stream_event
 from gateway.control.rollback import RollbackController
 from gateway.control.shadow import ShadowLedger
+from gateway.control.shadow_sync import ShadowSync
 from gateway.control.state.memory import MemoryStore
 from gateway.control.stats import RequestStats
 from gateway.routing.decision_log import DecisionLog
@@ -28,6 +29,7 @@ class Backend:
         self.decisions = DecisionLog(capacity=50)
         self.rollback = RollbackController(store=self.state, stats=self.stats)
         self.shadow = ShadowLedger()
+        self.shadow_sync = ShadowSync(self.shadow, self.state)
         self.admin_key = admin_key
         self.workers = [
             {"worker_id": "p1", "model_id": "m", "engine_kind": "paged", "version": "v1", "healthy": True,

@@ -174,3 +174,41 @@ def test_a_busy_window_is_read_from_a_sample_with_true_counts():
     assert (p["requests"], p["sampled"], p["arrival_rps"]) == (10_000, 2000, pytest.approx(10_000 / 60, abs=0.01))
     assert p["prefix_repetition"]["cross_session"] == pytest.approx(0.5 * 20 / 30, abs=0.02)
     assert sum(p["prompt_tokens"]["histogram"]["counts"]) == 2000
+
+
+def test_peak_concurrency_counts_the_requests_in_flight_at_once():
+    from gateway.control.workload import _ProfileCollector
+
+    clock = Clock()
+    t0 = clock.now
+    profile = WorkloadProfile(clock=clock)
+    # (start, end) in seconds from t0, recorded as they end: three overlap between 4 and 5; D starts as A ends
+    spans = {"B": (2, 5), "C": (4, 8), "A": (0, 10), "D": (10, 12), "E": (20, 21)}
+    for name, (start, end) in spans.items():
+        clock.now = t0 + end
+        profile.record(model="x" if name != "E" else "y", session=None, turns=1, hashes=[], prompt_tokens=10,
+                       output_tokens=5, traffic_class="oneshot", engine="paged", cached_tokens=0,
+                       duration_s=end - start)
+    snap = profile.snapshot(60)["models"]
+    assert snap[ALL]["concurrency_peak"] == 3 and snap["x"]["concurrency_peak"] == 3
+    assert snap["y"]["concurrency_peak"] == 1
+    assert snap[ALL]["concurrency_mean"] == pytest.approx(20 / 60, abs=1e-3)  # 20 busy seconds in the minute
+    # /metrics: the peak beside the mean
+    families = {f.name: f for f in _ProfileCollector(profile).collect()}
+    peaks = {s.labels["model"]: s.value for s in families["duet_profile_concurrency_peak"].samples}
+    assert peaks == {ALL: 3, "x": 3, "y": 1}
+    assert {s.labels["model"] for s in families["duet_profile_concurrency"].samples} == {ALL, "x", "y"}
+
+
+def test_the_peak_reads_every_request_not_the_sample(monkeypatch):
+    import gateway.control.profile as profile_module
+
+    monkeypatch.setattr(profile_module, "SAMPLE", 4)  # every 5th of 20 requests sampled
+    clock = Clock()
+    profile = WorkloadProfile(clock=clock)
+    clock.now += 10
+    for _ in range(20):  # 20 requests that all ran from t-10 to t, together
+        profile.record(model="m", session=None, turns=1, hashes=[], prompt_tokens=10, output_tokens=5,
+                       traffic_class="oneshot", engine="paged", cached_tokens=0, duration_s=10)
+    p = profile.snapshot(60)["models"][ALL]
+    assert p["sampled"] == 4 and p["concurrency_peak"] == 20

@@ -108,10 +108,11 @@ async function refreshProfile() {
   }
   const p = snap.models[select.value] || snap.models["*"];
   document.body.dataset.profiled = String(p.requests);
+  document.body.dataset.concurrencyPeak = String(p.concurrency_peak);
   if (!p.requests) { $("#profile-summary").textContent = "no finished requests yet"; return; }
   const r = p.prefix_repetition;
   $("#profile-summary").textContent = `${p.requests} requests, ${p.arrival_rps.toFixed(2)} req/s, ` +
-    `${fmt(p.concurrency_mean)} in flight on average; prompt p50 ${p.prompt_tokens.p50} tokens, ` +
+    `${fmt(p.concurrency_mean)} in flight on average, ${p.concurrency_peak} at the peak; prompt p50 ${p.prompt_tokens.p50} tokens, ` +
     `output p50 ${p.output_tokens.p50}; ${(100 * (r.any || 0)).toFixed(0)}% of prompt blocks seen before ` +
     `(${(100 * (r.cross_session || 0)).toFixed(0)}% from other sessions, ${(100 * (r.within_session || 0)).toFixed(0)}% ` +
     `from the same session); ${p.session_turns.sessions} sessions`;
@@ -193,8 +194,84 @@ function renderShadow(shadow) {
       rows.map(([c, p, s]) => `<tr data-class="${esc(c)}"><td>${esc(c)}</td>` +
         cols.map((k) => `<td><span class="primary">${cell(p, k)}</span> / <span class="candidate">${cell(s, k)}</span></td>`).join("") +
         `<td>${agree(s)}</td></tr>`).join("") +
-      `</tbody></table><div class="verdict">${verdict}</div></div>`;
+      `</tbody></table><div class="verdict">${verdict} ` +
+      `<button class="start-canary" data-model="${esc(model)}">Start canary</button> ` +
+      `<button class="stop-shadow danger" data-model="${esc(model)}">Stop shadow</button></div></div>`;
   }).join("");
+}
+
+// ---- the migrate path (what `duet migrate shadow|canary` does, from the page) ----
+function migrateStatus(text, bad) {
+  const line = $("#migrate-status");
+  line.textContent = text;
+  line.className = bad ? "bad" : "muted";
+}
+
+async function startShadow(e) {
+  e.preventDefault();
+  const model = $("#migrate-model").value;
+  const [kind, version] = $("#migrate-candidate").value.trim().split("@");
+  if (!model || !kind) { migrateStatus("a model and a candidate KIND@VERSION (e.g. paged@v2) are needed", true); return; }
+  const pool = { engine_kind: kind, version: version || "*" };
+  const body = { pools: [pool], share: Number($("#migrate-share").value) };
+  const extra = $("#migrate-extra").value.trim();  // more of PUT .../shadow's body: gates, max_concurrency, ...
+  if (extra) {
+    try { Object.assign(body, JSON.parse(extra)); } catch (err) { migrateStatus(`not JSON: ${err.message}`, true); return; }
+  }
+  const path = `/admin/models/${encodeURIComponent(model)}`;
+  try {
+    const routing = await api("GET", `${path}/routing`);
+    const workers = (await api("GET", "/admin/workers")).workers.filter((w) => w.model_id === model);
+    const inPool = (p, w) => w.engine_kind === p.engine_kind && (p.version === "*" || p.version === w.version);
+    const held = workers.filter((w) => inPool(pool, w));
+    if (!held.length) { migrateStatus(`no worker of ${model} is in ${kind}@${pool.version}`, true); return; }
+    // the candidate takes no live traffic: its pool gets a variant of weight 0 (and, when the model had no
+    // variants, the other pools one at 100), as `duet migrate shadow` writes
+    let variants = routing.variants.filter((v) => v.name !== "candidate" || v.weight > 0);
+    if (!variants.length) {
+      const rest = [...new Set(workers.filter((w) => !held.includes(w)).map((w) => `${w.engine_kind}@${w.version}`))];
+      variants = [{ name: "primary", weight: 100, pools: rest.map((r) => ({ engine_kind: r.split("@")[0], version: r.split("@")[1] })) }];
+    }
+    variants.push({ name: "candidate", weight: 0, pools: [pool] });
+    const lines = [`routing: variant candidate (${kind}@${pool.version}) at weight 0: no live traffic`,
+      `mirror ${(100 * body.share).toFixed(0)}% of ${model}'s requests there, answers dropped`,
+      `more: ${extra || "the defaults (gates, cap, window)"}`];
+    if (!(await confirmAction(`Start a shadow of ${model}?`, lines.join("\n")))) return;
+    await api("PUT", `${path}/routing`, { ...routing, variants });
+    await api("PUT", `${path}/shadow`, body);
+    migrateStatus(`shadow started: ${(100 * body.share).toFixed(0)}% of ${model} mirrored to ${kind}@${pool.version}; ` +
+      "start the canary once its gates pass");
+  } catch (err) { migrateStatus(`refused: ${err.message}`, true); }
+}
+
+async function shadowAction(e) {
+  const button = e.target.closest("button");
+  if (!button) return;
+  const model = button.dataset.model;
+  const path = `/admin/models/${encodeURIComponent(model)}`;
+  try {
+    if (button.classList.contains("start-canary")) {
+      if (!(await confirmAction(`Start the canary of ${model}?`, "the shadow's candidate takes live traffic, " +
+        "ramped by the rollback controller under the shadow's gates"))) return;
+      const answer = await api("POST", `${path}/canary/start`, {});
+      const ramp = answer.policy.ramp.map((s) => `${s.weight}%`).join(" -> ");
+      migrateStatus(`canary started: ${answer.policy.canary} ramps ${ramp} against ${answer.policy.baseline}`);
+    } else if (button.classList.contains("stop-shadow")) {
+      if (!(await confirmAction(`Stop the shadow of ${model}?`, "no more copies; its figures are dropped"))) return;
+      await api("DELETE", `${path}/shadow`);
+      migrateStatus(`shadow of ${model} stopped`);
+    }
+  } catch (err) { migrateStatus(`refused: ${err.message}`, true); }
+}
+
+async function refreshModels() {
+  const select = $("#migrate-model");
+  const models = [...new Set((await api("GET", "/admin/workers")).workers.map((w) => w.model_id).filter(Boolean))].sort();
+  if (select.options.length !== models.length) {
+    const keep = select.value;
+    select.innerHTML = models.map((m) => `<option value="${esc(m)}">${esc(m)}</option>`).join("");
+    if (models.includes(keep)) select.value = keep;
+  }
 }
 
 function renderPools(p) {
@@ -324,6 +401,7 @@ async function refreshTables() {
       `<td>${esc(d.engine_kind)}</td><td>${esc(d.worker_id)}</td><td>${esc(d.reason)}</td>` +
       `<td>${(100 * d.estimated_reuse).toFixed(0)}%</td><td>${d.cached_blocks}</td></tr>`).join("");
     await refreshProfile();
+    await refreshModels();
   } catch (e) { if (e.status === 401 || e.status === 403) logout(); }
 }
 
@@ -390,5 +468,7 @@ $("#login-form").onsubmit = async (e) => {
 };
 $("#logout").onclick = () => logout();
 $("#profile-model").onchange = () => refreshProfile().catch(() => {});
+$("#shadow-form").onsubmit = startShadow;
+$("#shadow").onclick = shadowAction;
 setInterval(() => { if (adminKey()) refreshTables(); }, 3000);
 if (adminKey()) start(); else logout();

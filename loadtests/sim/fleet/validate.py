@@ -46,6 +46,11 @@ class ValidateSettings:
     max_prompt_tokens: int = 512
     max_output_tokens: int = 32
     kinds: tuple[str, ...] = ENGINE_KINDS
+    # the local stack's router ("duet" or "sglang": bench.specs' policies), checkpoint (None: the SmolLM2-shaped
+    # one the cpu fit was measured on) and SLOs (None: the cpu profile's); `duet bench advise --validate` sets them
+    router: str = "duet"
+    model: str | None = None
+    slos: object = None
 
 
 @dataclass
@@ -64,8 +69,8 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
-def _figures(served, span: float) -> dict:
-    slos = FLEET_SLOS["cpu"]
+def _figures(served, span: float, slos=None) -> dict:
+    slos = slos or FLEET_SLOS["cpu"]
     done = [s for s in served if s.done]
     return {"requests": len(served), "completed": len(done),
             "goodput_rps": sum(1 for s in done if met(s, slos)) / span,
@@ -138,11 +143,13 @@ def simulated_served(requests, s: ValidateSettings, poll_phase_s: float | None =
     return sim.run()
 
 
-def cpu_stack(kinds: tuple[str, ...], trace_dir: Path | None = None):
+def cpu_stack(kinds: tuple[str, ...], trace_dir: Path | None = None, model: str | None = None,
+              router: str = "duet"):
     """The local stack --validate runs (a context manager yielding (stack, model dir)): `kinds` on the `cpu`
-    profile's limits and `duet bench compare`'s SmolLM2-shaped checkpoint, each worker on its own core
-    (loadtests/stack/pinning.pinned_stack), with its step trace in `trace_dir` when given."""
+    profile's limits and `duet bench compare`'s SmolLM2-shaped checkpoint (or `model`), each worker on its own
+    core (loadtests/stack/pinning.pinned_stack), behind `router`, with its step trace in `trace_dir` when given."""
     from duet.launcher import EngineLimits
+    from loadtests.experiments.compare import gateway_policy
     from loadtests.sim.fleet.engine import EngineProfile
     from loadtests.stack.pinning import pinned_stack
     from loadtests.stack.serving import preset_checkpoint
@@ -150,7 +157,9 @@ def cpu_stack(kinds: tuple[str, ...], trace_dir: Path | None = None):
     profile = EngineProfile.for_cost_model("cpu")
     limits = EngineLimits(kv_cache_tokens=profile.kv_cache_tokens, max_num_seqs=profile.max_num_seqs,
                           max_num_batched_tokens=profile.max_num_batched_tokens, page_size=profile.page_size)
-    return pinned_stack(preset_checkpoint("smollm2"), kinds, limits, trace_dir)
+    checkpoint = Path(model).expanduser().resolve() if model else preset_checkpoint("smollm2")
+    return pinned_stack(checkpoint, kinds, limits, trace_dir,
+                        gateway_extra=gateway_policy("duet" if router == "duet" else "sglang_cache_aware"))
 
 
 def local(requests, s: ValidateSettings, progress=None, trace_dir: Path | None = None) -> tuple[dict, dict, list]:
@@ -164,7 +173,7 @@ def local(requests, s: ValidateSettings, progress=None, trace_dir: Path | None =
     profile = EngineProfile.for_cost_model("cpu")
     bench = [BenchRequest(r.request_id, r.traffic_class, tuple(r.prompt(profile.max_model_len)), r.max_tokens,
                           arrival_s=r.arrival_s, session_id=r.session) for r in requests]
-    with cpu_stack(s.kinds, trace_dir) as (stack, model_dir):
+    with cpu_stack(s.kinds, trace_dir, s.model, s.router) as (stack, model_dir):
         if progress:
             progress(f"local stack up ({len(s.kinds)} workers pinned to cores); sending {len(bench)} requests")
         records = asyncio.run(arun_benchmark(stack.url, model_dir.name, bench,
@@ -177,7 +186,7 @@ def local(requests, s: ValidateSettings, progress=None, trace_dir: Path | None =
         tpot = (rec.e2e_s - rec.ttft_s) / (rec.output_tokens - 1) if ok and rec.output_tokens > 1 else 0.0
         served.append(_LocalServed(by_id[rec.request_id], rec.ttft_s or 0.0, tpot, rec.output_tokens, ok,
                                     rec.prompt_tokens))
-    return _figures(served, requests[-1].arrival_s - requests[0].arrival_s), pids, records
+    return _figures(served, requests[-1].arrival_s - requests[0].arrival_s, s.slos), pids, records
 
 
 def per_request_rows(sim_served, records) -> list[dict]:

@@ -1,0 +1,76 @@
+"""`duet bench advise --validate`: is advise's prediction for a trace (a gateway's capture) true on this machine?
+
+advise runs the fleet simulator on the `cpu` cost model (the one fitted on this machine) at the local stack's
+size; the deployment it recommends is then run for real by the validation `duet bench fleet --validate` already
+does (loadtests/sim/fleet/validate.local: the recommended kinds pinned one per core, behind the recommended
+router, the requests sent by the benchmark client at their arrival times), on the very requests advise
+simulated: the capture's input and output lengths, its arrival times and its shared prefixes (each block hash a
+fixed run of token ids, so requests that shared a block share those tokens). Advise's predicted goodput and TTFT
+p50 for that option are printed beside the measured ones, with measured / predicted and the relative error
+against the 15% target, both judged by the same per-class SLOs over the same arrival span.
+"""
+
+from __future__ import annotations
+
+TARGET = 0.15  # the issue's bound on |predicted - measured| / measured
+FIGURES = ("goodput_rps", "ttft_p50_s")
+
+
+def deployment_of(settings, name: str) -> tuple[tuple[str, ...], str]:
+    """The recommended option's worker kinds and router ("duet" or "sglang"), as the simulator ran it."""
+    from loadtests.advise.fleet import options_settings
+    from loadtests.sim.fleet.bench import specs
+
+    for spec in specs(options_settings(settings)):
+        if spec.name == name:
+            return spec.kinds, spec.policy
+    raise ValueError(f"advise recommended {name!r}, which is not among the simulated options")
+
+
+def _compare(predicted, measured) -> dict:
+    if predicted is None or measured is None:
+        return {"predicted": predicted, "measured": measured, "ratio": None, "error": None, "within_target": None}
+    ratio = measured / predicted if predicted else None
+    error = abs(predicted - measured) / measured if measured else None  # none measured: no relative error,
+    within = error <= TARGET if error is not None else predicted == measured  # and only a prediction of none is right
+    return {"predicted": predicted, "measured": round(measured, 4), "ratio": None if ratio is None else float(f"{ratio:.4g}"),
+            "error": None if error is None else float(f"{error:.4g}"), "within_target": within}
+
+
+def validate_advice(advice: dict, settings, model: str | None = None, progress=None) -> dict:
+    """Run advice's recommended deployment locally on the workload `settings` describe (the FleetSettings advise
+    ran at the given traffic); advise's figures for that option beside the measured ones."""
+    from loadtests.load.class_slo import FLEET_SLOS
+    from loadtests.sim.fleet.engine import EngineProfile
+    from loadtests.sim.fleet.validate import ValidateSettings, local
+    from loadtests.sim.fleet.workload import build
+
+    name = advice["recommendation"]["deployment"]
+    option = advice["rates"]["traffic"]["options"][name]
+    kinds, router = deployment_of(settings, name)
+    profile = EngineProfile.for_cost_model(settings.cost_model)
+    requests = build(settings.mix, settings.window_s, settings.rate, profile.max_model_len,
+                     max_output_tokens=settings.max_output_tokens)
+    vs = ValidateSettings(kinds=kinds, router=router, model=model,
+                          slos=settings.slos or FLEET_SLOS[settings.cost_model])
+    if progress:
+        progress(f"validating {name} ({' + '.join(kinds)}, {router} router) on {len(requests)} requests")
+    measured, _, records = local(requests, vs, progress)
+    return {"deployment": name, "kinds": list(kinds), "router": router, "requests": len(requests),
+            "errors": sum(1 for r in records if not r.ok), "target": TARGET,
+            "model": model or "the SmolLM2-shaped checkpoint (the cpu fit's)",
+            **{key: _compare(option[key], measured[key]) for key in FIGURES}}
+
+
+def format_validation(v: dict) -> str:
+    head = (f"## Validation: {v['deployment']} ({' + '.join(v['kinds'])}, {v['router']} router) run on this "
+            f"machine, {v['requests']} requests, {v['errors']} errors")
+    lines = ["", head, "",
+             f"| figure | advise predicted | measured | measured / predicted | error (target <= {v['target']:.0%}) |",
+             "|---|---|---|---|---|"]
+    for key in FIGURES:
+        f = v[key]
+        where = "within" if f["within_target"] else "outside"
+        verdict = f"{f['error']:.1%} ({where})" if f["error"] is not None else f"- ({where})"
+        lines.append(f"| {key} | {f['predicted']} | {f['measured']} | {f['ratio']} | {verdict} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,81 @@
+"""`duet bench advise --validate` (loadtests/advise/validate.py): the recommended deployment run for real on the
+captured workload, advise's predicted goodput and TTFT p50 beside the measured ones."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from duet.model_make import default_model_dir
+from loadtests.cli import main
+
+REQUESTS, GAP_MS, OUTPUT = 20, 250.0, 8
+SPAN_S = (REQUESTS - 1) * GAP_MS / 1000
+
+
+def write_capture(path) -> None:
+    """A capture's shape: 20 requests at 4 per second, four in five opening with one 1,024-token system prompt
+    (two shared blocks), every prompt 1,124 tokens, 8 output tokens (fields as gateway/control/capture.py
+    writes them; the hashes as large as its salted ones)."""
+    lines = []
+    for i in range(REQUESTS):
+        own = (1 << 40) + 3 * i
+        ids = [(1 << 41) + 7, (1 << 41) + 8, own] if i % 5 else [own, own + 1, own + 2]
+        lines.append(json.dumps({"timestamp": i * GAP_MS, "input_length": 1124, "output_length": OUTPUT,
+                                 "hash_ids": ids, "session": "", "class": "", "engine": "prefix", "model": "tiny",
+                                 "ttft_ms": 20.0, "tpot_ms": 5.0}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.timeout(300)
+def test_validate_runs_the_recommendation_here_and_prints_both_sides(tmp_path, capsys):
+    capture = tmp_path / "capture.jsonl"
+    write_capture(capture)
+    out = tmp_path / "advice"
+    assert main(["advise", "--trace", str(capture), "--validate", "--model", str(default_model_dir()),
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads((out / "advice.json").read_text())
+    assert result["cost_model"] == "cpu" and result["workers"] == 2  # this machine's model, one worker per core
+    v = result["validation"]
+    chosen = result["recommendation"]["deployment"]
+    split = result["recommendation"]["split"]
+    assert v["deployment"] == chosen
+    assert v["kinds"] == ["paged"] * split["paged"] + ["prefix"] * split["prefix"]
+    assert v["router"] == ("sglang" if chosen.startswith("all_") else "duet")
+    assert v["requests"] == REQUESTS and v["errors"] == 0  # every captured request replayed, none failed
+    option = result["rates"]["traffic"]["options"][chosen]
+    for key in ("goodput_rps", "ttft_p50_s"):
+        f = v[key]
+        assert f["predicted"] == option[key]  # advise's own figure for the option it recommends
+        assert f["ratio"] == pytest.approx(f["measured"] / f["predicted"], rel=0.01)
+        assert f["error"] == pytest.approx(abs(f["predicted"] - f["measured"]) / f["measured"], rel=0.01)
+        assert f["within_target"] == (f["error"] <= 0.15)  # the tiny model measures some goodput
+    # the tiny model answers in milliseconds, far within the cpu SLOs: every request counts
+    assert v["goodput_rps"]["measured"] == pytest.approx(REQUESTS / SPAN_S, rel=0.15)
+    assert 0 < v["ttft_p50_s"]["measured"] < 2.0
+    assert "## Validation: " + chosen in printed
+    row = next(line for line in printed.splitlines() if line.startswith("| goodput_rps |"))
+    assert str(v["goodput_rps"]["predicted"]) in row and str(v["goodput_rps"]["measured"]) in row
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--validate",), "--validate replays a trace file (--trace FILE) or a gateway's capture"),
+    (("--validate", "--simulate", "--trace", "mooncake"), "--validate checks the fleet simulator's prediction"),
+    (("--validate", "--trace", "mooncake"), "--validate replays a trace file (--trace FILE) or a gateway's capture"),
+    # with --from-gateway the flags are accepted and the capture is fetched first
+    (("--validate", "--from-gateway", "http://127.0.0.1:9"), "cannot reach http://127.0.0.1:9/admin/capture"),
+    (("--validate", "--from-gateway", "http://127.0.0.1:9", "--cost-model", "h200"),
+     "--validate runs the recommendation on this machine, so advise predicts with the cpu cost model"),
+])
+def test_validate_flags_are_checked(args, message, capsys):
+    assert main(["advise", *args]) == 2
+    assert capsys.readouterr().err.strip().startswith(f"duet bench advise: error: {message}")
+
+
+def test_validate_refuses_a_gpu_cost_model(tmp_path, capsys):
+    capture = tmp_path / "capture.jsonl"
+    write_capture(capture)
+    assert main(["advise", "--trace", str(capture), "--validate", "--cost-model", "h200"]) == 2
+    assert "advise predicts with the cpu cost model (fitted here), not 'h200'" in capsys.readouterr().err
