@@ -41,10 +41,13 @@ def known_workload(path) -> list[TraceRecord]:
     for i in range(REQUESTS):
         own = 1000 + 3 * i
         ids = (*SYSTEM_IDS, own) if i in shared else (own, own + 1, own + 2)
-        rec = TraceRecord(i * 100.0, 1024 + UNIQUE_TOKENS, OUTPUT, ids)
+        rec = TraceRecord(i * 100.0, 1024 + UNIQUE_TOKENS, OUTPUT, ids, session="")
         records.append(rec)
+        # "session": "" as the replay sends no session: without the field, a Mooncake trace's second block names
+        # its conversation (Kimi's layout), and the simulator would chain every request that shares the system
+        # prompt as turns of one conversation, each waiting for the last: another workload than the capture's
         lines.append(json.dumps({"timestamp": rec.timestamp_ms, "input_length": rec.input_length,
-                                 "output_length": OUTPUT, "hash_ids": list(ids)}))
+                                 "output_length": OUTPUT, "hash_ids": list(ids), "session": ""}))
     path.write_text("\n".join(lines) + "\n")
     return records
 
