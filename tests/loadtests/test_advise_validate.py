@@ -79,3 +79,25 @@ def test_validate_refuses_a_gpu_cost_model(tmp_path, capsys):
     write_capture(capture)
     assert main(["advise", "--trace", str(capture), "--validate", "--cost-model", "h200"]) == 2
     assert "advise predicts with the cpu cost model (fitted here), not 'h200'" in capsys.readouterr().err
+
+
+def test_the_validated_stack_computes_in_the_dtype_the_cpu_fit_timed(tmp_path, monkeypatch):
+    # the cpu fit times the ModelRunner at the checkpoint's own dtype; a stack at `--dtype auto` would run bf16
+    # on an AMX CPU, steps the fit does not describe (a bf16 checkpoint shows the dtype is the checkpoint's)
+    import shutil
+
+    from loadtests.sim.fleet import validate
+    from loadtests.stack import pinning
+
+    checkpoint = tmp_path / "bf16-tiny"
+    shutil.copytree(default_model_dir(), checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    config.pop("dtype", None)
+    (checkpoint / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
+    seen = {}
+    monkeypatch.setattr(pinning, "pinned_stack", lambda model, kinds, limits, *a, **k: seen.update(limits=limits))
+    validate.cpu_stack(("prefix", "prefix"), model=str(checkpoint))
+    assert seen["limits"].dtype == "bfloat16"
+    validate.cpu_stack(("prefix", "prefix"), model=str(default_model_dir()))
+    assert seen["limits"].dtype == json.loads((default_model_dir() / "config.json").read_text()).get(
+        "torch_dtype", "float32")

@@ -111,7 +111,8 @@ def measure(model: str | None = None, threads: int = 1, repeats: int = 3, out: P
         "how": "duet bench fleet-calibrate (loadtests/sim/calibrate/steps.py): the real ModelRunner, median of "
                f"{repeats} runs per step shape after a warm-up",
         "model": model_dir.path.name if hasattr(model_dir.path, "name") else str(model_dir.path),
-        "threads": threads, "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
+        "threads": threads, "dtype": model_dir.config.dtype, "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
         "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "coefficients": coefficients,
         "fit_relative_error": {"mean": round(statistics.fmean(errors), 4), "max": round(max(errors), 4)},

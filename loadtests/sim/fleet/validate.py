@@ -149,15 +149,19 @@ def cpu_stack(kinds: tuple[str, ...], trace_dir: Path | None = None, model: str 
     profile's limits and `duet bench compare`'s SmolLM2-shaped checkpoint (or `model`), each worker on its own
     core (loadtests/stack/pinning.pinned_stack), behind `router`, with its step trace in `trace_dir` when given."""
     from duet.launcher import EngineLimits
+    from duet.model_dir import read_model_dir
     from loadtests.experiments.compare import gateway_policy
     from loadtests.sim.fleet.engine import EngineProfile
     from loadtests.stack.pinning import pinned_stack
     from loadtests.stack.serving import preset_checkpoint
 
     profile = EngineProfile.for_cost_model("cpu")
-    limits = EngineLimits(kv_cache_tokens=profile.kv_cache_tokens, max_num_seqs=profile.max_num_seqs,
-                          max_num_batched_tokens=profile.max_num_batched_tokens, page_size=profile.page_size)
     checkpoint = Path(model).expanduser().resolve() if model else preset_checkpoint("smollm2")
+    # the workers compute in the dtype the cpu fit timed, the checkpoint's own (the ModelRunner's default in
+    # loadtests/sim/calibrate/steps.py): `--dtype auto` would pick bf16 on an AMX CPU, steps the fit does not describe
+    limits = EngineLimits(kv_cache_tokens=profile.kv_cache_tokens, max_num_seqs=profile.max_num_seqs,
+                          max_num_batched_tokens=profile.max_num_batched_tokens, page_size=profile.page_size,
+                          dtype=read_model_dir(str(checkpoint)).config.dtype)
     return pinned_stack(checkpoint, kinds, limits, trace_dir,
                         gateway_extra=gateway_policy("duet" if router == "duet" else "sglang_cache_aware"))
 
