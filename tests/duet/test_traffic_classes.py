@@ -102,7 +102,7 @@ def test_advise_fleet_judges_by_the_cost_models_profile(monkeypatch):
     monkeypatch.setattr(fleet, "advise", lambda s, *a, **k: seen.append(s) or {})
     for cost_model in ("h200", "cpu"):
         args = Namespace(cost_model=cost_model, workers=4, trace="mixed", window_s=10.0, rate=1.0,
-                         class_slo="document.tpot=300", worker_hour_usd=None)
+                         class_slo="document.tpot=300", worker_hour_usd=None, validate=False)
         cli._fleet(args)
         slos, profile = seen[-1].slos, COST_MODEL_PROFILES[cost_model]
         assert slos.bound("chat") == bound_of("session", profile)
