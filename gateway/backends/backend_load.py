@@ -37,8 +37,10 @@ The page is scanned line by line for the names above only. vLLM's page is mostly
 kilobytes); a full Prometheus parse of it took about 20 ms of the gateway's event loop at every poll, which
 profiling a gateway over vLLM found to be half the gateway's CPU and a stall of every stream it carried.
 The gateway asks for those series only (`GET /metrics?name[]=...`, which prometheus_client's exposition
-honours by sample name, so a histogram's `_sum` and `_count` come without its buckets), so the page it reads
-is about a kilobyte.
+honours by sample name, so a histogram's `_sum` and `_count` come without its buckets, and the page is about a
+kilobyte). vLLM 0.32 does not: its /metrics route (prometheus_fastapi_instrumentator's `expose`, registered
+before the prometheus_client app vLLM also mounts there) ignores the query and sends the whole page, so over
+vLLM the line scan above is what keeps a poll cheap.
 """
 
 from __future__ import annotations

@@ -119,8 +119,8 @@ class HttpBackendClient:
         self._refused: str | None = None  # the last refusal logged
         self.answered_at = -math.inf  # time.monotonic() of the last stream served to its end or /metrics answered
         self._health_at = -math.inf  # time.monotonic() of the last GET /health that answered
-        # only the series the load reads: prometheus_client's exposition (vLLM's and SGLang's /metrics) honours
-        # `name[]`, so the page is about a kilobyte instead of tens; a server that ignores it sends the whole page
+        # only the series the load reads: prometheus_client's exposition honours `name[]`, so the page is
+        # about a kilobyte instead of tens; a server that ignores it (vLLM 0.32: backend_load.py) sends it all
         self._metrics_path = "/metrics?" + urlencode([("name[]", n) for n in metric_names(spec.engine)])
         self._rates = BusyRates()  # its prefill and decode rates, from its counters' deltas between polls
 
