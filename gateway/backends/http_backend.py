@@ -7,7 +7,8 @@ circuit breaker and gateway/serving/generation.py treat it like one of Duet's gR
     get_info        GET /v1/models, then the tokenizer check: the backend's POST /tokenize of a probe
                     string must equal the gateway's own tokens, or the backend is refused (FAILED_PRECONDITION,
                     both token lists in the message and the log)
-    get_load        GET /metrics, asking for the series it reads only (`name[]`; backend_load.py)
+    get_load        GET /metrics, asking for the series it reads only (`name[]`; backend_load.py), and the
+                    backend's prefill and decode rates from its counters' deltas since the last poll
     check_health    GET /health (an unreachable backend is logged once, naming it, until it answers); asked
                     every `health_every_s` (10 s) while the backend keeps answering (/metrics or a stream served to
                     its end within `health_fresh_s`), at once after a stream failed
@@ -38,7 +39,7 @@ import httpx
 
 from duet.rpc import engine_pb2 as pb
 from duet.sse import SseReader
-from gateway.backends.backend_load import engine_load, metric_names
+from gateway.backends.backend_load import BusyRates, engine_load, metric_names
 from gateway.backends.backend_spec import CAPABILITIES, BackendSpec
 from gateway.backends.backend_wire import ChunkReader, WireError, completions_body, vllm_generate_body
 from gateway.backends.engine_client import EngineCallError
@@ -118,9 +119,10 @@ class HttpBackendClient:
         self._refused: str | None = None  # the last refusal logged
         self.answered_at = -math.inf  # time.monotonic() of the last stream served to its end or /metrics answered
         self._health_at = -math.inf  # time.monotonic() of the last GET /health that answered
-        # only the series the load reads: prometheus_client's exposition (vLLM's and SGLang's /metrics) honours
-        # `name[]`, so the page is about a kilobyte instead of tens; a server that ignores it sends the whole page
+        # only the series the load reads: prometheus_client's exposition honours `name[]`, so the page is
+        # about a kilobyte instead of tens; a server that ignores it (vLLM 0.32: backend_load.py) sends it all
         self._metrics_path = "/metrics?" + urlencode([("name[]", n) for n in metric_names(spec.engine)])
+        self._rates = BusyRates()  # its prefill and decode rates, from its counters' deltas between polls
 
     # -- generation -------------------------------------------------------------------------
     def generate(self, request: pb.GenerateRequest, metadata: tuple = ()) -> _HttpStream:
@@ -237,7 +239,7 @@ class HttpBackendClient:
         return TokenizerMismatch(self.worker_id, details)
 
     async def get_load(self, timeout: float | None = None) -> pb.EngineLoad:
-        load = engine_load((await self._get(self._metrics_path, timeout)).text, self.spec.engine)
+        load = engine_load((await self._get(self._metrics_path, timeout)).text, self.spec.engine, self._rates)
         self.answered_at = time.monotonic()
         return load
 

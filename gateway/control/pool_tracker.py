@@ -5,7 +5,8 @@
   first message. The gateway counts its own requests, so no engine has to report it. The same count per
   tenant (API key) and worker is flow control's fairness signal (gateway/serving/admission.py).
 - The prefill rate each worker showed this gateway (`prefill_rate`, routing's predicted TTFT where the engine
-  reports no rate of its own, as an external server does not): over its last `RATE_WINDOW` first tokens, the
+  reports no rate of its own, as an SGLang server's metrics give none; a vLLM server's come from its counters,
+  gateway/backends/backend_load.py): over its last `RATE_WINDOW` first tokens, the
   prefill each request waited for (the tokens queued there when it was sent, its own included) over the
   seconds it waited beyond the window's shortest wait (the fixed cost of any first token). A ratio of sums,
   as the engines' own rates (engine_core/step_rates.py): the rate a queue of prefill drains at.

@@ -10,7 +10,8 @@ the capabilities the request needs, in its canary arm):
 Queued prefill tokens are this gateway's own count (gateway/control/pool_tracker.py: the uncached prompt
 tokens of requests sent to the worker that have not produced their first token yet); the prefill
 rate is the worker's own measurement over its recent steps, decode sharing them included
-(GetLoad `prefill_tokens_per_s`, engine_core/step_rates.py). The request's wait is the best
+(GetLoad `prefill_tokens_per_s`, engine_core/step_rates.py; a vLLM backend's from its /metrics counters,
+gateway/backends/backend_load.py). The request's wait is the best
 candidate's (routing may pick a busier one for its cache; that wait is the one it chose). A worker
 that has not measured a rate yet, with prefill queued, has no estimate: the request is admitted.
 

@@ -69,8 +69,9 @@ class Router:
             open_breakers = breakers.open_workers()
             drained = fleet.drained
             observed = pool_tracker.prefill_rate
-            # the engine's own prefill rate where it reports one (Duet's workers), else what this gateway saw
-            # (an external server: its queued prefill over its time to first token, pool_tracker.py)
+            # the engine's own prefill rate where it reports one (Duet's workers; a vLLM server, from its
+            # /metrics counters, backend_load.py), else what this gateway saw (an SGLang server: its queued
+            # prefill over its time to first token, pool_tracker.py)
             return [replace(v, healthy=v.healthy and v.worker_id not in open_breakers,
                             draining=v.draining or v.worker_id in drained,
                             queued_prefill_tokens=queued(v.worker_id),

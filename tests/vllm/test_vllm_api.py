@@ -137,6 +137,49 @@ def test_the_metrics_scan_reads_vllms_page_as_the_prometheus_parser_does(backend
     assert sample_sums(text, names) == full
 
 
+def test_vllms_counters_give_its_prefill_and_decode_rates(backend):
+    """gateway/backends/backend_load.py `BusyRates` on vLLM's real counters (the page asked for as the gateway
+    asks): requests served one at a time (no batching, so no overlap) give a prefill rate at least the prompt
+    tokens over the client's own TTFT (which holds the prefill and more), and a decode rate near the client's
+    own tokens per second (a batch of one: one token a step)."""
+    from urllib.parse import urlencode
+
+    from gateway.backends.backend_load import BusyRates, engine_load, metric_names
+
+    path = "/metrics?" + urlencode([("name[]", n) for n in metric_names("vllm")])
+    rates = BusyRates()
+    first = httpx.get(backend.url + path, timeout=5).text
+    for name in ("vllm:request_prefill_kv_computed_tokens_sum", "vllm:request_prefill_time_seconds_sum",
+                 "vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count",
+                 "vllm:iteration_tokens_total_count"):
+        assert f"\n{name}" in first, first  # the series the rates read, under the names the gateway asks for
+    engine_load(first, "vllm", rates)
+    floor, gaps, tokens = [], [], 0  # prompt tokens / client TTFT; client seconds and tokens after the first
+    for i in range(3):
+        prompt = _long_prompt(f"rates{i}-{time.time_ns()}")  # a fresh prompt: all of it computed
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 32, "temperature": 0, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True}}
+        start, stamps, usage = time.monotonic(), [], None
+        with httpx.stream("POST", backend.url + "/v1/completions", json=body, timeout=300) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                    stamps.append(time.monotonic())
+        floor.append(usage["prompt_tokens"] / (stamps[0] - start))
+        gaps.append(stamps[-1] - stamps[0])
+        tokens += usage["completion_tokens"] - 1
+    time.sleep(1.0)  # vLLM's logger records a finished request's histograms after its last chunk
+    load = engine_load(httpx.get(backend.url + path, timeout=5).text, "vllm", rates)
+    assert load.prefill_tokens_per_s >= min(floor), (load.prefill_tokens_per_s, floor)
+    client_rate = tokens / sum(gaps)
+    assert 0.5 * client_rate <= load.decode_tokens_per_s <= 2.0 * client_rate, (load.decode_tokens_per_s,
+                                                                               client_rate)
+
+
 def test_a_backend_with_another_tokenizer_is_refused(backend, caplog):
     """A gateway serving the tiny random model (its own tokenizer) in front of the SmolLM2 vLLM."""
     import logging
