@@ -13,6 +13,11 @@ A gateway's capture (gateway/control/capture.py) says which engine kinds served 
 recommendation differs, `canary` holds the move's first step: the routing config (the current kinds as variant
 `current`, the recommended ones as `candidate` at 5%) and the canary policy whose ramp walks the candidate to 100%
 under the automatic rollback (gateway/control/rollback.py), as the admin API takes them.
+
+With step costs calibrated from external backends' measured rates (`FleetSettings.calibration`,
+loadtests/advise/calibrated.py), `calibration` says whose rates at what time made the model, and `labels` names each
+option by the engines it stands for ("all vllm", "2 vllm + 6 duet prefix"); the price's default follows the SLO
+profile (gpu: an H200-hour, cpu: a core-hour).
 """
 
 from __future__ import annotations
@@ -74,6 +79,30 @@ def canary_move(recommendation: dict, model: str | None, current: set[str]) -> d
                       f"once at 100%: retire the {' and '.join(sorted(current - wanted)) or 'old'} workers"]}
 
 
+def calibrated_price(cal) -> float:
+    from loadtests.advise.calibrated import WORKER_HOUR_USD as BY_PROFILE
+
+    return BY_PROFILE[cal.slo_profile]
+
+
+def option_labels(options: dict, cal) -> dict:
+    """Each option named by the engines it stands for: a measured kind by its backend's engine (vllm, sglang), the
+    other by Duet's engine (priced at the measured costs: the calibration's notes)."""
+    def engine(kind: str) -> str:
+        r = cal.rates.get(kind)
+        return r.engine if r is not None and r.engine != "duet" else f"duet {kind}"
+
+    out = {}
+    for name, o in options.items():
+        w = o["workers"]
+        parts = [f"{w[k]} {engine(k)}" for k in ("paged", "prefix") if w[k]]
+        label = f"all {engine('paged' if w['paged'] else 'prefix')}" if len(parts) == 1 else " + ".join(parts)
+        if name.endswith("_duet_routing"):
+            label += ", Duet's routing"
+        out[name] = label
+    return out
+
+
 def default_splits(n: int) -> tuple[tuple[int, int], ...]:
     paged = sorted({max(1, min(n - 1, round(n * f))) for f in (0.25, 0.5, 0.75)})
     return tuple((p, n - p) for p in paged)
@@ -98,17 +127,23 @@ def advise(s: FleetSettings, worker_hour_usd: float | None = None, progress=None
     if s.workers < 2:
         raise ValueError(f"--workers must be >= 2 (a split needs one worker of each kind), got {s.workers}")
     s = options_settings(s)
-    price = WORKER_HOUR_USD[s.cost_model] if worker_hour_usd is None else worker_hour_usd
+    cal = s.calibration
+    default_price = calibrated_price(cal) if cal is not None else WORKER_HOUR_USD[s.cost_model]
+    price = default_price if worker_hour_usd is None else worker_hour_usd
     if price <= 0:
         raise ValueError(f"--worker-hour-usd must be > 0, got {price}")
     out = {"mode": "fleet simulator", "mix": s.mix, "workers": s.workers, "cost_model": s.cost_model, "worker_hour_usd": price,
            "window_s": s.window_s, "rates": {}}
+    if cal is not None:
+        out["calibration"] = cal.describe()
     for label, factor in (("traffic", 1.0), ("half_traffic", 0.5), ("double_traffic", 2.0)):
         result = run(replace(s, rate=s.rate * factor), progress=progress)
         options = {name: _option(r, s, price) for name, r in result["stacks"].items()}
         out["rates"][label] = {"rate": s.rate * factor, "options": options, "recommendation": recommend(options)}
     out["recommendation"] = out["rates"]["traffic"]["recommendation"]
     out["sensitivity"] = {label: r["recommendation"]["deployment"] for label, r in out["rates"].items()}
+    if cal is not None:
+        out["labels"] = option_labels(out["rates"]["traffic"]["options"], cal)
     model, current = served_by(s.mix)
     if current:
         out["served_by"] = sorted(current)
