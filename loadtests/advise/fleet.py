@@ -53,15 +53,19 @@ def served_by(mix: dict) -> tuple[str | None, set[str]]:
     return model, kinds
 
 
-def canary_move(recommendation: dict, model: str | None, current: set[str]) -> dict | None:
+def canary_move(recommendation: dict, model: str | None, current: set[str], names: dict | None = None) -> dict | None:
     """The routing config and canary policy that start moving `model` from the `current` engine kinds to the
-    recommended deployment; None when the current kinds are unknown; `needed` False when they already match."""
+    recommended deployment; None when the current kinds are unknown; `needed` False when they already match.
+    `names`: kind -> what serves it, in the sentences (a calibrated kind's backend engine, "vllm"); the routing
+    config's pools stay kinds (an external backend's pool is its kind: gateway/backends/backend_spec.py)."""
     if not current:
         return None
+    name_of = lambda k: (names or {}).get(k, k)
     split = recommendation["split"]
     wanted = {k for k in ("paged", "prefix") if split[k]}
     if wanted == current:
-        return {"needed": False, "why": f"the traffic is served by {' + '.join(sorted(current))} already"}
+        return {"needed": False, "why": f"the traffic is served by {' + '.join(sorted(map(name_of, current)))} "
+                                        f"already"}
     pools = lambda kinds: [{"engine_kind": k, "version": "*"} for k in sorted(kinds)]
     name = model or "MODEL"
     return {"needed": True, "model": name,
@@ -70,13 +74,15 @@ def canary_move(recommendation: dict, model: str | None, current: set[str]) -> d
                                      {"name": "candidate", "weight": CANARY_START, "pools": pools(wanted)}]},
             "canary_policy": {"canary": "candidate", "baseline": "current",
                               "ramp": [{"weight": w, "hold_s": h} for w, h in CANARY_RAMP]},
-            "steps": [(f"start {' and '.join(sorted(wanted - current))} workers" if wanted - current
-                       else f"no new kind: the candidate is the {' and '.join(sorted(wanted))} workers already serving")
+            "steps": [(f"start {' and '.join(sorted(map(name_of, wanted - current)))} workers" if wanted - current
+                       else f"no new kind: the candidate is the {' and '.join(sorted(map(name_of, wanted)))} workers "
+                            f"already serving")
                       + f" (the recommendation: {split['paged']} paged + {split['prefix']} prefix)",
                       f"PUT /admin/models/{name}/routing with `routing`",
                       (f"PUT /admin/models/{name}/canary-policy with `canary_policy`: the rollback controller "
                        f"ramps the candidate to 100% or rolls it back"),
-                      f"once at 100%: retire the {' and '.join(sorted(current - wanted)) or 'old'} workers"]}
+                      f"once at 100%: retire the {' and '.join(sorted(map(name_of, current - wanted))) or 'old'} "
+                      f"workers"]}
 
 
 def calibrated_price(cal) -> float:
@@ -147,5 +153,9 @@ def advise(s: FleetSettings, worker_hour_usd: float | None = None, progress=None
     model, current = served_by(s.mix)
     if current:
         out["served_by"] = sorted(current)
-        out["canary"] = canary_move(out["recommendation"], model, current)
+        names = None
+        if cal is not None:  # a calibrated kind by its backend's engine, the other as Duet's engine
+            names = {k: r.engine for k, r in cal.rates.items() if r.engine != "duet"}
+            names.update({k: f"duet {k}" for k in ("paged", "prefix") if k not in names})
+        out["canary"] = canary_move(out["recommendation"], model, current, names)
     return out
