@@ -306,3 +306,23 @@ def fetch_slo_profile(gateway: str, admin_key: str | None, model: str | None, ti
     if r.status_code != 200:
         raise ValueError(f"GET /admin/models/{model}/routing answered {r.status_code}: {r.text[:200]}")
     return r.json().get("slo_profile", RoutingConfig().slo_profile)
+
+
+def from_gateway(gateway: str, admin_key: str | None, mix: dict, given: dict[str, MeasuredRates] | None = None,
+                 class_slo: str | None = None, required: bool = False) -> Calibration | None:
+    """The calibration of a gateway's external backends (those of the capture's model and kinds, when the trace
+    `mix` is a capture), with `given` rates filling in; None where no vLLM or SGLang backend served the traffic and
+    none is `required` (Duet's own engines served it: advise keeps its named cost model)."""
+    from loadtests.advise.fleet import served_by
+
+    model, kinds = served_by(mix)
+    rows, at = fetch_worker_rows(gateway, admin_key)
+    measured = rates_from_rows(rows, model, kinds or None, at)
+    if not measured and not given:
+        if not required:
+            return None
+        raise ValueError(f"the gateway at {gateway} has no vLLM or SGLang backend"
+                         + (f" serving {model}" if model else "") + ": nothing to calibrate from")
+    slo_profile = fetch_slo_profile(gateway, admin_key, model)
+    source = f"the gateway's routing config for {model}" if model else "the routing config's default"
+    return build_calibration(merge_given(measured, given or {}), slo_profile, class_slo, source)

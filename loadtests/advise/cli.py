@@ -184,28 +184,20 @@ def _calibration(args: argparse.Namespace, cost_model_given: bool):
     import os
 
     from loadtests.advise import calibrated
-    from loadtests.advise.fleet import served_by
     from loadtests.sim.fleet.workload import parse_mix
 
     given = calibrated.parse_backend_rates(getattr(args, "backend_rates", None))
     gateway = args.from_gateway or getattr(args, "cost_from_gateway", None)
     if not given and (not gateway or cost_model_given or args.validate):
         return None
-    model, kinds = served_by(parse_mix(args.trace))
-    measured, slo_profile, slo_source = {}, calibrated.GPU, "the routing config's default"
+    mix = parse_mix(args.trace)
     if gateway:
-        key = args.admin_key or os.environ.get("DUET_ADMIN_KEY")
-        rows, at = calibrated.fetch_worker_rows(gateway, key)
-        measured = calibrated.rates_from_rows(rows, model, kinds or None, at)
-        if not measured and not given:
-            if args.from_gateway:
-                return None  # Duet's own engines served it: the named cost model, as ever
-            raise ValueError(f"the gateway at {gateway} has no vLLM or SGLang backend"
-                             + (f" serving {model}" if model else "") + ": nothing to calibrate from")
-        slo_profile = calibrated.fetch_slo_profile(gateway, key, model)
-        slo_source = f"the gateway's routing config for {model}" if model else slo_source
-    cal = calibrated.build_calibration(calibrated.merge_given(measured, given), slo_profile, args.class_slo,
-                                       slo_source)
+        cal = calibrated.from_gateway(gateway, args.admin_key or os.environ.get("DUET_ADMIN_KEY"), mix, given,
+                                      args.class_slo, required=not args.from_gateway)
+        if cal is None:
+            return None  # Duet's own engines served the capture: the named cost model, as ever
+    else:
+        cal = calibrated.build_calibration(given, calibrated.GPU, args.class_slo)
     for kind, r in cal.rates.items():
         _progress(f"{kind}: {r.source()}")
     return cal

@@ -2,7 +2,7 @@
 backend (its HTTP routes, and /metrics counters that move by a known amount with each request it serves), the
 gateway's capture of that traffic, and advise calibrating the vLLM kind's step costs from the rates the gateway
 measured (loadtests/advise/calibrated.py) and naming them. Before any traffic there is no rate: advise says to send
-traffic first."""
+traffic first. `duet migrate plan` advises with the same calibrated model."""
 
 from __future__ import annotations
 
@@ -176,3 +176,10 @@ def test_advise_from_gateway_calibrates_the_vllm_kind_from_its_measured_rates(st
         assert any("duet prefix" in step for step in move["steps"]), move
     else:
         assert move["why"] == "the traffic is served by vllm already"
+
+    # `duet migrate plan` advises on the capture with the same calibrated model, and says so
+    assert duet_main(["migrate", "plan", "--gateway", gw.url, "--admin-key", ADMIN_KEY, "--workers", "2"]) == 0
+    plan = capsys.readouterr().out
+    assert f"advice: paged step costs calibrated from vllm backend {fake.url}'s measured rates at " in plan
+    assert "in the fleet simulator, 2 workers, cost model calibrated" in plan
+    assert f"advice: run {result['recommendation']['deployment']} " in plan
