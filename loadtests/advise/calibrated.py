@@ -23,9 +23,10 @@ separated either (the rates are the traffic's own mean context). The output says
 Which scheduler runs for a kind: the backend's pool kind (vLLM: paged, SGLang: prefix, backend_spec.py), so vLLM
 is engine_paged's scheduler with vLLM's settings (chunked prefill filling the step's token budget after the decodes,
 no separate cap: `EngineProfile.paged_prefill_cap` 0; its KV block size as the page size) and SGLang is
-engine_prefix's radix scheduler. A kind the capture's backends do not serve (the other one of a split, or Duet's own
-engine of the same kind) is priced at the same measured costs: the same hardware and kernels assumed, said in the
-output. The KV capacity and batch limits the gateway cannot see are the SLO profile's deployment
+engine_prefix's radix scheduler (at the profile's page size; SGLang's own is one token). A kind Duet's own workers
+serve beside the backends is calibrated from their measured rates (GetLoad's, engine_core/step_rates.py); a kind
+nobody serves (the other one of a split) is priced at the measured kind's costs: the same hardware and kernels
+assumed, said in the output. The KV capacity and batch limits the gateway cannot see are the SLO profile's deployment
 (EngineProfile.for_cost_model: h200 for gpu, cpu for cpu) unless `kv_tokens=` is given.
 """
 
@@ -80,7 +81,7 @@ class MeasuredRates:
                    if not v > 0]
         if missing:
             how = ("SGLang's /metrics has no decode counters the gateway reads: give it, "
-                   f"--backend-rates sglang:decode=TOKENS_PER_S" if self.engine == "sglang" and missing == ["decode"]
+                   "--backend-rates sglang:decode=TOKENS_PER_S" if self.engine == "sglang" and missing == ["decode"]
                    else f"send traffic first (the gateway derives them from the backend's counters between polls), "
                         f"or give --backend-rates {self.engine}:prefill=N,decode=M")
             raise NoMeasuredRate(f"backend {where} has no measured {' or '.join(missing)} rate yet: {how}")
@@ -93,7 +94,8 @@ class MeasuredRates:
     def source(self) -> str:
         """One line a reader of the advice can check: whose rates, when, and what the model makes of them."""
         if self.workers:
-            head = f"calibrated from {self.engine} backend {', '.join(self.workers)}'s measured rates"
+            whose = "Duet worker" if self.engine == "duet" else f"{self.engine} backend"
+            head = f"calibrated from {whose} {', '.join(self.workers)}'s measured rates"
             head += f" at {self.measured_at}" if self.measured_at else ""
         else:
             head = f"calibrated from the rates given for {self.engine} (--backend-rates)"
@@ -183,6 +185,9 @@ def build_calibration(rates: dict[str, MeasuredRates], slo_profile: str = GPU, c
     kv = next((r.kv_tokens for r in rates.values() if r.kv_tokens), None)
     profile = replace(base, page_size=page_size, max_model_len=min(lens) if lens else base.max_model_len,
                       kv_cache_tokens=kv or base.kv_cache_tokens, paged_prefill_cap=0 if vllm else None)
+    if rates.get(PREFIX) and rates[PREFIX].engine == "sglang":
+        notes.append(f"SGLang's radix cache is simulated at {page_size}-token pages (its own are 1 token): a shared "
+                     f"prefix counts up to its last whole page")
     if kv is None:
         notes.append(f"KV capacity and batch limits are the {PROFILE_COST_MODEL[slo_profile]} profile's "
                      f"({profile.kv_cache_tokens:,} KV tokens a worker, {profile.max_num_seqs} sequences, "
@@ -226,11 +231,21 @@ def rates_from_rows(rows: list[dict], model: str | None, kinds: set[str] | None,
                     measured_at: str = "") -> dict[str, MeasuredRates]:
     """kind -> the rates of the external backends (vllm, sglang) of `model` serving that kind (`kinds`: the kinds the
     capture was served by; None: any), averaged over the backends of that kind with a rate; a backend of a kind
-    with no rate at all leaves that kind's rate at 0 (validate() says to send traffic first)."""
+    with no rate at all leaves that kind's rate at 0 (validate() says to send traffic first). Where some kind is
+    external, a kind only Duet's own workers serve is calibrated from their measured rates (engine_core/
+    step_rates.py, the same busy rates) when they have some; with no external kind at all: {} (advise keeps its
+    named cost model for Duet's own engines)."""
     out: dict[str, MeasuredRates] = {}
+
+    def serving(r: dict, kind: str, engines) -> bool:
+        return (r.get("engine") in engines and r.get("engine_kind") == kind
+                and (model is None or r.get("model_id") == model) and (kinds is None or kind in kinds))
+
     for kind in ENGINE_KINDS:
-        mine = [r for r in rows if r.get("engine") in EXTERNAL and r.get("engine_kind") == kind
-                and (model is None or r.get("model_id") == model) and (kinds is None or kind in kinds)]
+        mine = [r for r in rows if serving(r, kind, EXTERNAL)]
+        if not mine and any(serving(r, k, EXTERNAL) for r in rows for k in ENGINE_KINDS):
+            mine = [r for r in rows if serving(r, kind, ("duet",)) and (r.get("prefill_tokens_per_s") or 0) > 0
+                    and (r.get("decode_tokens_per_s") or 0) > 0]
         if not mine:
             continue
         engines = sorted({r["engine"] for r in mine})

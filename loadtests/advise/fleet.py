@@ -81,8 +81,8 @@ def canary_move(recommendation: dict, model: str | None, current: set[str], name
                       f"PUT /admin/models/{name}/routing with `routing`",
                       (f"PUT /admin/models/{name}/canary-policy with `canary_policy`: the rollback controller "
                        f"ramps the candidate to 100% or rolls it back"),
-                      f"once at 100%: retire the {' and '.join(sorted(map(name_of, current - wanted))) or 'old'} "
-                      f"workers"]}
+                      (f"once at 100%: retire the {' and '.join(sorted(map(name_of, current - wanted))) or 'old'} "
+                       f"workers")]}
 
 
 def calibrated_price(cal) -> float:

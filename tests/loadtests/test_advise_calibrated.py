@@ -48,6 +48,20 @@ def test_worker_rows_give_each_external_kinds_mean_rates():
     assert set(calibrated.rates_from_rows(rows, "m", {"paged"})) == {"paged"}  # the kinds the capture was served by
 
 
+def test_a_kind_duets_own_workers_serve_beside_a_backend_takes_their_measured_rates():
+    rows = [_row("http://a:1", prefill=2000.0, decode=100.0),
+            _row("w1", engine="duet", kind="prefix", prefill=900.0, decode=60.0),
+            _row("w2", engine="duet", kind="prefix")]  # no rate yet: left out of the mean
+    got = calibrated.rates_from_rows(rows, "m", {"paged", "prefix"})
+    assert (got["prefix"].engine, got["prefix"].workers, got["prefix"].prefill_tokens_per_s) == ("duet", ("w1",), 900.0)
+    assert got["prefix"].source().startswith("calibrated from Duet worker w1's measured rates: prefill 900 tok/s")
+    cal = calibrated.build_calibration(got)
+    assert for_engine(cal.cost_model, "prefix").per_decode_token_s == pytest.approx(1 / 60)
+    assert not any("priced at" in n for n in cal.notes)  # both kinds measured: nothing assumed of either
+    # Duet's own engines alone: nothing to calibrate (advise keeps its named cost model)
+    assert calibrated.rates_from_rows(rows[1:], "m", None) == {}
+
+
 def test_no_measured_rate_says_send_traffic_first():
     (fresh,) = calibrated.rates_from_rows([_row("http://a:1")], "m", None).values()
     with pytest.raises(NoMeasuredRate, match=r"backend vllm \(http://a:1\) has no measured prefill or decode rate "
