@@ -72,7 +72,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=None,
                    help="--simulate and local: replay only the first N records (local default 200)")
     p.add_argument("--model", default=None, help="local: model directory (default: the bench checkpoint)")
-    p.add_argument("--cost-model", default=None, help="--fleet: h200 (the default), h200-70b or cpu")
+    p.add_argument("--cost-model", default=None, help="--fleet: h200 (the default), h200-70b or cpu (--from-gateway "
+                   "on traffic vLLM or SGLang served: default calibrated from their measured rates)")
     p.add_argument("--rate", type=float, default=None, help="--fleet: arrival-rate multiplier (default 1)")
     p.add_argument("--window-s", type=float, default=None, help="--fleet: trace seconds replayed (default 300)")
     p.add_argument("--class-slo", default=None, help="--fleet: per-class SLOs in ms, e.g. chat.ttft=3000,"
@@ -80,7 +81,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--worker-hour-usd", type=float, default=None, help="--fleet: price of one worker-hour")
     p.add_argument("--from-gateway", default=None, metavar="URL",
                    help="replay a running gateway's traffic capture (GET /admin/capture; implies --fleet): the "
-                   "answer adds the canary config that would start the move")
+                   "answer adds the canary config that would start the move; traffic that vLLM or SGLang backends "
+                   "served is simulated on step costs calibrated from their measured rates")
     p.add_argument("--admin-key", default=None, help="--from-gateway: the gateway's admin key (or DUET_ADMIN_KEY)")
     p.add_argument("--cost-from-gateway", default=None, metavar="URL",
                    help="(implies --fleet) step costs calibrated from the measured rates of a running gateway's "
