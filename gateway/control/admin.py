@@ -78,7 +78,8 @@ class AdminBackend(Protocol):
     def worker_rows(self) -> list[dict]:
         """One dict per known worker: worker_id, model_id, engine_kind, version, healthy, draining,
         num_running, num_waiting, kv_usage (0..1), prefix_hit_rate (0..1); the running gateway's rows add engine,
-        page_size, max_model_len, prefill_tokens_per_s, prefill_rate_source and decode_tokens_per_s."""
+        page_size, max_model_len, prefill_tokens_per_s, prefill_rate_source, decode_tokens_per_s and
+        decode_tokens_per_step."""
 
     def drain_worker(self, worker_id: str) -> bool | Awaitable[bool]:
         """Stop routing to the worker (running requests finish). False: no such worker."""

@@ -74,6 +74,9 @@ class GatewayAdmin:
                 "prefill_tokens_per_s": prefill or observed,
                 "prefill_rate_source": "engine" if prefill > 0 else "gateway" if observed > 0 else "",
                 "decode_tokens_per_s": load.decode_tokens_per_s if load else 0.0,
+                # the batch that decode rate was measured at: an HTTP backend's BusyRates (backend_load.py) keep it;
+                # GetLoad has no field for it, so Duet's own workers' rows say 0 (unknown)
+                "decode_tokens_per_step": getattr(getattr(w.client, "_rates", None), "decode_tokens_per_step", 0.0),
             })
         return rows
 

@@ -6,19 +6,23 @@ each worker's `engine` (duet, vllm, sglang, openai) and its busy prefill and dec
 rates come from its own /metrics counters (gateway/backends/backend_load.py `BusyRates`); an SGLang server's
 prefill rate is the one this gateway observed (its queued prefill over its time to first token,
 gateway/control/pool_tracker.py), and it has no decode rate at all: give one (`--backend-rates
-sglang:decode=N`). Or the rates are given outright: `--backend-rates vllm:prefill=N,decode=M[,step_ms=S]`.
+sglang:decode=N`). Or the rates are given outright: `--backend-rates vllm:prefill=N,decode=M[,batch=B][,step_ms=S]`.
 
 The model (`calibrate`), one `LinearCostModel` per engine kind:
 
-    step seconds = step_s + prefill tokens / prefill rate + decode tokens / decode rate
+    step seconds = intercept + prefill tokens x per prefill token + decode tokens x per decode token
 
-`step_s`, the per-step intercept, is 0 unless given (`step_ms=`): the counters give the mean step of the mean
-batch (vLLM's decode rate is tokens per second of a step's batch: the inter-token gap is one step), one point, and
-a line needs two, so no intercept can be derived from them honestly. Without one a decode step of the measured
-batch size costs what it measured; a smaller batch is priced cheaper than it runs (a step's fixed cost, the
-weights read once, is charged per token instead), a larger one dearer. Attention's cost with context is not
-separated either (the rates are the traffic's own mean context). The output says all this beside the rates
-(`Calibration.source`).
+A prefill token costs 1 / prefill rate. The decode rate is tokens per second of a step's batch (vLLM's inter-token
+gap is one step), measured at a mean batch b (decode tokens a step, `decode_tokens_per_step` in the worker rows):
+the measured decode step is b / decode rate, one point, and a line needs two. So the step is split under one stated
+assumption: a decode token's own cost is a prefill token's (the same matrix products a token; what a decode step
+costs beyond that is fixed: the weights read once, the launch, the scheduler), so per decode token = 1 / prefill
+rate and intercept = b / decode rate - b / prefill rate. Where the prefill rate reads slower a token than the decode
+rate (several prompts batched make it read low: backend_load.py) or b is unknown (SGLang; Duet's own workers), there
+is no intercept: a decode step costs 1 / decode rate a token, in proportion to its batch (a bigger batch than the
+measured one is priced dearer than it runs). `step_ms=` given replaces the split: that intercept, and the rates as
+marginal costs. Attention's growth with context is not separated (the rates are the traffic's own mean context).
+The output says which of these made the model, beside the rates (`MeasuredRates.source`).
 
 Which scheduler runs for a kind: the backend's pool kind (vLLM: paged, SGLang: prefix, backend_spec.py), so vLLM
 is engine_paged's scheduler with vLLM's settings (chunked prefill filling the step's token budget after the decodes,
@@ -49,7 +53,7 @@ SCHEDULER = {PAGED: "engine_paged's scheduler with vLLM's settings (chunked pref
              PREFIX: "engine_prefix's radix scheduler (cache-aware admission, reuse-aware eviction)"}
 PROFILE_COST_MODEL = {GPU: "h200", CPU: "cpu"}  # the deployment whose KV budget and batch limits stand in
 WORKER_HOUR_USD = {GPU: 3.50, CPU: 0.05}  # as loadtests/advise/fleet.py's: an H200-hour, a CPU core-hour
-RATE_KEYS = ("prefill", "decode", "step_ms", "kv_tokens")
+RATE_KEYS = ("prefill", "decode", "batch", "step_ms", "kv_tokens")
 
 
 class NoMeasuredRate(ValueError):
@@ -65,6 +69,7 @@ class MeasuredRates:
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
     step_s: float = 0.0  # a per-step intercept, only where given (module doc)
+    decode_batch: float = 0.0  # decode tokens a step the decode rate was measured at (0: unknown)
     workers: tuple[str, ...] = ()  # empty: given with --backend-rates
     measured_at: str = ""  # UTC time the gateway was read
     prefill_source: str = "engine"  # engine: the server's counters; gateway: the gateway's observed rate; given
@@ -104,20 +109,36 @@ class MeasuredRates:
             notes.append("prefill rate as the gateway observed it (its queued prefill over TTFT)")
         if self.decode_source == "given" and self.workers:
             notes.append("decode rate given (--backend-rates)")
-        step = (f"{self.step_s * 1000:g} ms (given) + " if self.step_s else "")
-        tail = "" if self.step_s else " (no per-step intercept: the counters give one mean step, not a line)"
+        m = calibrate(self)
+        intercept = f"{m.intercept_s * 1000:.2f} ms + " if m.intercept_s else ""
+        if self.step_s:
+            how = " (the step's fixed cost given)"
+        elif m.intercept_s:
+            how = (f" (the measured decode step, {self.decode_batch:.2f} tokens in "
+                   f"{1000 * self.decode_batch / self.decode_tokens_per_s:.2f} ms, split into a fixed cost and a "
+                   f"prefill token's cost a token)")
+        else:
+            how = (" (no per-step intercept: " + ("the decode batch is unknown" if not self.decode_batch else
+                                                  "the prefill rate reads slower a token than the decode rate")
+                   + "; a decode step is priced in proportion to its batch)")
         return (f"{head}: prefill {self.prefill_tokens_per_s:,.0f} tok/s, decode {self.decode_tokens_per_s:,.0f} tok/s"
-                + (f" ({'; '.join(notes)})" if notes else "") + f"; step seconds = {step}prefill tokens / "
-                f"{self.prefill_tokens_per_s:,.0f} + decode tokens / {self.decode_tokens_per_s:,.0f}{tail}")
+                + (f" at {self.decode_batch:.2f} tokens a step" if self.decode_batch else "")
+                + (f" ({'; '.join(notes)})" if notes else "") + f"; step seconds = {intercept}prefill tokens / "
+                f"{1 / m.per_prefill_token_s:,.0f} + decode tokens / {1 / m.per_decode_token_s:,.0f}{how}")
 
 
 def calibrate(rates: MeasuredRates) -> LinearCostModel:
-    """The kind's step costs from its rates (module doc): one prefill token 1/prefill rate seconds, one decode token
-    1/decode rate, `step_s` a step; attention and logits rows are in the rates already (their mean), not priced apart."""
+    """The kind's step costs from its rates (module doc): a prefill token 1/prefill rate seconds; a decode token
+    1/decode rate with `step_s` a step where that is given; else, where the decode batch b is known, the measured
+    decode step (b / decode rate) split into a prefill token's cost a token and the rest a step; else no intercept.
+    Attention and logits rows are in the rates already (their mean), not priced apart."""
     rates.validate()
-    return LinearCostModel(name=f"calibrated-{rates.engine}", intercept_s=rates.step_s,
-                           per_prefill_token_s=1.0 / rates.prefill_tokens_per_s,
-                           per_decode_token_s=1.0 / rates.decode_tokens_per_s, per_attended_pair_s=0.0)
+    per_prefill, per_decode, intercept = 1.0 / rates.prefill_tokens_per_s, 1.0 / rates.decode_tokens_per_s, rates.step_s
+    if not rates.step_s and rates.decode_batch > 0 and per_prefill < per_decode:
+        intercept = rates.decode_batch * (per_decode - per_prefill)  # the step b/Rd = intercept + b x (1/Rp)
+        per_decode = per_prefill
+    return LinearCostModel(name=f"calibrated-{rates.engine}", intercept_s=intercept, per_prefill_token_s=per_prefill,
+                           per_decode_token_s=per_decode, per_attended_pair_s=0.0)
 
 
 @dataclass(frozen=True)
@@ -148,7 +169,8 @@ class Calibration:
         return {"kinds": {k: {"engine": r.engine, "workers": list(r.workers), "measured_at": r.measured_at,
                               "prefill_tokens_per_s": round(r.prefill_tokens_per_s, 1),
                               "decode_tokens_per_s": round(r.decode_tokens_per_s, 1),
-                              "step_s": r.step_s, "prefill_source": r.prefill_source,
+                              "step_s": r.step_s, "decode_batch": round(r.decode_batch, 3),
+                              "prefill_source": r.prefill_source,
                               "decode_source": r.decode_source, "scheduler": SCHEDULER[k],
                               "source": r.source()} for k, r in self.rates.items()},
                 "step_costs": {k: {"intercept_s": m.intercept_s, "per_prefill_token_s": m.per_prefill_token_s,
@@ -222,7 +244,8 @@ def parse_backend_rates(items: list[str] | None) -> dict[str, MeasuredRates]:
         if kind in out:
             raise ValueError(f"--backend-rates: {engine} given twice")
         out[kind] = MeasuredRates(engine, kind, values.get("prefill", 0.0), values.get("decode", 0.0),
-                                  values.get("step_ms", 0.0) / 1000, prefill_source="given", decode_source="given",
+                                  values.get("step_ms", 0.0) / 1000, values.get("batch", 0.0), prefill_source="given",
+                                  decode_source="given",
                                   kv_tokens=int(values["kv_tokens"]) if "kv_tokens" in values else None)
     return out
 
@@ -261,7 +284,7 @@ def rates_from_rows(rows: list[dict], model: str | None, kinds: set[str] | None,
         out[kind] = MeasuredRates(
             engines[0], kind, mean("prefill_tokens_per_s"), mean("decode_tokens_per_s"),
             workers=tuple(sorted(r["worker_id"] for r in mine)), measured_at=measured_at,
-            prefill_source="gateway" if sources == {"gateway"} else "engine",
+            prefill_source="gateway" if sources == {"gateway"} else "engine", decode_batch=mean("decode_tokens_per_step"),
             page_size=max((r.get("page_size") or 0) for r in mine),
             max_model_len=min((r.get("max_model_len") or 0 for r in mine if r.get("max_model_len")), default=0))
     return out
@@ -282,7 +305,8 @@ def merge_given(measured: dict[str, MeasuredRates], given: dict[str, MeasuredRat
                             prefill_source="given" if g.prefill_tokens_per_s else m.prefill_source,
                             decode_tokens_per_s=g.decode_tokens_per_s or m.decode_tokens_per_s,
                             decode_source="given" if g.decode_tokens_per_s else m.decode_source,
-                            step_s=g.step_s or m.step_s, kv_tokens=g.kv_tokens or m.kv_tokens)
+                            step_s=g.step_s or m.step_s, kv_tokens=g.kv_tokens or m.kv_tokens,
+                            decode_batch=g.decode_batch if g.decode_tokens_per_s else m.decode_batch)
     return out
 
 

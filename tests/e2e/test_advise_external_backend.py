@@ -147,6 +147,7 @@ def test_advise_from_gateway_calibrates_the_vllm_kind_from_its_measured_rates(st
     assert row["prefill_tokens_per_s"] == pytest.approx(PREFILL_RATE)
     assert row["decode_tokens_per_s"] == pytest.approx(DECODE_RATE)
     assert (row["prefill_rate_source"], row["page_size"], row["max_model_len"]) == ("engine", 16, 2048)
+    assert row["decode_tokens_per_step"] == pytest.approx(2.0)
 
     out = tmp_path / "advice"
     assert duet_main(["bench", "advise", "--from-gateway", gw.url, "--admin-key", ADMIN_KEY, "--workers", "2",
@@ -157,8 +158,10 @@ def test_advise_from_gateway_calibrates_the_vllm_kind_from_its_measured_rates(st
     paged = cal["kinds"]["paged"]
     assert (paged["engine"], paged["workers"]) == ("vllm", [fake.url])
     assert (paged["prefill_tokens_per_s"], paged["decode_tokens_per_s"]) == (PREFILL_RATE, DECODE_RATE)
-    assert cal["step_costs"]["paged"] == {"intercept_s": 0.0, "per_prefill_token_s": pytest.approx(1 / PREFILL_RATE),
-                                          "per_decode_token_s": pytest.approx(1 / DECODE_RATE)}
+    # the measured decode step (2 tokens in 20 ms) less two prefill tokens' cost is the step's fixed cost
+    assert cal["step_costs"]["paged"] == {"intercept_s": pytest.approx(0.02 - 2 / PREFILL_RATE),
+                                          "per_prefill_token_s": pytest.approx(1 / PREFILL_RATE),
+                                          "per_decode_token_s": pytest.approx(1 / PREFILL_RATE)}
     assert (cal["slo_profile"], cal["profile"]["page_size"], cal["profile"]["paged_prefill_cap"]) == ("gpu", 16, 0)
     assert result["labels"]["all_paged"] == "all vllm" and result["labels"]["duet_1:1"] == "1 vllm + 1 duet prefix"
     # every option of the answer, at every traffic level, served the capture's requests
@@ -168,7 +171,7 @@ def test_advise_from_gateway_calibrates_the_vllm_kind_from_its_measured_rates(st
     # the markdown names the model's source so a reader knows what the prediction stands on
     text = (out / "advice.md").read_text()
     assert (f"calibrated from vllm backend {fake.url}'s measured rates at " in text
-            and f"prefill {PREFILL_RATE:,.0f} tok/s, decode {DECODE_RATE:,.0f} tok/s" in text)
+            and f"prefill {PREFILL_RATE:,.0f} tok/s, decode {DECODE_RATE:,.0f} tok/s at 2.00 tokens a step" in text)
     assert "all_paged (all vllm)" in text
     # the move, if any, is said in the engines' names
     move = result["canary"]

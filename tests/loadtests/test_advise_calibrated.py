@@ -27,6 +27,25 @@ def test_rates_in_step_costs_out():
     assert plain.step_seconds(StepShape(decode_tokens=8, rows=8)) == pytest.approx(0.04)
 
 
+def test_the_measured_decode_step_splits_into_a_fixed_cost_and_a_prefill_tokens_cost():
+    # decode 200 tok/s measured at 4 tokens a step: a step of 4 took 4/200 = 20 ms; a token's own cost is a prefill
+    # token's, 1/2000 s, so the step's fixed cost is 20 ms - 4 x 0.5 ms = 18 ms
+    model = calibrated.calibrate(MeasuredRates("vllm", "paged", 2000.0, 200.0, decode_batch=4.0))
+    assert model.intercept_s == pytest.approx(0.018)
+    assert (model.per_prefill_token_s, model.per_decode_token_s) == (0.0005, 0.0005)
+    assert model.step_seconds(StepShape(decode_tokens=4, rows=4)) == pytest.approx(0.020)  # the measured step
+    assert model.step_seconds(StepShape(decode_tokens=16, rows=16)) == pytest.approx(0.026)  # not 16/200 = 80 ms
+    line = MeasuredRates("vllm", "paged", 2000.0, 200.0, decode_batch=4.0).source()
+    assert "step seconds = 18.00 ms + prefill tokens / 2,000 + decode tokens / 2,000 (the measured decode step, " \
+           "4.00 tokens in 20.00 ms, split" in line
+    # a prefill rate slower a token than the decode rate (prompts batched read low): no split, no intercept
+    slow = calibrated.calibrate(MeasuredRates("vllm", "paged", 100.0, 200.0, decode_batch=4.0))
+    assert (slow.intercept_s, slow.per_decode_token_s) == (0.0, 1 / 200)
+    # the batch given on the command line does the same
+    given = calibrated.parse_backend_rates(["vllm:prefill=2000,decode=200,batch=4"])["paged"]
+    assert calibrated.calibrate(given).intercept_s == pytest.approx(0.018)
+
+
 def _row(worker, engine="vllm", kind="paged", prefill=0.0, decode=0.0, model="m", source="engine", **extra):
     return {"worker_id": worker, "model_id": model, "engine_kind": kind, "engine": engine,
             "prefill_tokens_per_s": prefill, "decode_tokens_per_s": decode,
@@ -34,7 +53,8 @@ def _row(worker, engine="vllm", kind="paged", prefill=0.0, decode=0.0, model="m"
 
 
 def test_worker_rows_give_each_external_kinds_mean_rates():
-    rows = [_row("http://a:1", prefill=2000.0, decode=100.0), _row("http://b:1", prefill=3000.0, decode=300.0),
+    rows = [_row("http://a:1", prefill=2000.0, decode=100.0, decode_tokens_per_step=2.0),
+            _row("http://b:1", prefill=3000.0, decode=300.0, decode_tokens_per_step=4.0),
             _row("w-duet", engine="duet", prefill=99.0, decode=9.0),  # Duet's own worker: not a backend to calibrate
             _row("http://c:1", engine="sglang", kind="prefix", prefill=500.0, source="gateway"),
             _row("http://d:1", model="other", prefill=1.0, decode=1.0)]
@@ -42,9 +62,10 @@ def test_worker_rows_give_each_external_kinds_mean_rates():
     paged, prefix = got["paged"], got["prefix"]
     assert (paged.engine, paged.prefill_tokens_per_s, paged.decode_tokens_per_s) == ("vllm", 2500.0, 200.0)
     assert paged.workers == ("http://a:1", "http://b:1") and paged.measured_at == "2026-12-06 19:00:00 UTC"
+    assert paged.decode_batch == 3.0
     assert (prefix.engine, prefix.prefill_source, prefix.decode_tokens_per_s) == ("sglang", "gateway", 0.0)
     assert "calibrated from vllm backend http://a:1, http://b:1's measured rates at 2026-12-06 19:00:00 UTC: " \
-           "prefill 2,500 tok/s, decode 200 tok/s" in paged.source()
+           "prefill 2,500 tok/s, decode 200 tok/s at 3.00 tokens a step" in paged.source()
     assert set(calibrated.rates_from_rows(rows, "m", {"paged"})) == {"paged"}  # the kinds the capture was served by
 
 
