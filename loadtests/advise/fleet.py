@@ -142,6 +142,10 @@ def advise(s: FleetSettings, worker_hour_usd: float | None = None, progress=None
            "window_s": s.window_s, "rates": {}}
     if cal is not None:
         out["calibration"] = cal.describe()
+        if worker_hour_usd is None:
+            out["calibration"]["notes"].append(
+                f"cost per million tokens at ${price:g} a worker-hour, the {cal.slo_profile} profile's default "
+                f"({'an H200-hour' if cal.slo_profile == 'gpu' else 'a CPU core-hour'}): --worker-hour-usd sets yours")
     for label, factor in (("traffic", 1.0), ("half_traffic", 0.5), ("double_traffic", 2.0)):
         result = run(replace(s, rate=s.rate * factor), progress=progress)
         options = {name: _option(r, s, price) for name, r in result["stacks"].items()}

@@ -167,3 +167,30 @@ def test_backend_rates_imply_the_fleet_simulator():
     args = _args("--backend-rates", "vllm:prefill=1,decode=1", "--cost-from-gateway", "http://g:1",
                  "--admin-key", "k")
     assert mode_of(args) == FLEET and isinstance(args, argparse.Namespace)
+
+
+def test_backend_rates_on_a_trace_file_advise_sglang_as_the_radix_scheduler(tmp_path, capsys):
+    import json
+
+    from duet.cli import main as duet_main
+
+    trace = tmp_path / "trace.jsonl"
+    # six one-shot requests a second apart, two sharing a two-block prefix
+    trace.write_text("".join(json.dumps({"timestamp": 1000 * i, "input_length": 1024, "output_length": 16,
+                                         "hash_ids": [1, 2] if i < 2 else [10 + i, 20 + i], "session": ""}) + "\n"
+                             for i in range(6)))
+    assert duet_main(["bench", "advise", "--trace", str(trace), "--backend-rates",
+                      "sglang:prefill=4000,decode=500", "--workers", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    cal = result["calibration"]
+    assert list(cal["kinds"]) == ["prefix"] and cal["kinds"]["prefix"]["engine"] == "sglang"
+    assert cal["kinds"]["prefix"]["source"].startswith("calibrated from the rates given for sglang (--backend-rates): "
+                                                       "prefill 4,000 tok/s, decode 500 tok/s")
+    assert cal["step_costs"]["prefix"] == {"intercept_s": 0.0, "per_prefill_token_s": 1 / 4000,
+                                           "per_decode_token_s": 1 / 500}
+    assert cal["profile"]["paged_prefill_cap"] is None  # no vLLM here: engine_paged keeps its own defaults
+    assert any("paged workers (Duet's engine_paged) are priced at sglang's" in n for n in cal["notes"])
+    assert any("SGLang's radix cache is simulated at 16-token pages" in n for n in cal["notes"])
+    assert (result["labels"]["all_prefix"], result["labels"]["all_paged"]) == ("all sglang", "all duet paged")
+    assert result["worker_hour_usd"] == 3.50 and "canary" not in result  # a plain trace: no serving kinds known
+    assert any(n.startswith("cost per million tokens at $3.5 a worker-hour, the gpu profile's default") for n in cal["notes"])
