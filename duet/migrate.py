@@ -202,10 +202,13 @@ def advise_capture(args, model: str, workers: int) -> dict | str:
         try:
             settings = FleetSettings(cost_model=args.cost_model or "h200", workers=n, mix=mix, window_s=args.window_s)
             if args.cost_model is None:  # vLLM / SGLang backends served it: their measured rates make the model
-                from loadtests.advise.calibrated import from_gateway
+                from loadtests.advise.calibrated import NoMeasuredRate, from_gateway
                 from loadtests.sim.fleet.bench import CALIBRATED
 
-                cal = from_gateway(args.gateway, args.admin_key, mix)
+                try:
+                    cal = from_gateway(args.gateway, args.admin_key, mix)
+                except NoMeasuredRate as e:
+                    return str(e)  # no advice yet, and the plan goes on (as with nothing captured)
                 if cal is not None:
                     settings = replace(settings, cost_model=CALIBRATED, slos=cal.slos, calibration=cal)
                     for kind, r in cal.rates.items():
