@@ -194,3 +194,14 @@ def test_backend_rates_on_a_trace_file_advise_sglang_as_the_radix_scheduler(tmp_
     assert (result["labels"]["all_prefix"], result["labels"]["all_paged"]) == ("all sglang", "all duet paged")
     assert result["worker_hour_usd"] == 3.50 and "canary" not in result  # a plain trace: no serving kinds known
     assert any(n.startswith("cost per million tokens at $3.5 a worker-hour, the gpu profile's default") for n in cal["notes"])
+
+
+def test_fleet_settings_name_the_slo_profile_they_judge_by():
+    from loadtests.sim.fleet.bench import CALIBRATED, FleetSettings
+
+    cal = calibrated.build_calibration(calibrated.parse_backend_rates(["vllm:prefill=8000,decode=1000"]), "cpu")
+    s = FleetSettings(cost_model=CALIBRATED, slos=cal.slos, calibration=cal).validate()
+    assert (s.slo_profile(), FleetSettings(cost_model="h200").slo_profile()) == ("cpu", "gpu")
+    assert s.engine_profile() is cal.profile and s.step_cost_model() is cal.cost_model
+    with pytest.raises(ValueError, match="a calibration goes with cost_model 'calibrated' and its own SLO table"):
+        FleetSettings(cost_model="h200", calibration=cal).validate()

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from duet.contract import ENGINE_KINDS
 from gateway.control.pool_planner import PlannerConfig
-from loadtests.load.class_slo import FLEET_SLOS, ClassSlo
+from loadtests.load.class_slo import COST_MODEL_PROFILES, FLEET_SLOS, ClassSlo
 from loadtests.sim.fleet.cost_models import COST_MODELS, cost_model
 from loadtests.sim.fleet.engine import EngineProfile
 from loadtests.sim.fleet.peer_policies import PEER_POLICIES, VARIANTS
@@ -91,6 +91,11 @@ class FleetSettings:
 
     def slo_table(self) -> ClassSlo:
         return self.slos or FLEET_SLOS[self.cost_model]
+
+    def slo_profile(self) -> str:
+        """The traffic-class table's profile the deployment is judged by (duet/traffic_classes.py): the cost model's
+        hardware's, or a calibration's (the gateway's routing config)."""
+        return self.calibration.slo_profile if self.calibration is not None else COST_MODEL_PROFILES[self.cost_model]
 
     def engine_profile(self) -> EngineProfile:
         return self.calibration.profile if self.calibration is not None else EngineProfile.for_cost_model(self.cost_model)
