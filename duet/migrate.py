@@ -180,6 +180,7 @@ def advise_capture(args, model: str, workers: int) -> dict | str:
     """`duet bench advise --from-gateway` on the capture's records of `model` (loadtests/advise/fleet.py) at
     `--workers` (default: the model's own count, at least 2); or why there is no advice."""
     import tempfile
+    from dataclasses import replace
     from pathlib import Path
 
     from duet.capture_export import CaptureExportError, fetch_capture
@@ -197,11 +198,24 @@ def advise_capture(args, model: str, workers: int) -> dict | str:
         path = Path(tmp) / "capture.jsonl"
         path.write_text("\n".join(lines) + "\n")
         n = args.workers or max(2, workers)
-        print(f"advice: {len(lines)} captured requests of {model} in the fleet simulator, {n} workers, cost model "
-              f"{args.cost_model} ...", flush=True)
+        mix = {str(path): 1.0}
         try:
-            return fleet.advise(FleetSettings(cost_model=args.cost_model, workers=n, mix={str(path): 1.0},
-                                              window_s=args.window_s))
+            settings = FleetSettings(cost_model=args.cost_model or "h200", workers=n, mix=mix, window_s=args.window_s)
+            if args.cost_model is None:  # vLLM / SGLang backends served it: their measured rates make the model
+                from loadtests.advise.calibrated import NoMeasuredRate, from_gateway
+                from loadtests.sim.fleet.bench import CALIBRATED
+
+                try:
+                    cal = from_gateway(args.gateway, args.admin_key, mix)
+                except NoMeasuredRate as e:
+                    return str(e)  # no advice yet, and the plan goes on (as with nothing captured)
+                if cal is not None:
+                    settings = replace(settings, cost_model=CALIBRATED, slos=cal.slos, calibration=cal)
+                    for kind, r in cal.rates.items():
+                        print(f"advice: {kind} step costs {r.source()}")
+            print(f"advice: {len(lines)} captured requests of {model} in the fleet simulator, {n} workers, cost model "
+                  f"{settings.cost_model} ...", flush=True)
+            return fleet.advise(settings)
         except ValueError as e:
             raise MigrateError(f"advice: {e}") from None
 
@@ -339,8 +353,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         if name == "plan":
             s.add_argument("--no-advise", dest="advise", action="store_false",
                            help="only the deployment: skip `duet bench advise` on the gateway's capture")
-            s.add_argument("--cost-model", default="h200", choices=("h200", "h200-70b", "cpu"),
-                           help="advise's cost model (default h200)")
+            s.add_argument("--cost-model", default=None, choices=("h200", "h200-70b", "cpu"),
+                           help="advise's cost model (default: calibrated from the backends' measured rates where "
+                           "vLLM or SGLang served the capture, loadtests/advise/calibrated.py; else h200)")
             s.add_argument("--workers", type=int, default=None,
                            help="advise's fleet size (default: the model's workers, at least 2)")
             s.add_argument("--window-s", type=float, default=300.0, help="capture seconds advise replays")

@@ -104,6 +104,9 @@ class BusyRates:
         self._last: dict[str, float] | None = None
         self.prefill_tokens_per_s = 0.0
         self.decode_tokens_per_s = 0.0
+        # decode tokens a step over the same interval as the decode rate (the batch it was measured at: the gateway's
+        # worker rows show it, and `duet bench advise` splits the step into a fixed and a per-token cost with it)
+        self.decode_tokens_per_step = 0.0
 
     def update(self, counters: dict[str, float]) -> None:
         last, self._last = self._last, counters
@@ -117,6 +120,7 @@ class BusyRates:
         if d["itl_n"] > 0 and d["itl_s"] > 0 and d["steps"] > 0:
             step_s = d["itl_s"] / d["itl_n"]  # the mean gap between a request's tokens: one step's time
             self.decode_tokens_per_s = d["itl_n"] / (d["steps"] * step_s)
+            self.decode_tokens_per_step = d["itl_n"] / d["steps"]
 
 
 def engine_load(text: str, engine: str, rates: BusyRates | None = None) -> pb.EngineLoad:

@@ -5,7 +5,9 @@ Routes (`admin_routes(gateway)` returns them for the app's route list):
     GET  /admin/models/{model}/routing          the model's RoutingConfig as JSON (defaults when unset)
     PUT  /admin/models/{model}/routing          validate, apply through the StateStore (every replica), audit
     GET|PUT|DELETE /admin/models/{model}/canary-policy   automatic rollback bounds and ramp (gateway/control/rollback.py)
-    GET  /admin/workers                          health, version, load, KV usage, prefix hit rate, draining
+    GET  /admin/workers                          health, version, load, KV usage, prefix hit rate, draining, the
+                                                 engine behind it (duet, vllm, sglang, openai) and its measured
+                                                 prefill and decode rates (what advise calibrates from)
     POST /admin/workers/{worker_id}/drain        stop routing to the worker; running requests finish
     GET  /admin/pools                            the pool planner: {"target": {"paged": N, "prefix": M},
                                                  "current": {...}, "work": {...}, ...} (gateway/control/pool_planner.py)
@@ -75,7 +77,9 @@ class AdminBackend(Protocol):
 
     def worker_rows(self) -> list[dict]:
         """One dict per known worker: worker_id, model_id, engine_kind, version, healthy, draining,
-        num_running, num_waiting, kv_usage (0..1), prefix_hit_rate (0..1)."""
+        num_running, num_waiting, kv_usage (0..1), prefix_hit_rate (0..1); the running gateway's rows add engine,
+        page_size, max_model_len, prefill_tokens_per_s, prefill_rate_source, decode_tokens_per_s and
+        decode_tokens_per_step."""
 
     def drain_worker(self, worker_id: str) -> bool | Awaitable[bool]:
         """Stop routing to the worker (running requests finish). False: no such worker."""

@@ -46,10 +46,18 @@ class GatewayAdmin:
         return list(self.models)
 
     def worker_rows(self) -> list[dict]:
+        """One row per worker; `engine` says what serves it (duet: Duet's own worker; vllm, sglang, openai: an
+        external backend) and the two rates are its measured ones while busy (0.0: none yet): the engine's own
+        (Duet's GetLoad, a vLLM server's /metrics counters: gateway/backends/backend_load.py), else the prefill
+        rate this gateway saw (pool_tracker.py; `prefill_rate_source` says which). `duet bench advise
+        --from-gateway` calibrates an external kind's step costs from them (loadtests/advise/calibrated.py)."""
+        external = {b.url: b.engine for b in self.config.backends}
         rows = []
         for w in self.fleet.workers():
             load, info = w.load, w.info
             queries = load.prefix_cache_queries_tokens if load else 0
+            prefill = load.prefill_tokens_per_s if load else 0.0
+            observed = 0.0 if prefill > 0 else self.pool_tracker.prefill_rate(w.worker_id)
             rows.append({
                 "worker_id": w.worker_id, "address": w.address,
                 "model_id": info.model_id if info else "", "engine_kind": info.engine_kind if info else "",
@@ -61,6 +69,14 @@ class GatewayAdmin:
                 "prefix_hit_rate": load.prefix_cache_hits_tokens / queries if queries else 0.0,
                 "num_preemptions": load.num_preemptions if load else 0,
                 "reused_pages_evicted": load.reused_pages_evicted if load else 0,
+                "engine": external.get(w.address, "duet"),
+                "page_size": info.page_size if info else 0, "max_model_len": info.max_model_len if info else 0,
+                "prefill_tokens_per_s": prefill or observed,
+                "prefill_rate_source": "engine" if prefill > 0 else "gateway" if observed > 0 else "",
+                "decode_tokens_per_s": load.decode_tokens_per_s if load else 0.0,
+                # the batch that decode rate was measured at: an HTTP backend's BusyRates (backend_load.py) keep it;
+                # GetLoad has no field for it, so Duet's own workers' rows say 0 (unknown)
+                "decode_tokens_per_step": getattr(getattr(w.client, "_rates", None), "decode_tokens_per_step", 0.0),
             })
         return rows
 

@@ -1,7 +1,11 @@
 """`duet bench advise`: its flags, checked per mode, and the run of each mode (imported lazily).
 
 `--from-gateway URL` replays the gateway's own traffic capture (gateway/control/capture.py, fetched as `duet capture
-export` does) in the fleet simulator; a capture file given as `--trace FILE --fleet` is replayed the same way.
+export` does) in the fleet simulator; a capture file given as `--trace FILE --fleet` is replayed the same way. When
+external backends (vLLM, SGLang) served the captured traffic, the step costs are calibrated from their measured rates
+(the gateway's GET /admin/workers) and the SLOs are the gateway's own table for the model (its routing config's
+`slo_profile`): loadtests/advise/calibrated.py. `--cost-from-gateway URL` does that for any --trace, and
+`--backend-rates ENGINE:prefill=N,decode=M` gives the rates without a gateway (or fills in one it lacks).
 
 Three modes, one rule (loadtests/advise/rule.py) and the same outputs (loadtests/advise/report.py: markdown, or
 --json; with --out, advice.md, advice.json and advice.png):
@@ -68,7 +72,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=None,
                    help="--simulate and local: replay only the first N records (local default 200)")
     p.add_argument("--model", default=None, help="local: model directory (default: the bench checkpoint)")
-    p.add_argument("--cost-model", default=None, help="--fleet: h200 (the default), h200-70b or cpu")
+    p.add_argument("--cost-model", default=None, help="--fleet: h200 (the default), h200-70b or cpu (--from-gateway "
+                   "on traffic vLLM or SGLang served: default calibrated from their measured rates)")
     p.add_argument("--rate", type=float, default=None, help="--fleet: arrival-rate multiplier (default 1)")
     p.add_argument("--window-s", type=float, default=None, help="--fleet: trace seconds replayed (default 300)")
     p.add_argument("--class-slo", default=None, help="--fleet: per-class SLOs in ms, e.g. chat.ttft=3000,"
@@ -76,8 +81,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--worker-hour-usd", type=float, default=None, help="--fleet: price of one worker-hour")
     p.add_argument("--from-gateway", default=None, metavar="URL",
                    help="replay a running gateway's traffic capture (GET /admin/capture; implies --fleet): the "
-                   "answer adds the canary config that would start the move")
+                   "answer adds the canary config that would start the move; traffic that vLLM or SGLang backends "
+                   "served is simulated on step costs calibrated from their measured rates")
     p.add_argument("--admin-key", default=None, help="--from-gateway: the gateway's admin key (or DUET_ADMIN_KEY)")
+    p.add_argument("--cost-from-gateway", default=None, metavar="URL",
+                   help="(implies --fleet) step costs calibrated from the measured rates of a running gateway's "
+                   "external vLLM / SGLang backends (GET /admin/workers), SLOs from its routing config; with "
+                   "--from-gateway this happens by itself when such backends served the capture")
+    p.add_argument("--backend-rates", action="append", default=None, metavar="ENGINE:prefill=N,decode=M",
+                   help="(implies --fleet) step costs calibrated from these rates, tokens/s while busy, for engine "
+                   "vllm (simulated as engine_paged with vLLM's settings) or sglang (engine_prefix's radix "
+                   "scheduler); also step_ms=S (a fixed cost a step) and kv_tokens=K (KV capacity a worker); "
+                   "repeat per engine; with a gateway it fills in or replaces what the gateway measured (SGLang "
+                   "has no decode rate there)")
     p.add_argument("--validate", action="store_true",
                    help="with --trace FILE or --from-gateway (implies --fleet, on the cpu cost model, default 2 "
                    "workers): then run the recommended deployment on this machine on the same requests and print "
@@ -90,13 +106,27 @@ def mode_of(args: argparse.Namespace) -> str:
     """The mode the flags ask for; every mode flag given checked against it, then the mode's defaults filled in."""
     if args.simulate and args.fleet:
         raise ValueError("give --simulate or --fleet, not both")
+    calibrating = getattr(args, "cost_from_gateway", None) or getattr(args, "backend_rates", None)
     if args.from_gateway:
         if args.simulate or args.trace:
             raise ValueError("--from-gateway replays the gateway's capture in the fleet simulator: give neither "
                              "--simulate nor --trace with it")
+        if getattr(args, "cost_from_gateway", None):
+            raise ValueError("--from-gateway reads the gateway's backend rates itself: leave out --cost-from-gateway")
         args.fleet = True
-    elif args.admin_key:
-        raise ValueError("--admin-key goes with --from-gateway")
+    elif args.admin_key and not getattr(args, "cost_from_gateway", None):
+        raise ValueError("--admin-key goes with --from-gateway or --cost-from-gateway")
+    if calibrating:
+        if args.simulate:
+            raise ValueError("--cost-from-gateway and --backend-rates calibrate the fleet simulator's step costs: "
+                             "give them without --simulate")
+        if args.validate:
+            raise ValueError("--validate predicts with the cpu cost model fitted on this machine: give it without "
+                             "--cost-from-gateway or --backend-rates")
+        if args.cost_model is not None:
+            raise ValueError(f"--cost-model {args.cost_model} and measured backend rates are two cost models: give "
+                             f"one (the rates calibrate one: loadtests/advise/calibrated.py)")
+        args.fleet = True
     if args.validate:
         _validate_flags(args)
     mode = SIMULATE if args.simulate else FLEET if args.fleet else LOCAL
@@ -149,12 +179,42 @@ def _capture_file(args: argparse.Namespace) -> str:
     return str(path)
 
 
+def _calibration(args: argparse.Namespace, cost_model_given: bool):
+    """The step costs, profile and SLO table calibrated from backend rates (loadtests/advise/calibrated.py), or None
+    where advise keeps its named cost model: no rates given or asked for, or --from-gateway on traffic that Duet's
+    own engines served (or with --cost-model / --validate, which name the model)."""
+    import os
+
+    from loadtests.advise import calibrated
+    from loadtests.sim.fleet.workload import parse_mix
+
+    given = calibrated.parse_backend_rates(getattr(args, "backend_rates", None))
+    gateway = args.from_gateway or getattr(args, "cost_from_gateway", None)
+    if not given and (not gateway or cost_model_given or args.validate):
+        return None
+    mix = parse_mix(args.trace)
+    if gateway:
+        cal = calibrated.from_gateway(gateway, args.admin_key or os.environ.get("DUET_ADMIN_KEY"), mix, given,
+                                      args.class_slo, required=not args.from_gateway)
+        if cal is None:
+            return None  # Duet's own engines served the capture: the named cost model, as ever
+    else:
+        cal = calibrated.build_calibration(given, calibrated.GPU, args.class_slo)
+    for kind, r in cal.rates.items():
+        _progress(f"{kind}: {r.source()}")
+    return cal
+
+
 def _fleet_settings(args: argparse.Namespace):
-    from loadtests.sim.fleet.bench import FleetSettings
+    from loadtests.sim.fleet.bench import CALIBRATED, FleetSettings
     from loadtests.sim.fleet.cost_models import COST_MODELS
     from loadtests.sim.fleet.report import parse_slos
     from loadtests.sim.fleet.workload import parse_mix
 
+    cal = getattr(args, "calibration", None)
+    if cal is not None:
+        return FleetSettings(cost_model=CALIBRATED, workers=args.workers, mix=parse_mix(args.trace),
+                             window_s=args.window_s, rate=args.rate, slos=cal.slos, calibration=cal)
     if args.cost_model not in COST_MODELS:
         raise ValueError(f"--cost-model must be one of {', '.join(COST_MODELS)}, got {args.cost_model!r}")
     return FleetSettings(cost_model=args.cost_model, workers=args.workers, mix=parse_mix(args.trace),
@@ -193,9 +253,12 @@ def _run(args: argparse.Namespace) -> int:
 
     from loadtests.advise.report import format_markdown, write_out
 
+    cost_model_given = args.cost_model is not None
     mode = mode_of(args)
     if args.from_gateway:
         args.trace = _capture_file(args)
+    if mode == FLEET:
+        args.calibration = _calibration(args, cost_model_given)
     result = _fleet(args) if mode == FLEET else _trace(args, mode)
     text = format_markdown(result)
     if args.out:

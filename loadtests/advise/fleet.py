@@ -13,6 +13,11 @@ A gateway's capture (gateway/control/capture.py) says which engine kinds served 
 recommendation differs, `canary` holds the move's first step: the routing config (the current kinds as variant
 `current`, the recommended ones as `candidate` at 5%) and the canary policy whose ramp walks the candidate to 100%
 under the automatic rollback (gateway/control/rollback.py), as the admin API takes them.
+
+With step costs calibrated from external backends' measured rates (`FleetSettings.calibration`,
+loadtests/advise/calibrated.py), `calibration` says whose rates at what time made the model, and `labels` names each
+option by the engines it stands for ("all vllm", "2 vllm + 6 duet prefix"); the price's default follows the SLO
+profile (gpu: an H200-hour, cpu: a core-hour).
 """
 
 from __future__ import annotations
@@ -48,15 +53,19 @@ def served_by(mix: dict) -> tuple[str | None, set[str]]:
     return model, kinds
 
 
-def canary_move(recommendation: dict, model: str | None, current: set[str]) -> dict | None:
+def canary_move(recommendation: dict, model: str | None, current: set[str], names: dict | None = None) -> dict | None:
     """The routing config and canary policy that start moving `model` from the `current` engine kinds to the
-    recommended deployment; None when the current kinds are unknown; `needed` False when they already match."""
+    recommended deployment; None when the current kinds are unknown; `needed` False when they already match.
+    `names`: kind -> what serves it, in the sentences (a calibrated kind's backend engine, "vllm"); the routing
+    config's pools stay kinds (an external backend's pool is its kind: gateway/backends/backend_spec.py)."""
     if not current:
         return None
+    name_of = lambda k: (names or {}).get(k, k)
     split = recommendation["split"]
     wanted = {k for k in ("paged", "prefix") if split[k]}
     if wanted == current:
-        return {"needed": False, "why": f"the traffic is served by {' + '.join(sorted(current))} already"}
+        return {"needed": False, "why": f"the traffic is served by {' + '.join(sorted(map(name_of, current)))} "
+                                        f"already"}
     pools = lambda kinds: [{"engine_kind": k, "version": "*"} for k in sorted(kinds)]
     name = model or "MODEL"
     return {"needed": True, "model": name,
@@ -65,13 +74,39 @@ def canary_move(recommendation: dict, model: str | None, current: set[str]) -> d
                                      {"name": "candidate", "weight": CANARY_START, "pools": pools(wanted)}]},
             "canary_policy": {"canary": "candidate", "baseline": "current",
                               "ramp": [{"weight": w, "hold_s": h} for w, h in CANARY_RAMP]},
-            "steps": [(f"start {' and '.join(sorted(wanted - current))} workers" if wanted - current
-                       else f"no new kind: the candidate is the {' and '.join(sorted(wanted))} workers already serving")
+            "steps": [(f"start {' and '.join(sorted(map(name_of, wanted - current)))} workers" if wanted - current
+                       else f"no new kind: the candidate is the {' and '.join(sorted(map(name_of, wanted)))} workers "
+                            f"already serving")
                       + f" (the recommendation: {split['paged']} paged + {split['prefix']} prefix)",
                       f"PUT /admin/models/{name}/routing with `routing`",
                       (f"PUT /admin/models/{name}/canary-policy with `canary_policy`: the rollback controller "
                        f"ramps the candidate to 100% or rolls it back"),
-                      f"once at 100%: retire the {' and '.join(sorted(current - wanted)) or 'old'} workers"]}
+                      (f"once at 100%: retire the {' and '.join(sorted(map(name_of, current - wanted))) or 'old'} "
+                       f"workers")]}
+
+
+def calibrated_price(cal) -> float:
+    from loadtests.advise.calibrated import WORKER_HOUR_USD as BY_PROFILE
+
+    return BY_PROFILE[cal.slo_profile]
+
+
+def option_labels(options: dict, cal) -> dict:
+    """Each option named by the engines it stands for: a measured kind by its backend's engine (vllm, sglang), the
+    other by Duet's engine (priced at the measured costs: the calibration's notes)."""
+    def engine(kind: str) -> str:
+        r = cal.rates.get(kind)
+        return r.engine if r is not None and r.engine != "duet" else f"duet {kind}"
+
+    out = {}
+    for name, o in options.items():
+        w = o["workers"]
+        parts = [f"{w[k]} {engine(k)}" for k in ("paged", "prefix") if w[k]]
+        label = f"all {engine('paged' if w['paged'] else 'prefix')}" if len(parts) == 1 else " + ".join(parts)
+        if name.endswith("_duet_routing"):
+            label += ", Duet's routing"
+        out[name] = label
+    return out
 
 
 def default_splits(n: int) -> tuple[tuple[int, int], ...]:
@@ -98,19 +133,33 @@ def advise(s: FleetSettings, worker_hour_usd: float | None = None, progress=None
     if s.workers < 2:
         raise ValueError(f"--workers must be >= 2 (a split needs one worker of each kind), got {s.workers}")
     s = options_settings(s)
-    price = WORKER_HOUR_USD[s.cost_model] if worker_hour_usd is None else worker_hour_usd
+    cal = s.calibration
+    default_price = calibrated_price(cal) if cal is not None else WORKER_HOUR_USD[s.cost_model]
+    price = default_price if worker_hour_usd is None else worker_hour_usd
     if price <= 0:
         raise ValueError(f"--worker-hour-usd must be > 0, got {price}")
     out = {"mode": "fleet simulator", "mix": s.mix, "workers": s.workers, "cost_model": s.cost_model, "worker_hour_usd": price,
            "window_s": s.window_s, "rates": {}}
+    if cal is not None:
+        out["calibration"] = cal.describe()
+        if worker_hour_usd is None:
+            out["calibration"]["notes"].append(
+                f"cost per million tokens at ${price:g} a worker-hour, the {cal.slo_profile} profile's default "
+                f"({'an H200-hour' if cal.slo_profile == 'gpu' else 'a CPU core-hour'}): --worker-hour-usd sets yours")
     for label, factor in (("traffic", 1.0), ("half_traffic", 0.5), ("double_traffic", 2.0)):
         result = run(replace(s, rate=s.rate * factor), progress=progress)
         options = {name: _option(r, s, price) for name, r in result["stacks"].items()}
         out["rates"][label] = {"rate": s.rate * factor, "options": options, "recommendation": recommend(options)}
     out["recommendation"] = out["rates"]["traffic"]["recommendation"]
     out["sensitivity"] = {label: r["recommendation"]["deployment"] for label, r in out["rates"].items()}
+    if cal is not None:
+        out["labels"] = option_labels(out["rates"]["traffic"]["options"], cal)
     model, current = served_by(s.mix)
     if current:
         out["served_by"] = sorted(current)
-        out["canary"] = canary_move(out["recommendation"], model, current)
+        names = None
+        if cal is not None:  # a calibrated kind by its backend's engine, the other as Duet's engine
+            names = {k: r.engine for k, r in cal.rates.items() if r.engine != "duet"}
+            names.update({k: f"duet {k}" for k in ("paged", "prefix") if k not in names})
+        out["canary"] = canary_move(out["recommendation"], model, current, names)
     return out

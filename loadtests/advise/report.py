@@ -41,15 +41,25 @@ def _trace_markdown(result: dict) -> list[str]:
 def _fleet_markdown(result: dict) -> list[str]:
     mix = ", ".join(f"{k} x{v:g}" for k, v in result["mix"].items())
     lines = [f"# duet bench advise --fleet: {result['workers']} workers, cost model {result['cost_model']}", "",
-             f"{mix}, {result['window_s']:g} trace seconds, {result['mode']}", "",
-             _recommendation(result["recommendation"]), "",
+             f"{mix}, {result['window_s']:g} trace seconds, {result['mode']}", ""]
+    labels = result.get("labels", {})
+    if "calibration" in result:
+        cal = result["calibration"]
+        lines += ["Step costs:"] + [f"- {kind} ({c['scheduler']}): {c['source']}" for kind, c in cal["kinds"].items()]
+        lines += [f"- {note}" for note in cal["notes"]]
+        lines += [f"- SLOs: duet/traffic_classes.py at the {cal['slo_profile']} profile ({cal['slo_source']})", ""]
+    rec = result["recommendation"]
+    lines += [
+             _recommendation(rec) + (f" That is {labels[rec['deployment']]}." if rec["deployment"] in labels else ""),
+             "",
              "Sensitivity: " + ", ".join(f"{k.replace('_', ' ')} -> {v}" for k, v in result["sensitivity"].items()),
              "", ("| traffic | option | paged + prefix | goodput req/s | SLO met | TTFT p50 / p99 s | TPOT p50 / p99 ms | "
                   "$ per M tokens |"), "|---|---|---|---|---|---|---|---|"]
     for label, r in result["rates"].items():
         for name, o in r["options"].items():
             w = o["workers"]
-            lines.append(f"| {label} (x{r['rate']:g}) | {name} | {w['paged']} + {w['prefix']} | {o['goodput_rps']} | "
+            shown = f"{name} ({labels[name]})" if name in labels else name
+            lines.append(f"| {label} (x{r['rate']:g}) | {shown} | {w['paged']} + {w['prefix']} | {o['goodput_rps']} | "
                          f"{o['slo_attainment']:.1%} | {o['ttft_p50_s']} / {o['ttft_p99_s']} | "
                          f"{1000 * (o['tpot_p50_s'] or 0):.1f} / {1000 * (o['tpot_p99_s'] or 0):.1f} | "
                          f"{o['usd_per_million_tokens']} |")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from duet.contract import ENGINE_KINDS
 from gateway.control.pool_planner import PlannerConfig
-from loadtests.load.class_slo import FLEET_SLOS, ClassSlo
+from loadtests.load.class_slo import COST_MODEL_PROFILES, FLEET_SLOS, ClassSlo
 from loadtests.sim.fleet.cost_models import COST_MODELS, cost_model
 from loadtests.sim.fleet.engine import EngineProfile
 from loadtests.sim.fleet.peer_policies import PEER_POLICIES, VARIANTS
@@ -40,6 +40,7 @@ STACKS = ("all_paged", "all_prefix", "duet_planner")
 # counted as a homogeneous baseline: the baselines run behind the SGLang-style router, as in duet bench compare)
 ROUTING_ONLY = ("paged_duet_routing", "prefix_duet_routing")
 PEERS = PEER_POLICIES + VARIANTS  # N engine_prefix workers behind a peer's policy (the engines the peers front cache prefixes)
+CALIBRATED = "calibrated"  # FleetSettings.cost_model when step costs come from measured rates (`calibration`)
 DUET_ROUTING = "prefix_duet_routing"  # the same workers behind Duet's routing: what --contest compares each peer to
 
 
@@ -59,9 +60,15 @@ class FleetSettings:
     attainment: float = 0.9
     rate_range: tuple[float, float] = (1.0, 16.0)  # --find-rate searches multipliers in here
     search_steps: int = 5  # bisections: the bracket ends (hi/lo)^(1/2^steps) wide, 1.09x for the defaults
+    # step costs, engine profile and SLOs calibrated from measured backend rates (loadtests/advise/calibrated.py
+    # `Calibration`), in place of a named cost model: cost_model is then CALIBRATED
+    calibration: object | None = None
 
     def validate(self) -> FleetSettings:
-        if self.cost_model not in COST_MODELS:
+        if self.calibration is not None:
+            if self.cost_model != CALIBRATED or self.slos is None:
+                raise ValueError("a calibration goes with cost_model 'calibrated' and its own SLO table")
+        elif self.cost_model not in COST_MODELS:
             raise ValueError(f"--cost-model must be one of {', '.join(COST_MODELS)}, got {self.cost_model!r}")
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
@@ -80,6 +87,21 @@ class FleetSettings:
         if not 0 < self.attainment <= 1:
             raise ValueError(f"--attainment must be in (0, 1], got {self.attainment}")
         return self
+
+
+    def slo_table(self) -> ClassSlo:
+        return self.slos or FLEET_SLOS[self.cost_model]
+
+    def slo_profile(self) -> str:
+        """The traffic-class table's profile the deployment is judged by (duet/traffic_classes.py): the cost model's
+        hardware's, or a calibration's (the gateway's routing config)."""
+        return self.calibration.slo_profile if self.calibration is not None else COST_MODEL_PROFILES[self.cost_model]
+
+    def engine_profile(self) -> EngineProfile:
+        return self.calibration.profile if self.calibration is not None else EngineProfile.for_cost_model(self.cost_model)
+
+    def step_cost_model(self):
+        return self.calibration.cost_model if self.calibration is not None else cost_model(self.cost_model)
 
 
 def parse_split(text: str) -> tuple[int, int]:
@@ -112,19 +134,19 @@ def specs(s: FleetSettings) -> list[StackSpec]:
 
 
 def run_stack(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> dict:
-    profile = EngineProfile.for_cost_model(s.cost_model)
+    profile = s.engine_profile()
     requests = build(s.mix, s.window_s, s.rate if rate is None else rate, profile.max_model_len,
                      max_output_tokens=s.max_output_tokens)
     planner = PlannerConfig()
     if s.planner_window_s is not None:
         planner = replace(planner, window_s=s.planner_window_s, cooldown_s=s.planner_window_s).validate()
     settings = SimSettings(planner=planner,
-                           switch_s=s.switch_s if s.switch_s is not None else (20.0 if s.cost_model.startswith("h200") else 3.0))
-    sim = FleetSim(spec, requests, cost_model(s.cost_model), profile, settings)
+                           switch_s=s.switch_s if s.switch_s is not None else (20.0 if profile.device == "cuda" else 3.0))
+    sim = FleetSim(spec, requests, s.step_cost_model(), profile, settings)
     started = time.perf_counter()
     served = sim.run()
     span = max(1e-9, requests[-1].arrival_s - requests[0].arrival_s)
-    out = summarize(served, s.slos or FLEET_SLOS[s.cost_model], span, len(requests))
+    out = summarize(served, s.slo_table(), span, len(requests))
     counts = {k: sum(1 for w in sim.workers.values() if w.kind == k) for k in ENGINE_KINDS}
     out["workers"] = {"start": {k: spec.kinds.count(k) for k in ENGINE_KINDS}, "end": counts}
     out["rate"] = s.rate if rate is None else rate
@@ -192,7 +214,7 @@ def run(s: FleetSettings, find_rate: bool = False, progress=None) -> dict:
                 r["capacity_ratio_vs_best_homogeneous"] = round(capacities[name] / best, 4) if best else None
     return {"cost_model": s.cost_model, "workers": s.workers, "mix": s.mix, "window_s": s.window_s,
             "rate": s.rate, "attainment": s.attainment,
-            "slos": (s.slos or FLEET_SLOS[s.cost_model]).describe(CLASSES),
+            "slos": s.slo_table().describe(CLASSES),
             "stacks": stacks}
 
 
@@ -217,5 +239,5 @@ def contest(s: FleetSettings, progress=None) -> dict:
                      f"req/s against Duet's {mine['goodput_rps']} ({rows[spec.name]['goodput_ratio']}x)")
     best = max(rows, key=lambda k: (rows[k]["rate"], rows[k]["peer"]["goodput_rps"]))
     return {"cost_model": s.cost_model, "workers": s.workers, "mix": s.mix, "window_s": s.window_s,
-            "attainment": s.attainment, "slos": (s.slos or FLEET_SLOS[s.cost_model]).describe(CLASSES),
+            "attainment": s.attainment, "slos": s.slo_table().describe(CLASSES),
             "duet_stack": DUET_ROUTING, "best_peer": best, "peers": rows}

@@ -137,8 +137,10 @@ class InSituCostModel:
 
 
 def for_engine(cost_model, kind: str):
-    """The cost model a worker of `kind` steps by: an in-situ model's per-engine factors, any other model as is."""
-    return cost_model.for_engine(kind) if isinstance(cost_model, InSituCostModel) else cost_model
+    """The cost model a worker of `kind` steps by: an in-situ model's per-engine factors, a per-kind model's
+    (loadtests/advise/calibrated.py: each kind calibrated from its own backends' rates) that kind's, any other
+    model as is."""
+    return cost_model.for_engine(kind) if hasattr(cost_model, "for_engine") else cost_model
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,10 @@ class EngineProfile:
     max_model_len: int
     page_size: int = ENGINE_DEFAULTS.page_size
     device: str = "cpu"  # what the deployment runs on: it picks the defaults a worker takes from its device
+    # engine_paged's cap on a decoding step's prompt tokens; None: the worker's default on `device`. 0 (no cap beyond
+    # max_num_batched_tokens) is vLLM's chunked prefill: decodes first, prompt chunks fill the step's token budget
+    # (an external vLLM's kind simulated: loadtests/advise/calibrated.py)
+    paged_prefill_cap: int | None = None
 
     @classmethod
     def for_cost_model(cls, name: str) -> EngineProfile:
@@ -109,7 +113,7 @@ def worker_config(kind: str, profile: EngineProfile) -> PagedConfig | PrefixConf
     engine = EngineConfig(page_size=profile.page_size, kv_cache_tokens=profile.kv_cache_tokens,
                           max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=profile.max_num_batched_tokens)
     if kind == PAGED:
-        return PagedConfig(engine)
+        return PagedConfig(engine, max_prefill_tokens_while_decoding=profile.paged_prefill_cap)
     if kind == PREFIX:
         return PrefixConfig(engine)
     raise ValueError(f"unknown engine kind {kind!r}; expected paged or prefix")
