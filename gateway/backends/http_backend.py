@@ -173,14 +173,14 @@ class HttpBackendClient:
                     code = "INVALID_ARGUMENT" if bad else "RESOURCE_EXHAUSTED" if resp.status_code == 429 \
                         else "UNAVAILABLE"
                     raise EngineCallError(self.worker_id, code, f"HTTP {resp.status_code}: {text}", not bad)
-                lines = resp.aiter_lines()
-                events = SseReader(lines)
+                body = resp.aiter_bytes()
+                events = SseReader.from_bytes(body)  # the raw reads, not aiter_lines(): duet/sse.py
                 async for data in events:
                     for msg in reader.push(json.loads(data)):
                         yield msg
                 if not events.done:
                     raise EngineCallError(self.worker_id, "UNAVAILABLE", "the stream ended before [DONE]", True)
-                async for _ in lines:
+                async for _ in body:
                     pass  # the body's end after [DONE]: a response read to its end leaves its connection open for
                     # the next request (closed unread, every request paid a new connection: profiled, module doc)
                 self.answered_at = time.monotonic()
