@@ -69,6 +69,7 @@ class _HttpStream:
         self._client, self._request = client, request
         self._queue: asyncio.Queue = asyncio.Queue()
         self._cancelled = False
+        client.streamed_since_poll = True  # at once: a poll before the pump's first step is not quiet either
         self._pump = asyncio.ensure_future(self._run())
 
     def __aiter__(self):
