@@ -102,7 +102,8 @@ def measure(model: Path, servers: int, requests: int, full_requests: int, rate: 
                 errors = sum(1 for r in records if not r.ok)
                 out[phase] = {"cpu_ms_per_request": cpu / len(records) * 1000, "wall_s": wall,
                               "requests_per_s": len(records) / wall, "errors": errors,
-                              "output_tokens": sum(r.output_tokens for r in records)}
+                              "output_tokens": sum(r.output_tokens for r in records),
+                              "max_tokens": sum(r.max_tokens for r in batch)}  # each fake answers max_tokens
                 progress(f"{phase}: {out[phase]['cpu_ms_per_request']:.2f} ms CPU/request, "
                          f"{out[phase]['requests_per_s']:.2f} req/s, {errors} errors")
         out["load_average_end"] = os.getloadavg()

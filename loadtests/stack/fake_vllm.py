@@ -79,6 +79,8 @@ def app(model_dir: Path, token_ms: float):
     counters = Counters()
     page = Page(PAGE.read_text(), counters)
     name = model_dir.name
+    # the answer: ordinary words over and over (an echo of the prompt could hold the end-of-sequence token)
+    answer = tok.encode(" the quick brown fox jumps over the lazy dog", add_special_tokens=False)
 
     async def models(_: Request):
         return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "max_model_len": 4096}]})
@@ -120,7 +122,7 @@ def app(model_dir: Path, token_ms: float):
                     counters.steps += 1
                     chunk = {"request_id": rid, "choices": [{"index": 0, "logprobs": None,
                                                               "finish_reason": "length" if i == n - 1 else None,
-                                                              "token_ids": [prompt[i % len(prompt)] if prompt else 1]}],
+                                                              "token_ids": [answer[i % len(answer)]]}],
                              "prompt_logprobs": None, "kv_transfer_params": None}
                     yield f"data: {json.dumps(chunk)}\n\n"
                 usage = {"request_id": rid, "choices": [],
