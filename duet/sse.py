@@ -10,8 +10,8 @@ the caller's `json.loads` instead of vanishing.
 
 `SseReader.from_bytes(chunks)` reads the raw body instead (httpx's `aiter_bytes()`), splitting lines itself
 (`\n`, `\r\n` or `\r`, as httpx does) and handling every line a read brought in one pass: through
-`aiter_lines()` each line climbs three more async generators (text decoding, line splitting, this reader's own),
-which profiling put among the gateway's larger costs per streamed token (docs/benchmarks.md).
+`aiter_lines()` each line climbs three more async generators (text decoding, line splitting, this reader's own):
+0.1-0.3 ms of the ~5.3 ms of CPU httpx spends reading a 16-token stream (docs/benchmarks.md).
 
 `[DONE]` ends the iteration and sets `done`; a stream that ends without it leaves `done` False, which a
 caller that needs the marker (a backend cut mid-answer) turns into its error.
