@@ -70,7 +70,7 @@ def test_from_bytes_reads_what_the_lines_read_whatever_the_cuts():
     httpx's line splitting gives, \\n, \\r\\n and lone \\r line ends alike."""
     for raw in (b'data: {"a": 1}\r\n\r\n: c\r\ndata: {"b":\r\ndata: 2}\r\n\r\ndata: "\xe6\x9d\xb1\xe4\xba\xac"\n\ndata: [DONE]\r\n\r\n',
                 b'data: {"a": 1}\r\rdata: [DONE]\r\r', b'data: {"a": 1}\n\ndata: {"b": 2}'):
-        async def go(cut: int, lines: bool):
+        async def go(cut: int, lines: bool, raw: bytes = raw):
             async def body():
                 for i in range(0, len(raw), cut):
                     yield raw[i:i + cut]
