@@ -83,7 +83,7 @@ class Gateway:
         clients = with_backends(client_factory or functools.partial(
             GrpcEngineClient, keepalive_time_s=t.keepalive_time_s, keepalive_timeout_s=t.keepalive_timeout_s,
             request_timeout_s=t.request_s, rpc_timeout_s=t.rpc_s),
-            config.backends, self.models, HASH_BLOCK_TOKENS, t)
+            config.backends, self.models, HASH_BLOCK_TOKENS, t, idle_poll_s=config.idle_poll_s)
         self.fleet = Fleet(config.workers + tuple(b.url for b in config.backends), index, self.metrics,
                            state=self.state, poll_interval_s=config.poll_interval_s, client_factory=clients,
                            max_step_s=t.first_token_s or t.stall_s)

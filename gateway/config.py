@@ -18,7 +18,7 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
       admin_key: adm-secret
     limits: {max_body_bytes: 4194304, max_pending_requests: 4096, max_attempts: 3, default_max_tokens: null,
              max_queue_wait_s: 900}   # admission control (gateway/serving/admission.py); null: never refuse on wait
-    health: {poll_interval_s: 1.0}
+    health: {poll_interval_s: 1.0, idle_poll_s: 5.0}   # idle_poll_s: an HTTP backend with no work, polled this often
     hashing: {max_blocks: 256}
     affinity_ttl_s: 600
     routing: {reuse_threshold: 0.5, ...}    # defaults of gateway.routing.route_types.RoutingConfig
@@ -89,6 +89,7 @@ class GatewayConfig:
     admin_key: str | None = None
     limits: Limits = field(default_factory=Limits)
     poll_interval_s: float = 1.0
+    idle_poll_s: float = 5.0  # an HTTP backend with no work is polled this often (gateway/backends/http_backend.py)
     max_hash_blocks: int = 256
     affinity_ttl_s: float = 600.0  # a session sticks to its worker this long after its last request
     routing: RoutingConfig = field(default_factory=RoutingConfig)
@@ -223,6 +224,7 @@ def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
             admin_key=os.environ.get("DUET_ADMIN_KEY") or auth.get("admin_key") or None,
             limits=Limits(**_known(Limits, _section(raw, "limits"), "limits")),
             poll_interval_s=float(health.get("poll_interval_s", 1.0)),
+            idle_poll_s=float(health.get("idle_poll_s", 5.0)),
             max_hash_blocks=int(_section(raw, "hashing").get("max_blocks", 256)),
             affinity_ttl_s=float(raw.get("affinity_ttl_s", 600.0)),
             routing=routing_from_dict(_section(raw, "routing")),

@@ -12,6 +12,12 @@ circuit breaker and gateway/serving/generation.py treat it like one of Duet's gR
     check_health    GET /health (an unreachable backend is logged once, naming it, until it answers); asked
                     every `health_every_s` (10 s) while the backend keeps answering (/metrics or a stream served to
                     its end within `health_fresh_s`), at once after a stream failed
+    quiet backends  a backend with nothing in flight from this gateway, none started since the last poll, and no
+                    work at the last poll (no request running or waiting: none of another client's either) is
+                    asked /metrics and /health only every `idle_poll_s` (5 s): the other polls answer what the
+                    last one saw. Its load cannot have moved through this gateway, and the stall watchdog only
+                    watches a backend with work (a stream open: polled every poll again). What a quiet backend
+                    is not told of: another gateway's or client's new requests, seen up to `idle_poll_s` late
     watch_kv_events the backend's ZMQ publisher, rehashed (kv_events_sub.py); UNIMPLEMENTED without one
 
 A stream is a task pumping SSE chunks into a queue, so `cancel()` (a client gone, a stop string, the
@@ -20,9 +26,10 @@ and a pending read raises CancelledError, as a cancelled gRPC call does.
 
 CPU per request (profiled over HTTP backends, docs/benchmarks.md): each stream is read to the end of its body
 after `[DONE]`, so its connection goes back to the pool (a response closed unread closes its connection, and
-every request paid a new one), httpx's per-request log records are not made at all (gateway/server.py), and a
-backend that keeps answering is asked GET /health every 10 s, not every poll: each GET through httpx costs
-about as much CPU as a request's own relay, and the polls were most of the gateway's CPU at a steady low rate.
+every request paid a new one), httpx's per-request log records are not made at all (gateway/server.py), a
+backend that keeps answering is asked GET /health every 10 s, not every poll, and a quiet one /metrics every 5 s:
+each GET through httpx costs about a millisecond of CPU (as much as a request's own relay), and the polls were
+most of the gateway's CPU at a steady low rate.
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ class _HttpStream:
         self._client, self._request = client, request
         self._queue: asyncio.Queue = asyncio.Queue()
         self._cancelled = False
+        client.streamed_since_poll = True  # at once: a poll before the pump's first step is not quiet either
         self._pump = asyncio.ensure_future(self._run())
 
     def __aiter__(self):
@@ -86,6 +94,8 @@ class _HttpStream:
 
     async def _run(self) -> None:
         c = self._client
+        c.streams_open += 1
+        c.streamed_since_poll = True
         try:
             async for msg in c.stream_messages(self._request):
                 self._queue.put_nowait(msg)
@@ -99,16 +109,23 @@ class _HttpStream:
         except Exception as e:  # noqa: BLE001 - every failure of the backend reaches the reader as one error
             c.answered_at = -math.inf
             self._queue.put_nowait(EngineCallError(c.worker_id, "INTERNAL", f"{type(e).__name__}: {e}", True))
+        finally:
+            c.streams_open -= 1
 
 
 class HttpBackendClient:
     def __init__(self, spec: BackendSpec, models: dict, hash_block_size: int, rpc_timeout_s: float = 2.0,
                  request_timeout_s: float | None = None, health_fresh_s: float = 1.5,
-                 health_every_s: float = 10.0) -> None:
+                 health_every_s: float = 10.0, idle_poll_s: float = 5.0) -> None:
         self.spec, self.models, self.hash_block_size = spec, models, hash_block_size
         self.address = self.worker_id = spec.url
         self.rpc_timeout_s = rpc_timeout_s
         self.health_fresh_s, self.health_every_s = health_fresh_s, health_every_s
+        self.idle_poll_s = idle_poll_s
+        self.streams_open = 0  # this gateway's streams to it now
+        self.streamed_since_poll = False  # a stream started since the last GET /metrics
+        self._load: pb.EngineLoad | None = None  # what the last GET /metrics read
+        self._polled_at = -math.inf  # time.monotonic() of that GET
         self._http = httpx.AsyncClient(base_url=spec.url, timeout=httpx.Timeout(request_timeout_s, connect=5.0),
                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
         self.served_name: str | None = None  # the backend's name for the model
@@ -123,6 +140,16 @@ class HttpBackendClient:
         # about a kilobyte instead of tens; a server that ignores it (vLLM 0.32: backend_load.py) sends it all
         self._metrics_path = "/metrics?" + urlencode([("name[]", n) for n in metric_names(spec.engine)])
         self._rates = BusyRates()  # its prefill and decode rates, from its counters' deltas between polls
+        self._urls: dict[str, httpx.URL] = {}  # path -> the absolute URL (`_url`)
+
+    def _url(self, path: str) -> httpx.URL:
+        """The backend's URL of `path`, parsed once: httpx parses a str URL (joined to its base_url) at every request,
+        character by character in Python; for the /metrics query's thirteen `name[]` that was 0.13 of the 1.9 ms of
+        CPU a GET /metrics cost (docs/benchmarks.md, the gateway's CPU per request)."""
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = httpx.URL(self.spec.url.rstrip("/") + path)
+        return url
 
     # -- generation -------------------------------------------------------------------------
     def generate(self, request: pb.GenerateRequest, metadata: tuple = ()) -> _HttpStream:
@@ -140,21 +167,21 @@ class HttpBackendClient:
         top = request.sampling.logprobs if request.sampling.HasField("logprobs") else 0
         reader = ChunkReader(len(request.prompt_token_ids), top, encode)
         try:
-            async with self._http.stream("POST", path, json=body) as resp:
+            async with self._http.stream("POST", self._url(path), json=body) as resp:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")[:500]
                     bad = 400 <= resp.status_code < 500 and resp.status_code not in (408, 429)
                     code = "INVALID_ARGUMENT" if bad else "RESOURCE_EXHAUSTED" if resp.status_code == 429 \
                         else "UNAVAILABLE"
                     raise EngineCallError(self.worker_id, code, f"HTTP {resp.status_code}: {text}", not bad)
-                lines = resp.aiter_lines()
-                events = SseReader(lines)
+                body = resp.aiter_bytes()
+                events = SseReader.from_bytes(body)  # the raw reads, not aiter_lines(): duet/sse.py
                 async for data in events:
                     for msg in reader.push(json.loads(data)):
                         yield msg
                 if not events.done:
                     raise EngineCallError(self.worker_id, "UNAVAILABLE", "the stream ended before [DONE]", True)
-                async for _ in lines:
+                async for _ in body:
                     pass  # the body's end after [DONE]: a response read to its end leaves its connection open for
                     # the next request (closed unread, every request paid a new connection: profiled, module doc)
                 self.answered_at = time.monotonic()
@@ -185,7 +212,7 @@ class HttpBackendClient:
     # -- control ----------------------------------------------------------------------------
     async def _get(self, path: str, timeout: float | None) -> httpx.Response:
         try:
-            r = await self._http.get(path, timeout=timeout or self.rpc_timeout_s)
+            r = await self._http.get(self._url(path), timeout=timeout or self.rpc_timeout_s)
         except httpx.HTTPError as e:
             raise EngineCallError(self.worker_id, "UNAVAILABLE", f"GET {path}: {type(e).__name__}: {e}", True) \
                 from None
@@ -238,13 +265,26 @@ class HttpBackendClient:
             self._refused = details
         return TokenizerMismatch(self.worker_id, details)
 
+    def quiet(self, now: float) -> bool:
+        """Nothing moved its load since the last poll, which saw it idle, less than `idle_poll_s` ago (module doc)."""
+        load = self._load
+        return (self.reachable is True and load is not None and not (load.num_running or load.num_waiting)
+                and not self.streams_open and not self.streamed_since_poll and now - self._polled_at < self.idle_poll_s)
+
     async def get_load(self, timeout: float | None = None) -> pb.EngineLoad:
+        now = time.monotonic()
+        if self.quiet(now):
+            return self._load
+        self.streamed_since_poll = False  # before the GET: a stream that starts while it waits is seen next poll
         load = engine_load((await self._get(self._metrics_path, timeout)).text, self.spec.engine, self._rates)
+        self._load, self._polled_at = load, now
         self.answered_at = time.monotonic()
         return load
 
     async def check_health(self, timeout: float | None = None) -> bool:
         now = time.monotonic()
+        if self.quiet(now):
+            return True  # it answered the last poll, saw nothing since that could change it (module doc)
         if self.reachable and now - self.answered_at < self.health_fresh_s and now - self._health_at < self.health_every_s:
             return True  # it answered since the last poll, and no stream failed since (module doc)
         try:
@@ -276,7 +316,8 @@ class HttpBackendClient:
         await self._http.aclose()
 
 
-def with_backends(factory, backends: tuple[BackendSpec, ...], models: dict, hash_block_size: int, timeouts=None):
+def with_backends(factory, backends: tuple[BackendSpec, ...], models: dict, hash_block_size: int, timeouts=None,
+                  idle_poll_s: float = 5.0):
     """A client factory (address -> EngineClient) that answers a backend's URL with its HTTP client and
     every other address with `factory` (Duet's gRPC workers)."""
     by_url = {b.url: b for b in backends}
@@ -288,5 +329,5 @@ def with_backends(factory, backends: tuple[BackendSpec, ...], models: dict, hash
         if spec is None:
             return factory(address)
         return HttpBackendClient(spec, models, hash_block_size, rpc_timeout_s=getattr(timeouts, "rpc_s", 2.0),
-                                 request_timeout_s=getattr(timeouts, "request_s", None))
+                                 request_timeout_s=getattr(timeouts, "request_s", None), idle_poll_s=idle_poll_s)
     return make

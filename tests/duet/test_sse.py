@@ -63,3 +63,23 @@ def test_crlf_lines_and_an_event_split_across_reads():
 
     for cut in (1, 2, 3, 5, 7, len(raw)):
         assert asyncio.run(go(cut)) == (['{"a": 1}', '{"b":\n2}'], True), cut
+
+
+def test_from_bytes_reads_what_the_lines_read_whatever_the_cuts():
+    """A raw body (`from_bytes`, the gateway's backends) cut anywhere, in UTF-8 characters too: the same events as
+    httpx's line splitting gives, \\n, \\r\\n and lone \\r line ends alike."""
+    for raw in (b'data: {"a": 1}\r\n\r\n: c\r\ndata: {"b":\r\ndata: 2}\r\n\r\ndata: "\xe6\x9d\xb1\xe4\xba\xac"\n\ndata: [DONE]\r\n\r\n',
+                b'data: {"a": 1}\r\rdata: [DONE]\r\r', b'data: {"a": 1}\n\ndata: {"b": 2}'):
+        async def go(cut: int, lines: bool, raw: bytes = raw):
+            async def body():
+                for i in range(0, len(raw), cut):
+                    yield raw[i:i + cut]
+
+            resp = httpx.Response(200, content=body())
+            reader = SseReader(resp.aiter_lines()) if lines else SseReader.from_bytes(resp.aiter_bytes())
+            return [data async for data in reader], reader.done
+
+        expected = asyncio.run(go(len(raw), True))
+        assert expected[0], raw
+        for cut in (1, 2, 3, 5, 7, len(raw)):
+            assert asyncio.run(go(cut, False)) == expected, (raw, cut)

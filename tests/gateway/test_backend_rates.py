@@ -106,3 +106,29 @@ def test_the_http_backend_polls_carry_the_rates_and_ask_for_their_series():
               "vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count",
               "vllm:iteration_tokens_total_count"}
     assert wanted <= set(asked[0]) and set(asked[0]) == set(NAMES["vllm"].values())
+
+
+def test_the_page_scan_sums_what_the_prometheus_parser_reads_of_a_whole_vllm_page():
+    # vLLM 0.32 ignores name[] and sends its whole page (histogram buckets, HTTP series, names that start with a
+    # wanted one): the gateway's scan must read the wanted series as prometheus_client's parser does
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gateway.backends.backend_load import sample_sums
+
+    text = (Path(__file__).parents[2] / "loadtests/stack/data/vllm_0.32_metrics_page.txt").read_text()
+    text += ('vllm:num_requests_running{engine="1",model_name="a} b"} 2.0 1765000000000\n'  # a brace in a label
+             "vllm:num_requests_running_by_reason 7.0\n"  # a longer name
+             'vllm:num_requests_waiting{engine="1"} 4.0\n' + page(100, 0.5, 0.2, 20, 10))
+    for engine in ("vllm", "sglang"):
+        names = frozenset(NAMES[engine].values())
+        full: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in names:
+                    full[sample.name] = full.get(sample.name, 0.0) + sample.value
+        assert sample_sums(text, names) == full
+    sums = sample_sums(text, frozenset(NAMES["vllm"].values()))
+    assert sums["vllm:num_requests_running"] == 5.0 and sums["vllm:num_requests_waiting"] == 4.0
+    assert sums["vllm:iteration_tokens_total_count"] == 10.0

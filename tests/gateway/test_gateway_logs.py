@@ -35,7 +35,10 @@ def test_polls_stay_out_of_the_default_log_and_changes_are_in_it(tmp_path):
         stack.start_gateway("inner", gateway_config(model, [f"127.0.0.1:{inner_worker}"], port=inner))
         stack.wait_until(lambda: healthy_workers(backend) >= 1, timeout_s=60)
         def config(port: int) -> dict:
-            return gateway_config(model, [f"127.0.0.1:{grpc_port}"], port=port, poll_interval_s=0.2,
+            # idle_poll_s as the poll interval: the backend stays idle here, and a quiet backend is otherwise
+            # polled every 5 s (gateway/backends/http_backend.py), too few polls for the debug log's count
+            return gateway_config(model, [f"127.0.0.1:{grpc_port}"], port=port,
+                                  health={"poll_interval_s": 0.2, "idle_poll_s": 0.2},
                                   backends=[{"engine": "openai", "url": backend}])
 
         stack.start_gateway("outer", config(outer))  # the default level

@@ -111,3 +111,61 @@ def test_health_is_asked_every_health_every_s_while_the_backend_answers_and_at_o
         await client.close()
 
     asyncio.run(run())
+
+
+def test_a_quiet_backend_is_polled_every_idle_poll_s_and_every_poll_while_it_has_work():
+    asked: list[str] = []
+    running = {"n": 0}
+    release = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=f"vllm:num_requests_running {running['n']}\n")
+        if request.url.path == "/inference/v1/generate":
+            await release.wait()
+            return httpx.Response(200, text="data: [DONE]\n\n")
+        return httpx.Response(200)
+
+    async def run() -> None:
+        client = HttpBackendClient(BackendSpec(engine="vllm", url="http://backend", kind="paged"), {}, 16,
+                                   idle_poll_s=5.0)
+        client._http = httpx.AsyncClient(base_url="http://backend", transport=httpx.MockTransport(handler))
+
+        async def poll() -> int:  # what gateway/backends/fleet.py does each poll
+            assert await client.check_health()
+            return (await client.get_load()).num_running
+
+        assert await poll() == 0
+        assert asked == ["/health", "/metrics"]
+        asked.clear()
+        for _ in range(3):
+            assert await poll() == 0
+        assert asked == []  # idle, nothing sent since: the last poll's answer stands
+        client._polled_at -= 5.5  # five seconds on, it is asked again
+        assert await poll() == 0
+        assert asked == ["/metrics"]
+        asked.clear()
+        stream = client.generate(_request(1))  # a stream in flight: every poll asks, for the watchdog's progress
+        await asyncio.sleep(0)
+        running["n"] = 1
+        for _ in range(2):
+            assert await poll() == 1
+        assert asked.count("/metrics") == 2
+        release.set()
+        async for _ in stream:
+            pass
+        asked.clear()
+        running["n"] = 0
+        assert await poll() == 0  # the first poll after the stream: its counters moved
+        assert await poll() == 0
+        assert asked == ["/metrics"]
+        asked.clear()
+        running["n"] = 2  # work another client sent, seen when the idle interval is up
+        client._polled_at -= 5.5
+        assert await poll() == 2
+        assert await poll() == 2  # busy: asked every poll
+        assert asked == ["/metrics", "/metrics"]
+        await client.close()
+
+    asyncio.run(run())

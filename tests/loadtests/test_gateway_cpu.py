@@ -1,0 +1,18 @@
+"""loadtests/experiments/gateway_cpu.py end to end, small: the real gateway in front of two fake vLLM servers
+(loadtests/stack/fake_vllm.py) serves every request with every token, and each phase reports a CPU figure."""
+
+from __future__ import annotations
+
+from duet.model_make import default_model_dir
+from loadtests.experiments.gateway_cpu import measure
+
+
+def test_the_gateway_serves_fake_vllm_servers_and_the_phases_report_cpu(tmp_path):
+    out = measure(default_model_dir(), servers=2, requests=6, full_requests=8, rate=4.0, concurrency=4, idle_s=1.0,
+                  token_ms=2.0, max_prompt_tokens=256, max_tokens=4, log_dir=tmp_path, progress=lambda _: None)
+    for phase, n in (("rate", 6), ("full", 8)):
+        assert out[phase]["errors"] == 0, out
+        # every token of every stream (the fakes answer max_tokens; the trace asks fewer than 4 of some)
+        assert out[phase]["output_tokens"] == out[phase]["max_tokens"] >= 3 * n
+        assert out[phase]["cpu_ms_per_request"] > 0
+    assert out["idle_cpu_ms_per_s"] >= 0
