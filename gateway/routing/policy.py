@@ -183,7 +183,6 @@ class Latency(NamedTuple):
     `ttft_s` and `tpot_s` are the predictions routing uses (the model's figures times each worker's learned
     correction); `modelled_*` the model's own, which the gateway compares with what the request then saw."""
 
-    rates: dict[str, float]  # prefill tokens per second, a worker not measured at the mean of those measured
     ttft_s: dict[str, float]
     tpot_s: dict[str, float | None]  # None: no measured decode rate
     ttft_bound_s: float | None  # the request's class bound (None: no class known)
@@ -199,6 +198,7 @@ class Latency(NamedTuple):
         if not measured:
             return None
         mean = sum(measured) / len(measured)
+        # a worker not measured yet is taken to be as fast as the mean of those measured
         rates = {w.worker_id: w.prefill_tokens_per_s if w.prefill_tokens_per_s > 0 else mean for w in workers}
         ttft, tpot = {}, {}
         for w in workers:
@@ -212,7 +212,7 @@ class Latency(NamedTuple):
             tpot[wid] = (w.num_running + 1) / w.decode_tokens_per_s if w.decode_tokens_per_s > 0 else None
         correction = {w.worker_id: (w.ttft_correction, w.tpot_correction) for w in workers}
         bound = bound_of(req.traffic_class, config.slo_profile) if req.traffic_class else None
-        return cls(rates, {wid: t * correction[wid][0] for wid, t in ttft.items()},
+        return cls({wid: t * correction[wid][0] for wid, t in ttft.items()},
                    {wid: t * correction[wid][1] if t is not None else None for wid, t in tpot.items()},
                    bound.ttft_bound_ms(req.num_prompt_tokens) / 1000 if bound else None,
                    bound.itl_ms / 1000 if bound else None, ttft, tpot)
