@@ -71,6 +71,14 @@ class GatewayMetrics:
                                    "Decisions whose cache estimate exceeded the real cached tokens by a block or "
                                    "more (the worker had evicted blocks the index still listed)",
                                    ("engine",), registry=r)
+        # routing's latency model against what requests saw, per worker (gateway/routing/calibration.py): 1 is
+        # exact, 2 means the worker's requests took twice the predicted time (routing scales by it)
+        self.route_ttft_correction = Gauge("duet_route_ttft_correction", "Observed over predicted TTFT of the "
+                                           "worker's recent requests (routing's learned correction)", ("worker",),
+                                           registry=r)
+        self.route_tpot_correction = Gauge("duet_route_tpot_correction", "Observed over predicted TPOT of the "
+                                           "worker's recent requests (routing's learned correction)", ("worker",),
+                                           registry=r)
         self.pending = Gauge("duet_gateway_pending_requests", "Requests inside the gateway", registry=r)
         self.state_healthy = Gauge("duet_state_store_up", "1 if the state store (Redis) is reachable", registry=r)
         self.state_errors = Gauge("duet_state_store_errors", "Failed state store (Redis) calls since start",

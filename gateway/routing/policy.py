@@ -27,13 +27,22 @@ Predicted latency and saturation (issue 45; docs/architecture.md says why, after
 saturated"). A worker's predicted TTFT for this request is its prefill wait (the prefill queued there plus the
 prompt tokens it does not hold) over its measured prefill rate (`WorkerView.prefill_tokens_per_s`: the engine's
 own figure, else the one this gateway observed; a worker with none is taken to be as fast as the mean of the
-measured ones), and its predicted TPOT is its batch with this request over its measured decode rate. The worker
-holding a request's prefix (the session's, or the one caching most of an anonymous prompt) keeps it until it
-is saturated: its predicted TTFT passes `saturation_share` of the request's class TTFT bound
+measured ones), plus the decode the engine interleaves with that prefill: every step of it (at most
+`step_tokens` of the wait a step) also decodes one token of each running sequence, at the worker's measured
+decode rate. So a holder with a large decode batch looks as busy as it is, not only its prefill queue. Its
+predicted TPOT is its batch with this request over its measured decode rate. Each is then scaled by what this
+gateway learned of the model's error on that worker (`WorkerView.ttft_correction`, `tpot_correction`: observed
+over predicted of its recent requests, gateway/routing/calibration.py), so a cost the model leaves out (a vLLM
+step's prefill chunk stalling its decodes, a shared core) is learned rather than modelled. The worker holding a
+request's prefix (the session's, or the one caching most of an anonymous prompt) keeps it until it is
+saturated: its predicted TTFT passes `saturation_share` of the request's class TTFT bound
 (duet/traffic_classes.py at `slo_profile`), or its predicted TPOT the class TPOT bound; then the request goes
 where it starts sooner. With no class or no measured rate there is nothing to predict from, and the holder keeps
 the request unless another worker's prefill wait is `shed_tokens` shorter (the fixed margin of before). The
-replica cost of step 6 is in tokens at the candidates' mean prefill rate, so a faster worker costs less.
+replica cost of step 6 is in tokens, not scaled by the measured rates: a measured prefill rate follows a worker's
+step mix as much as its speed (32 identical simulated H200 workers read 15,000 to 33,000 tokens/s at once), and
+scaling the cost by it cost goodput in the fleet simulator (docs/benchmarks.md, 2026-12-06 evening); the rates
+act through the saturation test, where a slower worker's longer predicted TTFT sheds its requests sooner.
 
 `capable` is steps 1-3 as a list (empty when no worker can serve the request): the one answer to "which
 workers can serve this" that routing, admission and dispatch's wait for a circuit breaker all use.
@@ -110,8 +119,6 @@ def route(
     waits = {w.worker_id: _prefill_wait(w, req, cached[w.worker_id]) for w in in_variant}
     costs = {w.worker_id: waits[w.worker_id] + config.request_tokens * _load(w, config) for w in in_variant}
     latency = Latency.predict(req, in_variant, config, waits)
-    if latency is not None:  # tokens at the mean rate: a worker twice as fast costs half
-        costs = {wid: c * latency.mean_rate / latency.rates[wid] for wid, c in costs.items()}
     if affinity_worker is not None:
         kept = next((w for w in in_variant if w.worker_id == affinity_worker), None)
         if kept is not None:
@@ -171,14 +178,17 @@ def route(
 
 
 class Latency(NamedTuple):
-    """Each candidate's predicted TTFT and TPOT (seconds) for one request, and the class bounds they are held to."""
+    """Each candidate's predicted TTFT and TPOT (seconds) for one request, and the class bounds they are held to.
 
-    rates: dict[str, float]  # prefill tokens per second, a worker not measured at the mean of those measured
-    mean_rate: float
+    `ttft_s` and `tpot_s` are the predictions routing uses (the model's figures times each worker's learned
+    correction); `modelled_*` the model's own, which the gateway compares with what the request then saw."""
+
     ttft_s: dict[str, float]
     tpot_s: dict[str, float | None]  # None: no measured decode rate
     ttft_bound_s: float | None  # the request's class bound (None: no class known)
     tpot_bound_s: float | None
+    modelled_ttft_s: dict[str, float]
+    modelled_tpot_s: dict[str, float | None]
 
     @classmethod
     def predict(cls, req: RouteRequest, workers: Sequence[WorkerView], config: RoutingConfig,
@@ -188,15 +198,24 @@ class Latency(NamedTuple):
         if not measured:
             return None
         mean = sum(measured) / len(measured)
+        # a worker not measured yet is taken to be as fast as the mean of those measured
         rates = {w.worker_id: w.prefill_tokens_per_s if w.prefill_tokens_per_s > 0 else mean for w in workers}
-        # the batch this request joins over the batch's measured token rate: one step's time, the gap between
-        # two of this request's tokens (an upper estimate where a step takes no longer for a larger batch)
-        tpot = {w.worker_id: (w.num_running + 1) / w.decode_tokens_per_s if w.decode_tokens_per_s > 0 else None
-                for w in workers}
+        ttft, tpot = {}, {}
+        for w in workers:
+            wid, wait = w.worker_id, waits[w.worker_id]
+            # one step's decode: the running batch over the batch's measured token rate (the gap between two of
+            # this request's tokens once it joins: an upper estimate where a larger batch steps no slower)
+            step_decode_s = w.num_running / w.decode_tokens_per_s if w.decode_tokens_per_s > 0 else 0.0
+            # the prefill wait, and the decode the engine interleaves with it: every step that prefills part of
+            # the wait (at most `step_tokens` of it) also decodes one token of each running sequence
+            ttft[wid] = wait / rates[wid] + -(-max(wait, 1) // config.step_tokens) * step_decode_s
+            tpot[wid] = (w.num_running + 1) / w.decode_tokens_per_s if w.decode_tokens_per_s > 0 else None
+        correction = {w.worker_id: (w.ttft_correction, w.tpot_correction) for w in workers}
         bound = bound_of(req.traffic_class, config.slo_profile) if req.traffic_class else None
-        return cls(rates, mean, {wid: waits[wid] / rates[wid] for wid in rates}, tpot,
+        return cls({wid: t * correction[wid][0] for wid, t in ttft.items()},
+                   {wid: t * correction[wid][1] if t is not None else None for wid, t in tpot.items()},
                    bound.ttft_bound_ms(req.num_prompt_tokens) / 1000 if bound else None,
-                   bound.itl_ms / 1000 if bound else None)
+                   bound.itl_ms / 1000 if bound else None, ttft, tpot)
 
     def saturated(self, worker_id: str, config: RoutingConfig) -> bool:
         """The worker would serve this request past `saturation_share` of its TTFT bound, or past its TPOT bound."""
@@ -317,4 +336,7 @@ def _decide(
         steps=tuple(steps),
         wanted_kind=wanted_kind,
         predicted_ttft_s=latency.ttft_s[w.worker_id] if latency is not None else None,
+        predicted_tpot_s=latency.tpot_s[w.worker_id] if latency is not None else None,
+        modelled_ttft_s=latency.modelled_ttft_s[w.worker_id] if latency is not None else None,
+        modelled_tpot_s=latency.modelled_tpot_s[w.worker_id] if latency is not None else None,
     )

@@ -55,6 +55,10 @@ class WorkerView:
     # this gateway saw: gateway/control/pool_tracker.py), and tokens decoded per second by the whole batch
     prefill_tokens_per_s: float = 0.0
     decode_tokens_per_s: float = 0.0
+    # what this gateway learned of its latency model's error on the worker (gateway/routing/calibration.py):
+    # observed over predicted TTFT and TPOT of the requests it served lately (1.0: none learned)
+    ttft_correction: float = 1.0
+    tpot_correction: float = 1.0
 
     @property
     def load(self) -> int:
@@ -97,6 +101,8 @@ class RoutingConfig:
     spill_tokens: int = 4096  # the engine-kind bias: a prompt new to a worker of the other kind costs this much more there
     slo_profile: str = GPU  # the class SLOs (duet/traffic_classes.py) a worker's predicted TTFT and TPOT are held to
     saturation_share: float = 0.5  # a worker is saturated once its predicted TTFT passes this share of the SLO's
+    step_tokens: int = 2048  # the engines' token budget per step (max_num_batched_tokens): a prefill's steps, each
+    # also decoding the worker's running batch (the predicted TTFT's decode term)
 
     def validate(self) -> RoutingConfig:
         """Return self, or raise RoutingConfigError with what is wrong."""
@@ -118,6 +124,8 @@ class RoutingConfig:
             raise RoutingConfigError(f"slo_profile must be one of {', '.join(PROFILES)}, got {self.slo_profile!r}")
         if not 0.0 < self.saturation_share <= 1.0:
             raise RoutingConfigError(f"saturation_share must be in (0, 1], got {self.saturation_share}")
+        if self.step_tokens < 1:
+            raise RoutingConfigError(f"step_tokens must be >= 1, got {self.step_tokens}")
         if self.waiting_weight < 0:
             raise RoutingConfigError(f"waiting_weight must be >= 0, got {self.waiting_weight}")
         names = [v.name for v in self.variants]
@@ -164,4 +172,9 @@ class RouteDecision:
     cached_blocks: int
     steps: tuple[str, ...] = field(default=())
     wanted_kind: str = ""  # the kind step 5 chose, before a spill or a missing kind changed it ("": none)
-    predicted_ttft_s: float | None = None  # on the chosen worker, from its measured prefill rate (None: no rate)
+    predicted_ttft_s: float | None = None  # on the chosen worker, from its measured rates (None: no rate), corrected
+    predicted_tpot_s: float | None = None  # ... and its TPOT (None: no decode rate)
+    # the latency model's own figures on the chosen worker, before the learned correction: what the gateway
+    # compares with what the request saw (gateway/routing/calibration.py)
+    modelled_ttft_s: float | None = None
+    modelled_tpot_s: float | None = None

@@ -3,7 +3,8 @@ simulators (loadtests/sim/fleet, loadtests/sim/routing) call, so that the bookke
 
     views()      the workers routing may pick from now (the caller's snapshot function; the gateway's is
                  `gateway_views`: drained workers draining, workers behind an open circuit breaker unhealthy,
-                 this gateway's own queued prefill per worker, the load signal)
+                 this gateway's own queued prefill per worker, the load signal), each with the correction
+                 this Router learned of its latency model there (`observe`)
     capable()    which of them can serve a request (gateway.routing.policy.capable: model, health,
                  capabilities, canary arm); admission and the wait for a circuit breaker ask it too
     decide()     the policy (Duet's gateway.routing.policy.route, or a baseline), after noting the
@@ -12,6 +13,9 @@ simulators (loadtests/sim/fleet, loadtests/sim/routing) call, so that the bookke
     record()     after a worker answered: the planner's routed kinds, the seen blocks, the worker's block
                  index (the blocks it will cache: an external engine caches whole engine blocks only), then
                  `on_record` (the gateway's metrics and decision log)
+    observe()    after a request's answer ended: the TTFT and TPOT it saw against the model's prediction for
+                 it on its worker, which that worker's correction learns (gateway/routing/calibration.py);
+                 then `on_observe` (the gateway's per-worker correction gauges)
     block_size() the tokens per hashed block of a model's prompts
 
 `Router.for_gateway` assembles the gateway's; a simulator passes its own views, clock and tables.
@@ -30,6 +34,7 @@ from gateway.backends.fleet import Fleet
 from gateway.config import GatewayConfig, load_routing_policy
 from gateway.control.pool_tracker import PoolTracker
 from gateway.metrics import GatewayMetrics
+from gateway.routing.calibration import Correction, LatencyCalibration
 from gateway.routing.decision_log import DecisionLog
 from gateway.routing.policy import capable, route
 from gateway.routing.prefix_index import SeenBlocks, WorkerBlockIndex
@@ -46,10 +51,14 @@ class Router:
                  clock: Callable[[], float] = time.monotonic,
                  engine_block_tokens: Callable[[str], int] = lambda worker_id: 0,
                  block_size: Callable[[str], int] = lambda model_id: HASH_BLOCK_TOKENS,
-                 on_record: Callable[[str, RouteRequest, RouteDecision], None] | None = None) -> None:
+                 on_record: Callable[[str, RouteRequest, RouteDecision], None] | None = None,
+                 calibration: LatencyCalibration | None = None,
+                 on_observe: Callable[[str, Correction], None] | None = None) -> None:
         """`engine_block_tokens(worker_id)`: the tokens per KV block of an external engine that caches whole
         blocks only (0: the worker caches every block the gateway hashes)."""
-        self.views = views
+        self._views = views
+        self.calibration = calibration if calibration is not None else LatencyCalibration()
+        self._on_observe = on_observe
         self.index = index
         self.policy = policy
         self.seen = seen if seen is not None else SeenBlocks()
@@ -96,8 +105,17 @@ class Router:
 
         # Duet's policy, or the one the config names (a benchmark baseline: config.load_routing_policy)
         policy = route if config.routing_policy is None else load_routing_policy(config.routing_policy)()
+        def on_observe(worker_id: str, correction: Correction) -> None:
+            metrics.route_ttft_correction.labels(worker_id).set(correction.ttft)
+            metrics.route_tpot_correction.labels(worker_id).set(correction.tpot)
+
         return cls(views, index, policy=policy, pool_tracker=pool_tracker, engine_block_tokens=engine_block_tokens,
-                   block_size=block_size, on_record=on_record)
+                   block_size=block_size, on_record=on_record, on_observe=on_observe)
+
+    def views(self) -> list[WorkerView]:
+        learned = self.calibration.correction
+        return [replace(v, ttft_correction=c.ttft, tpot_correction=c.tpot) if (c := learned(v.worker_id)) != (1.0, 1.0)
+                else v for v in self._views()]
 
     def capable(self, req: RouteRequest, views: Sequence[WorkerView], config: RoutingConfig) -> list[WorkerView]:
         return capable(req, views, config)
@@ -115,6 +133,15 @@ class Router:
         self.index.add(decision.worker_id, self._cacheable(decision.worker_id, req.block_hashes, req.block_tokens))
         if self._on_record is not None:
             self._on_record(request_id, req, decision)
+
+    def observe(self, decision: RouteDecision, ttft_s: float | None, tpot_s: float | None) -> None:
+        """A request routed by `decision` ended: its TTFT and TPOT as the client saw them (None: not seen)."""
+        if decision.modelled_ttft_s is None and decision.modelled_tpot_s is None:
+            return  # no prediction was made (no measured rate, or a baseline policy)
+        correction = self.calibration.observe(decision.worker_id, decision.modelled_ttft_s, ttft_s,
+                                              decision.modelled_tpot_s, tpot_s)
+        if self._on_observe is not None:
+            self._on_observe(decision.worker_id, correction)
 
     def _cacheable(self, worker_id: str, hashes: tuple, block_tokens: int) -> tuple:
         """The blocks the worker will cache of a prompt: an external engine whose KV block holds several of

@@ -85,6 +85,8 @@ class Run:
                                       usage.cached_tokens, usage.completion_tokens)
         ttft_s = None if self.first_at is None else self.first_at - self.prep.arrival
         itl_s = sum(self.itls) / len(self.itls) if self.itls else None
+        if ok:  # what routing predicted for it there against what it saw: the worker's learned correction
+            ctx.router.observe(dec, ttft_s, itl_s)
         ctx.stats.record(
             model=self.labels[0], ok=ok or status == "499", engine_kind=dec.engine_kind, variant=dec.variant,
             worker_id=dec.worker_id, reason=dec.reason, ttft_s=ttft_s, itl_s=itl_s,

@@ -57,6 +57,9 @@ def test_admin_pools_reports_target_and_current_and_the_gauge_matches(stack):
     # nothing was evicted: no stale decision, and the ledger of queued prefill is empty again
     assert sample(metrics, "duet_route_stale_decisions_total") == 0
     assert all(v.queued_prefill_tokens == 0 for v in stack.gateway.router.views())
+    # the later requests had a predicted TTFT (the rate the first one showed): each was compared with what it saw,
+    # and its worker's correction is on /metrics (1.0 until a worker has served enough: calibration.py)
+    assert sample(metrics, "duet_route_ttft_correction") >= 1.0
 
 
 def decision(cached_blocks: int, kind: str = "prefix", steps: tuple[str, ...] = (), wanted: str = "") -> RouteDecision:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from duet.contract import ENGINE_KINDS
 from gateway.control.pool_planner import PlannerConfig
+from gateway.routing.route_types import RoutingConfig
 from loadtests.load.class_slo import COST_MODEL_PROFILES, FLEET_SLOS, ClassSlo
 from loadtests.sim.fleet.cost_models import COST_MODELS, cost_model
 from loadtests.sim.fleet.engine import EngineProfile
@@ -140,7 +141,10 @@ def run_stack(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> d
     planner = PlannerConfig()
     if s.planner_window_s is not None:
         planner = replace(planner, window_s=s.planner_window_s, cooldown_s=s.planner_window_s).validate()
-    settings = SimSettings(planner=planner,
+    # Duet's routing as a deployment on this hardware configures it: the class SLOs of its profile, and the
+    # engines' step budget
+    routing = RoutingConfig(slo_profile=s.slo_profile(), step_tokens=profile.max_num_batched_tokens)
+    settings = SimSettings(routing=routing, planner=planner,
                            switch_s=s.switch_s if s.switch_s is not None else (20.0 if profile.device == "cuda" else 3.0))
     sim = FleetSim(spec, requests, s.step_cost_model(), profile, settings)
     started = time.perf_counter()

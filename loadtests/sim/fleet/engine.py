@@ -35,6 +35,7 @@ from engine_core.engine_core import EngineCore, StepResult
 from engine_core.request import Request
 from engine_core.sampler import Sampler
 from engine_core.sampling_params import SamplingParams
+from engine_core.step_rates import StepRates
 from loadtests.sim.fleet.cost_models import shape_of
 
 VOCAB = 256  # token ids stay small ints (cached by CPython); prompts use ids 1..255
@@ -155,6 +156,8 @@ class SimEngine:
     stepping: bool = False
     draining: bool = False
     pending: StepResult | None = field(default=None, repr=False)  # the in-flight step's result, delivered at its end
+    # the prefill and decode rates the worker reports in GetLoad (engine_core/step_rates.py), over modelled seconds
+    rates: StepRates = field(default_factory=StepRates, repr=False)
 
     @classmethod
     def build(cls, worker_id: str, kind: str, profile: EngineProfile, cost_model, keep_log: bool = False, *,
@@ -169,6 +172,7 @@ class SimEngine:
         """Run one real step; (its result, its modelled seconds; 0 when no model ran)."""
         result = self.core.step()
         seconds = self.runner.last_step_s if result.ran_model else 0.0
+        self.rates.observe(seconds, result.prefill_tokens, result.decode_tokens)
         if self.step_log is not None and result.ran_model:
             self.step_log.append((result.prefill_tokens, result.decode_tokens, self.core.scheduler.load().num_preemptions))
         return result, seconds

@@ -8,11 +8,14 @@ loadtests/sim/fleet/gateway_path.py; at once when that is 0), a worker's step bo
 pool loop) and the end of a worker's kind switch. A token reaches the client `GatewayPath.token_s` after the
 step that made it. When it reaches the gateway's routing the request is routed exactly as gateway/serving/generation.py routes it: its prompt's chained block
 hashes (duet.hashing, HASH_BLOCK_TOKENS each, at most 256), a `RouteRequest` with the session key and turn count,
-worker views (running, waiting, KV usage: live, or as the last poll saw them; the gateway's own
-queued-prefill count from gateway/control/pool_tracker.PoolTracker), and the gateway's own `Router`
+worker views (running, waiting, KV usage and the worker's measured prefill and decode rates, as GetLoad reports
+them: live, or as the last poll saw them; the gateway's own queued-prefill count from
+gateway/control/pool_tracker.PoolTracker), the request's traffic class by the gateway's rule
+(duet.traffic_classes.classify), and the gateway's own `Router`
 (gateway/serving/router.py) on the simulation's clock: its `decide` (`gateway.routing.policy.route`, or the
 SGLang-style baseline `routing_baselines.SGLangRoute` for the homogeneous stacks, as `duet bench compare` runs
-them) and its `record` (planner, SeenBlocks, WorkerBlockIndex); the session affinity is kept here. At a step boundary a worker first
+them) and its `record` (planner, SeenBlocks, WorkerBlockIndex); the session affinity is kept here. When a request
+ends, the Router `observe`s its TTFT and TPOT as the client saw them (routing's learned latency correction). At a step boundary a worker first
 delivers what its previous step produced (outputs stamped with the boundary's time; its KV events applied to
 the gateway's index, as gateway/backends/fleet.py applies them), then runs its next real step; the step's modelled
 seconds put the next boundary (longer by `neighbour_slowdown` when another worker is mid-step: workers sharing
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 
 from duet.contract import ENGINE_KINDS, HASH_BLOCK_TOKENS, PAGED, PREFIX
 from duet.hashing import block_hashes
+from duet.traffic_classes import classify
 from gateway.control.pool_planner import PlannerConfig
 from gateway.control.pool_tracker import PoolTracker
 from gateway.metrics import GatewayMetrics
@@ -139,6 +143,7 @@ class FleetSim:
         self.gateway = GatewayQueue(self.s.gateway.request_s)
         self.sent_at: dict[str, float] = {}
         self.polled: dict[str, object] = {}  # worker id -> LoadStats at the last poll (poll_interval_s set)
+        self.polled_rates: dict[str, tuple[float, float]] = {}  # worker id -> its prefill and decode rates then
 
     def _add_worker(self, kind: str, slot: int) -> SimEngine:
         wid = f"{kind}-{slot}-{next(self.generation)}"
@@ -172,6 +177,8 @@ class FleetSim:
                 self._push(t + self.s.tick_s, TICK, None)
             elif what == POLL:
                 self.polled = {wid: w.core.scheduler.load() for wid, w in self.workers.items()}
+                self.polled_rates = {wid: (w.rates.prefill_tokens_per_s, w.rates.decode_tokens_per_s)
+                                     for wid, w in self.workers.items()}
                 self._push(t + self.s.gateway.poll_interval_s, POLL, None)
             else:
                 self._back(*payload)
@@ -199,18 +206,23 @@ class FleetSim:
         for wid, w in self.workers.items():
             polled = self.polled.get(wid) if self.s.gateway.poll_interval_s is not None else None
             load = polled if polled is not None else w.core.scheduler.load()  # a worker newer than the poll: live
+            prefill_rate, decode_rate = self.polled_rates.get(wid) if polled is not None and wid in self.polled_rates \
+                else (w.rates.prefill_tokens_per_s, w.rates.decode_tokens_per_s)
             out.append(WorkerView(worker_id=wid, model_id=MODEL_ID, engine_kind=w.kind, version="v1",
                                   capabilities=frozenset(), healthy=True, draining=w.draining,
                                   num_running=load.num_running, num_waiting=load.num_waiting,
                                   kv_usage=load.kv_pages_used / max(1, load.kv_pages_total),
-                                  queued_prefill_tokens=self.tracker.queued(wid)))
+                                  queued_prefill_tokens=self.tracker.queued(wid),
+                                  prefill_tokens_per_s=prefill_rate, decode_tokens_per_s=decode_rate))
         return out
 
     def _dispatch(self, req: FleetRequest) -> None:
         prompt = req.prompt(self.profile.max_model_len)
         hashes = tuple(block_hashes(prompt, HASH_BLOCK_TOKENS, MODEL_ID, max_blocks=self.max_hash_blocks))
         rr = RouteRequest(model=MODEL_ID, block_hashes=hashes, num_prompt_tokens=len(prompt), session_key=req.session,
-                          turn_count=req.turn, sequence=next(self.sequence), block_tokens=HASH_BLOCK_TOKENS)
+                          turn_count=req.turn, sequence=next(self.sequence), block_tokens=HASH_BLOCK_TOKENS,
+                          traffic_class=classify(structured=False, conversation=req.session is not None,
+                                                 prompt_tokens=len(prompt)))
         decision = self.router.decide(rr, self.router.views(), self.s.routing, self.affinity.get(req.session))
         self.router.record(req.request_id, rr, decision)
         if req.session is not None:
@@ -271,6 +283,7 @@ class FleetSim:
             s.first_s = s.last_s = self.now
             self.tracker.prefill_done(s.req.request_id)
         self.unfinished -= 1
+        self.router.observe(s.decision, s.ttft_s, s.tpot_s if s.tokens > 1 else None)
         self.tracker.finished(self.now, s.decision, HASH_BLOCK_TOKENS, s.prompt_tokens, s.cached_tokens, s.tokens)
         session = s.req.session
         if session is not None and self.s.chain_sessions:
@@ -307,6 +320,7 @@ class FleetSim:
             return
         del self.workers[w.worker_id]
         self.index.remove_worker(w.worker_id)
+        self.router.calibration.forget(w.worker_id)
         slot = int(w.worker_id.split("-")[1])
         self._push(self.now + self.s.switch_s, BACK, (self.switching[1], slot))
 
