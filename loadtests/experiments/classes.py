@@ -115,6 +115,14 @@ def _class_row(g: dict, bound: dict) -> dict:
             "hit_rate": g["cached_token_ratio"], "slo": bound}
 
 
+def _request_row(r) -> dict:
+    """One request of a run, for reading a tail back to its cause: when it came, what it asked, what it got."""
+    ms = lambda x: None if x is None else round(x * 1000, 1)  # noqa: E731
+    return {"class": r.traffic_class, "start_s": round(r.start_s, 3), "prompt_tokens": r.prompt_tokens,
+            "cached_tokens": r.cached_tokens, "output_tokens": r.output_tokens, "ttft_ms": ms(r.ttft_s),
+            "tpot_ms": ms(r.tpot_s), "itl_max_ms": ms(max(r.itl_s, default=None)), "error": r.error}
+
+
 def run_one(kind: str, workload: str, model: Path, s: Settings, src: TokenSource, encode, gaps: list[float],
             log_dir: Path | None = None) -> dict:
     requests = build(workload, src, s.num_requests, s.seed, s, gaps, kind)
@@ -140,7 +148,8 @@ def run_one(kind: str, workload: str, model: Path, s: Settings, src: TokenSource
             "ttft_p50_ms": summary["ttft_ms"]["p50"], "ttft_p99_ms": summary["ttft_ms"]["p99"],
             "tpot_p50_ms": summary["tpot_ms"]["p50"], "tpot_p99_ms": summary["tpot_ms"]["p99"],
             "itl_p50_ms": summary["itl_ms"]["p50"], "itl_p99_ms": summary["itl_ms"]["p99"],
-            "classes": {c: _class_row(g, s.slo.bound(c).describe()) for c, g in summary["by_class"].items()}}
+            "classes": {c: _class_row(g, s.slo.bound(c).describe()) for c, g in summary["by_class"].items()},
+            "requests": [_request_row(r) for r in records]}
 
 
 def run(s: Settings, log_dir: Path | None = None, progress=None) -> dict:
