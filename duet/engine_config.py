@@ -106,12 +106,18 @@ class PagedConfig:
     max_prefill_tokens_while_decoding: int | None = setting(
         None, "most prompt tokens a step prefills while any sequence decodes; decodes are scheduled first "
               "(default: 256 on a CPU, 512 on a GPU; 0: no cap beyond --max-num-batched-tokens)", type=int)
+    max_decode_step_stretch: float = setting(
+        0.0, "bound a decoding step's prefill in time instead: the prompt tokens whose measured cost keeps the step "
+             "within S x a decode-only step's time, at least 32, at most the cap above (0: off, the cap alone)",
+        type=float, metavar="S")
 
     def __post_init__(self) -> None:
         _check_choices(self)
         if self.max_prefill_tokens_while_decoding is not None and self.max_prefill_tokens_while_decoding < 0:
             raise ValueError(f"max_prefill_tokens_while_decoding={self.max_prefill_tokens_while_decoding}: "
                              "must be 0 (no cap) or more")
+        if self.max_decode_step_stretch and not self.max_decode_step_stretch > 1:
+            raise ValueError(f"max_decode_step_stretch={self.max_decode_step_stretch}: must be 0 (off) or above 1")
 
     def prefill_tokens_while_decoding(self, device_type: str) -> int:
         """The cap on a decoding step's prefill tokens on a `device_type` ("cpu", "cuda") device."""

@@ -92,6 +92,9 @@ class StepLoop:
         self.draining = False
         self.load: LoadStats = scheduler.load()  # replaced (not mutated) each step: safe to read anywhere
         self.rates = StepRates()  # written by the step thread; readers get a float, never a torn value
+        # a scheduler that budgets its steps in time (engine_paged's --max-decode-step-stretch) is told each
+        # step's duration: it reads no clock itself
+        self._observe_step = getattr(scheduler, "observe_step", None)
         self._step_began: float | None = None  # time.monotonic() when the running step began
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -252,7 +255,10 @@ class StepLoop:
             # admission control divides by), as a really slower build's would
             time.sleep(self._debug_delay_s)
         if result.ran_model:
-            self.rates.observe(time.monotonic() - t0, result.prefill_tokens, result.decode_tokens)
+            seconds = time.monotonic() - t0
+            self.rates.observe(seconds, result.prefill_tokens, result.decode_tokens)
+            if self._observe_step is not None:
+                self._observe_step(seconds, result.prefill_tokens, result.decode_tokens)
             if self.trace is not None:
                 self.trace.write(began_wall, time.monotonic() - t0, self.runner)
         # a request's `started` goes out before the tokens of the same step

@@ -13,7 +13,10 @@ Each step has a token budget (`max_num_batched_tokens`) and a sequence cap (`max
 In a step that decodes, 2 and 3 together add at most `max_prefill_tokens_while_decoding` tokens (as
 vLLM's chunked prefill bounds partial prefills), so a document's prefill makes each decode step only
 that much longer instead of a whole budget's worth; the oldest prefill still gets the cap every step,
-so it finishes in a bounded number of steps. A step with nothing to decode prefills the whole budget.
+so it finishes in a bounded number of steps. A step with nothing to decode prefills the whole budget. With
+`max_decode_step_stretch` the share is a time budget instead, from the worker's measured step costs
+(engine_paged.prefill_budget: the serving loop reports each step's duration through `observe_step`), the cap
+its ceiling.
 When a running sequence needs a page and none is free, the NEWEST running request is preempted:
 its pages are freed, its entries of this step are withdrawn, and it goes back to the waiting queue
 at its original place, to be recomputed from its prompt and the tokens it already produced (nothing
@@ -41,6 +44,7 @@ from engine_core.sampler import Sampler
 from engine_core.scheduler_protocol import SchedulerOutput
 from engine_paged.block_manager import BlockManager
 from engine_paged.postprocess import OutputProcessor
+from engine_paged.prefill_budget import PrefillBudget
 from engine_paged.sequence import GroupStatus, ScheduledSeq, Sequence, SequenceGroup
 
 
@@ -52,6 +56,7 @@ class PagedSchedulerConfig:
     max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs
     max_num_batched_tokens: int = ENGINE_DEFAULTS.max_num_batched_tokens
     max_prefill_tokens_while_decoding: int = PREFILL_TOKENS_WHILE_DECODING["cpu"]  # 0: no cap
+    max_decode_step_stretch: float = 0.0  # 0: the cap alone; S > 1: prefill within (S - 1) x a decode step's time
     priority: bool = False  # honour Request.priority (lower first)
 
 
@@ -67,6 +72,7 @@ class PagedScheduler:
         self.bm = block_manager
         self.sampler = sampler
         self.copy_pages = copy_pages
+        self.prefill_budget = PrefillBudget(config.max_prefill_tokens_while_decoding, config.max_decode_step_stretch)
         self.outputs = OutputProcessor(block_manager, sampler, config.eos_token_ids, config.max_model_len)
         self.waiting: list[SequenceGroup] = []  # sorted by group.order
         self.running: list[SequenceGroup] = []  # sorted by group.order: the last one is the newest
@@ -131,6 +137,11 @@ class PagedScheduler:
     def take_kv_events(self) -> list[KvEvent]:
         return self.bm.take_kv_events()
 
+    def observe_step(self, seconds: float, prefill_tokens: int, decode_tokens: int) -> None:
+        """How long a step that ran the model took (the serving loop's clock, or a simulator's): the time budget
+        of prefill beside decodes is measured from these."""
+        self.prefill_budget.observe(seconds, prefill_tokens, decode_tokens)
+
     def load(self) -> LoadStats:
         return LoadStats(len(self.running), len(self.waiting), self.bm.num_used_pages, self.bm.num_total_pages,
                          prefix_cache_queries_tokens=self.prompt_tokens_queried,
@@ -147,7 +158,7 @@ class PagedScheduler:
     def schedule(self) -> SchedulerOutput[ScheduledSeq] | None:
         batch = SchedulerOutput()
         budget, preempted = self._schedule_running(batch, self.config.max_num_batched_tokens, decode_pass=True)
-        cap = self.config.max_prefill_tokens_while_decoding
+        cap = self.prefill_budget.tokens_while_decoding()
         if batch.entries and cap:  # the decodes have their tokens; prefills share at most the cap
             budget = min(budget, cap)
         budget, preempted_for_prefill = self._schedule_running(batch, budget, decode_pass=False)

@@ -2,7 +2,8 @@
 shared worker (engine_core.worker). Automatic prefix caching is on unless `--no-enable-prefix-caching`; its KV
 events hash blocks of one page (GetInfo's hash_block_size). `--schedule-policy priority` admits by a request's
 `priority` (lower first, FCFS among equals); `fcfs` ignores it. `--max-prefill-tokens-while-decoding` caps the
-prompt tokens a step adds while sequences decode (engine_paged.scheduler).
+prompt tokens a step adds while sequences decode; `--max-decode-step-stretch` bounds them in time instead
+(engine_paged.scheduler, engine_paged.prefill_budget).
 
 ``build_engine(config)`` assembles the parts (tests and benchmarks call it in-process); ``main(config)`` is the CLI.
 """
@@ -42,6 +43,7 @@ def build_scheduler(config: PagedConfig, pool, sampler: Sampler, *, max_model_le
                                         max_num_batched_tokens=engine.max_num_batched_tokens,
                                         max_prefill_tokens_while_decoding=config.prefill_tokens_while_decoding(
                                             torch.device(pool.device).type),
+                                        max_decode_step_stretch=config.max_decode_step_stretch,
                                         priority=config.schedule_policy == "priority")
     return PagedScheduler(sched_config, block_manager, sampler, copy_pages or pool.copy_pages)
 

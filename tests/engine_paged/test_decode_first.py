@@ -1,11 +1,16 @@
 """Decode room first, then a capped share for prefills (engine_paged.scheduler, issue 46 item 4): a long prompt
 arriving among decoding requests adds at most `max_prefill_tokens_while_decoding` tokens to each of their steps,
-still finishes its prefill in a bounded number of steps, and the page accounting stays exact throughout."""
+still finishes its prefill in a bounded number of steps, and the page accounting stays exact throughout. With
+`--max-decode-step-stretch` the share is the prompt tokens whose measured cost fits the stretch (the durations are
+told to the scheduler, as the serving loop does, so these tests read no clock)."""
 
 from __future__ import annotations
 
+import pytest
+
 from engine_core.request import Request
 from engine_core.sampling_params import SamplingParams
+from engine_paged.prefill_budget import PrefillBudget
 from engine_paged.sequence import GroupStatus
 from tests.engine_paged.test_scheduler import CountingRunner, expected, make, req, run
 
@@ -121,3 +126,84 @@ def test_a_prefill_that_preempts_a_decoding_request_withdraws_its_entry():
     finish(sched, runner, tokens)
     assert tokens[("A", 0)] == expected(list(range(100, 130)), 2)
     assert tokens[("B", 0)] == expected([1, 2, 3], 30)
+
+
+# -- the time budget (--max-decode-step-stretch, engine_paged.prefill_budget) -----------------------------------
+def make_stretched(stretch, cap=BUDGET, floor=None):
+    sched = make(num_pages=256, page=4, budget=BUDGET, prefill_cap=cap)
+    sched.prefill_budget = PrefillBudget(cap, stretch, **({} if floor is None else {"floor": floor}))
+    return sched
+
+
+def teach(sched, decode_step_s=0.1, prefill_s_per_token=0.002, prefill_tokens=50):
+    """Durations as the serving loop reports them: decode-only steps, and steps that also prefilled."""
+    for _ in range(4):
+        sched.observe_step(decode_step_s, 0, 5)
+        sched.observe_step(decode_step_s + prefill_s_per_token * prefill_tokens, prefill_tokens, 5)
+
+
+def test_the_time_budget_is_the_prefill_whose_measured_cost_fits_the_stretch():
+    budget = PrefillBudget(cap=256, stretch=2.0, floor=4)
+    assert budget.tokens_while_decoding() == 256  # nothing measured yet: the cap
+    budget.observe(0.1, 0, 5)
+    assert budget.tokens_while_decoding() == 256  # a decode step but no prefill cost yet
+    budget.observe(0.1 + 0.002 * 100, 100, 5)  # 100 prompt tokens cost 0.2 s beyond a decode step
+    assert budget.decode_step_s == 0.1 and abs(budget.prefill_s_per_token - 0.002) < 1e-12
+    assert budget.tokens_while_decoding() == 50  # (2 - 1) x 0.1 s / 2 ms
+    assert PrefillBudget(256, 3.0, floor=4, window=4).tokens_while_decoding() == 256
+    slow = PrefillBudget(cap=256, stretch=1.5, floor=32)
+    slow.observe(0.05, 0, 1)
+    slow.observe(0.05 + 0.01 * 64, 64, 1)  # 10 ms a prompt token: 2.5 tokens fit, the floor gives 32
+    assert slow.tokens_while_decoding() == 32
+    fast = PrefillBudget(cap=256, stretch=4.0)
+    fast.observe(0.1, 0, 8)
+    fast.observe(0.1 + 1e-5 * 512, 512, 8)  # thousands would fit: the cap is the ceiling
+    assert fast.tokens_while_decoding() == 256
+    assert PrefillBudget(cap=64).tokens_while_decoding() == 64  # stretch off: the cap alone, measured or not
+    for bad in ({"cap": -1}, {"cap": 8, "stretch": 1.0}, {"cap": 8, "stretch": 2.0, "floor": 0}):
+        with pytest.raises(ValueError):
+            PrefillBudget(**bad)
+
+
+def test_a_stretched_schedule_gives_a_prefill_the_tokens_its_time_budget_allows():
+    """Five requests decode; a long prompt arrives. With decode steps of 0.1 s and 2 ms a prompt token, stretch 1.5
+    lets each decoding step add 25 prompt tokens, and every decode still gets its token each step."""
+    sched, runner = make_stretched(1.5, floor=4), CountingRunner()
+    teach(sched)
+    shorts = [f"s{i}" for i in range(5)]
+    for i, rid in enumerate(shorts):
+        sched.add(req(rid, [10 + i, 20 + i], 80, arrival=i))
+    tokens = {}
+    step(sched, runner, tokens)
+    long_prompt = list(range(1, 201))
+    sched.add(req("doc", long_prompt, 3, arrival=10))
+    chunks = []
+    while sched.groups["doc"].seqs[0].num_computed < len(long_prompt):
+        decodes, prefill = step(sched, runner, tokens)
+        assert decodes == set(shorts), "a decoding request lost its token to the prefill"
+        chunks.append(prefill)
+    assert chunks == [25] * 8, chunks
+    finish(sched, runner, tokens)
+    assert tokens[("doc", 0)] == expected(long_prompt, 3)
+    for i, rid in enumerate(shorts):
+        assert tokens[(rid, 0)] == expected([10 + i, 20 + i], 80), rid
+
+
+def test_a_stretched_schedule_follows_the_costs_it_is_told_and_leaves_idle_steps_whole():
+    """Costlier prompt tokens, fewer of them beside decodes; nothing decoding, the whole step budget."""
+    sched, runner = make_stretched(2.0, floor=4), CountingRunner()
+    sched.add(req("doc", list(range(1, 201)), 2, arrival=0))
+    _, prefill = step(sched, runner, {})
+    assert prefill == BUDGET  # nobody decodes: the whole budget, whatever the costs
+    sched = make_stretched(2.0, floor=4)
+    teach(sched, decode_step_s=0.1, prefill_s_per_token=0.01)  # 10 tokens fit in one more decode step's time
+    sched.add(req("chat", [5, 6], 40, arrival=0))
+    step(sched, runner, {})
+    sched.add(req("doc", list(range(1, 201)), 2, arrival=1))
+    decodes, prefill = step(sched, runner, {})
+    assert decodes == {"chat"} and prefill == 10
+    sched.observe_step(0.1, 0, 1)  # the worker speeds up: cheaper prompt tokens measured, more fit
+    for _ in range(32):
+        sched.observe_step(0.1 + 0.004 * 10, 10, 1)
+    decodes, prefill = step(sched, runner, {})
+    assert decodes == {"chat"} and prefill == 25

@@ -215,3 +215,92 @@ def test_the_cache_replay_runs_at_the_page_size_asked_for(capsys):
     assert result["page_size"] == 32 and result["num_requests"] == 40
     assert main(["classes", "--cache-replay", "--quick", "--page-size", "0"]) == 2
     assert "--page-size must be >= 1" in capsys.readouterr().err
+
+
+# -- real vLLM as one more side (--kinds ...,vllm): everything but vLLM itself, which the vLLM tier covers --------
+def test_the_vllm_side_is_asked_for_by_kind_and_configured_by_flag():
+    from loadtests.stack.vllm_server import CONFIGS as VLLM_SERVER_CONFIGS
+
+    assert classes.VLLM_CONFIGS == tuple(VLLM_SERVER_CONFIGS)  # the CLI's list, kept without importing vLLM's module
+    p = build_parser()
+    s = classes_settings(p.parse_args(["classes", "--kinds", "paged,vllm", "--workloads", "mixed", "--vllm-config",
+                                       "vllm_bf16", "--engine-args", "vllm=--enforce-eager",
+                                       "--engine-args", "paged=--max-decode-step-stretch 3"]))
+    assert s.kinds == ("paged", "vllm") and s.vllm_config == "vllm_bf16"
+    assert s.engine_args == (("vllm", "--enforce-eager"), ("paged", "--max-decode-step-stretch 3"))
+    assert classes_settings(p.parse_args(["classes", "--kinds", "vllm"])).vllm_config == "vllm"  # one core computing
+    with pytest.raises(ValueError, match="--vllm-config 'vllm_fast'"):
+        classes_settings(p.parse_args(["classes", "--kinds", "vllm", "--vllm-config", "vllm_fast"]))
+    with pytest.raises(ValueError, match="unknown kinds or workloads \\['sglang'\\]"):
+        classes_settings(p.parse_args(["classes", "--kinds", "paged,sglang"]))
+
+
+def test_vllm_gets_engine_pageds_mixed_load_request_for_request(src, gaps):
+    assert classes.servable("vllm") == classes.servable("paged")
+    s = classes.Settings()
+    vllm = classes.build("mixed", src, 24, 0, s, gaps, kind="vllm")
+    paged = classes.build("mixed", src, 24, 0, s, gaps, kind="paged")
+    assert vllm == paged and "structured" not in {r.traffic_class for r in vllm}
+
+
+def test_vllms_counters_and_kv_budget_in_its_own_units():
+    text = ("# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.\n"
+            "# TYPE vllm:num_preemptions_total counter\n"
+            'vllm:num_preemptions_total{engine="0",model_name="m"} 3.0\n'
+            'vllm:num_preemptions_total{engine="1",model_name="m"} 2.0\n'
+            'vllm:num_requests_running{engine="0",model_name="m"} 7.0\n')
+    assert classes.vllm_preemptions(text) == 5
+    with pytest.raises(ValueError, match="no vllm:num_preemptions"):
+        classes.vllm_preemptions("vllm:num_requests_running 1.0\n")
+    from duet.model_dir import read_model_dir
+
+    c = read_model_dir(model_dir()).config
+    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4  # fp32 K and V of every layer
+    assert classes.vllm_kv_cache_gib(model_dir(), 8192) == 1  # a fraction of a GiB: vLLM's unit is a whole one
+    one_gib_and_a_token = 2**30 // per_token + 1
+    assert classes.vllm_kv_cache_gib(model_dir(), one_gib_and_a_token) == 2  # rounded up, never below the ask
+
+
+@pytest.mark.timeout(300)
+def test_a_vllm_side_reports_like_a_kind_without_the_counters_it_lacks(tmp_path, monkeypatch):
+    """The vllm side's run has every figure a kind's has, its config and cores, and no reused-page evictions;
+    a sim behind a gateway stands in for vLLM's server (the vLLM tier runs the real one)."""
+    sims = start_sims([Sim("paged", ms_per_token=1.0)], tmp_path)
+    gw = GatewayThread(gateway_config(sims)).start()
+
+    class FakeVllm:
+        def __init__(self, model, s, log_dir, extra):
+            assert extra == ("--enforce-eager",) and s.vllm_config == "vllm"
+
+        def __enter__(self):
+            self.url = gw.url
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def counters(self):
+            return {"num_preemptions": 4, "reused_pages_evicted": None}
+
+        def describe(self):
+            return {"vllm_config": "vllm", "vllm_reserved_cpus": [1]}
+
+    monkeypatch.setattr(classes, "_VllmSide", FakeVllm)
+    s = classes.Settings(model=str(model_dir()), kinds=("vllm",), workloads=("structured", "multi_turn"),
+                         num_requests=4, calib_requests=2, sizes=classes.QUICK.sizes,
+                         engine_args=(("vllm", "--enforce-eager"),))
+    try:
+        result = classes.run(s, tmp_path)
+    finally:
+        gw.stop()
+        for sim in sims:
+            sim.kill()
+    assert result["vllm_config"] == "vllm"
+    assert result["runs"]["vllm"]["structured"]["unsupported"]
+    r = result["runs"]["vllm"]["multi_turn"]
+    assert r["num_errors"] == 0 and r["capacity_rps"] > 0 and r["num_good"] == 4
+    assert (r["vllm_config"], r["vllm_reserved_cpus"]) == ("vllm", [1])
+    assert (r["num_preemptions"], r["reused_pages_evicted"]) == (0, None)  # after minus before; none reported
+    assert r["classes"]["multi_turn"]["tpot_p50_ms"] > 0 and len(r["requests"]) == 4
+    assert all(q["class"] == "multi_turn" and q["output_tokens"] > 0 and q["tpot_ms"] for q in r["requests"])
+    assert "| vllm | multi_turn | multi_turn |" in classes.format_table(result)

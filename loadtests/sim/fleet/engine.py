@@ -173,6 +173,9 @@ class SimEngine:
         result = self.core.step()
         seconds = self.runner.last_step_s if result.ran_model else 0.0
         self.rates.observe(seconds, result.prefill_tokens, result.decode_tokens)
+        observe = getattr(self.core.scheduler, "observe_step", None)
+        if observe is not None and result.ran_model:  # as the serving loop tells a real worker its step times
+            observe(seconds, result.prefill_tokens, result.decode_tokens)
         if self.step_log is not None and result.ran_model:
             self.step_log.append((result.prefill_tokens, result.decode_tokens, self.core.scheduler.load().num_preemptions))
         return result, seconds
