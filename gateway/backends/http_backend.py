@@ -50,7 +50,6 @@ from collections.abc import AsyncIterator
 from urllib.parse import urlencode
 
 import aiohttp
-
 from yarl import URL
 
 from duet.rpc import engine_pb2 as pb
