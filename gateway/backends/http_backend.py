@@ -22,15 +22,17 @@ circuit breaker and gateway/serving/generation.py treat it like one of Duet's gR
 
 A stream is a task pumping SSE chunks into a queue, so `cancel()` (a client gone, a stop string, the
 watchdog) is synchronous, as the interface wants: it ends the pump, which closes the HTTP response (and its
-connection: the backend sees the client go), and a pending read raises CancelledError, as a cancelled gRPC call does.
+connection: the backend sees the client go), and a pending read raises CancelledError, as a cancelled gRPC call
+does.
 
 The HTTP client is aiohttp's, not httpx's (which the CLI and the tests keep): in front of the same fake vLLM
 servers, its reads of a stream and its polls cost the gateway a fraction of httpx's CPU per request
-(docs/benchmarks.md, the gateway's CPU per request). Its session is made at the
-first request (aiohttp wants a running event loop) and closed by `close()`. Timeouts as before: `request_timeout_s`
-bounds each wait for the backend's next bytes (httpx's read timeout, aiohttp's `sock_read`), a connection is given
-5 s, and a poll (`rpc_timeout_s` or the caller's) the whole of its exchange. Connections are kept alive for reuse,
-without a limit on how many are open. Proxy variables (HTTP_PROXY...) are not read: backends are reached directly.
+(docs/benchmarks.md, the gateway's CPU per request). Its session is made at the first request (aiohttp wants a
+running event loop) and closed by `close()`. Timeouts: `request_timeout_s` (`timeouts.request_s`) bounds a whole
+request, stream included, and each wait for the backend's next bytes (httpx's read timeout, all it bounded
+before); a connection is given 5 s; a poll (`rpc_timeout_s` or the caller's) the whole of its exchange.
+Connections are kept alive for reuse, with no limit on how many are open. Proxy variables (HTTP_PROXY...) are not
+read: backends are reached directly.
 
 CPU per request (profiled over HTTP backends, docs/benchmarks.md): each stream is read to the end of its body
 after `[DONE]`, so its connection goes back to the pool (a response closed unread closes its connection, and
@@ -164,7 +166,8 @@ class HttpBackendClient:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0),  # no cap on open connections; idle ones kept for reuse
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=self.request_timeout_s),
+                timeout=aiohttp.ClientTimeout(total=self.request_timeout_s, sock_connect=5.0,
+                                              sock_read=self.request_timeout_s),
                 json_serialize=_compact_json)
         return self._session
 

@@ -14,7 +14,7 @@ async def stub_backend(handler: Callable[[web.Request], Awaitable[web.StreamResp
     """The stub's base URL while the block runs; the server is stopped after it."""
     app = web.Application()
     app.router.add_route("*", "/{path:.*}", handler)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)  # a handler still waiting is cut off
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
