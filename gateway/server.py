@@ -1,8 +1,8 @@
 """`duet gateway --config FILE`: load the config, build the app, serve it with uvicorn.
 
 Logging (`--log-level`, INFO by default) keeps INFO for changes: the worker pool's polls are silent there
-(gateway/backends/fleet.py logs what changes; the HTTP backends' client, aiohttp, logs no line per request
-sent), and the gateway's own access lines are off.
+(gateway/backends/fleet.py logs what changes; each request to an HTTP backend, its polls included, is a DEBUG
+line: gateway/backends/http_backend.py), and the gateway's own access lines are off.
 """
 
 from __future__ import annotations

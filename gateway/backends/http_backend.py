@@ -32,7 +32,7 @@ running event loop) and closed by `close()`. Timeouts: `request_timeout_s` (`tim
 request, stream included, and each wait for the backend's next bytes (httpx's read timeout, all it bounded
 before); a connection is given 5 s; a poll (`rpc_timeout_s` or the caller's) the whole of its exchange.
 Connections are kept alive for reuse, with no limit on how many are open. Proxy variables (HTTP_PROXY...) are not
-read: backends are reached directly.
+read: backends are reached directly. Each request sent is logged at DEBUG (the polls: several a second).
 
 CPU per request (profiled over HTTP backends, docs/benchmarks.md): each stream is read to the end of its body
 after `[DONE]`, so its connection goes back to the pool (a response closed unread closes its connection, and
@@ -192,6 +192,7 @@ class HttpBackendClient:
         reader = ChunkReader(len(request.prompt_token_ids), top, encode)
         try:
             async with self._http.post(self._url(path), json=body) as resp:
+                log.debug("POST %s: HTTP %d", resp.url, resp.status)
                 if resp.status != 200:
                     text = (await resp.read()).decode(errors="replace")[:500]
                     bad = 400 <= resp.status < 500 and resp.status not in (408, 429)
@@ -230,6 +231,7 @@ class HttpBackendClient:
                                        json={"request_ids": [f"generate-tokens-{request_id}"]},
                                        timeout=self._timeout(None)) as r:
                 await r.read()  # read to its end: the connection stays open for reuse
+                log.debug("POST %s: HTTP %d", r.url, r.status)
                 return r.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
@@ -240,6 +242,7 @@ class HttpBackendClient:
         try:
             async with self._http.get(self._url(path), timeout=self._timeout(timeout)) as r:
                 body = await r.read()
+            log.debug("GET %s: HTTP %d", r.url, r.status)  # each poll, with --log-level debug only
         except (aiohttp.ClientError, TimeoutError) as e:
             raise EngineCallError(self.worker_id, "UNAVAILABLE", f"GET {path}: {_failure(e)}", True) from None
         if r.status != 200:
@@ -276,6 +279,7 @@ class HttpBackendClient:
             try:
                 async with self._http.post(self._url(path), json=body, timeout=self._timeout(timeout)) as r:
                     status, answer = r.status, await r.read()
+                log.debug("POST %s: HTTP %d", r.url, status)
             except (aiohttp.ClientError, TimeoutError) as e:
                 raise EngineCallError(self.worker_id, "UNAVAILABLE", f"POST {path}: {_failure(e)}", True) from None
             if status != 404:
