@@ -1,8 +1,8 @@
 """`duet gateway --config FILE`: load the config, build the app, serve it with uvicorn.
 
 Logging (`--log-level`, INFO by default) keeps INFO for changes: the worker pool's polls are silent there
-(gateway/backends/fleet.py logs what changes), and the lines httpx writes for every request it sends (each HTTP
-backend's health, load and info polls, several a second) are DEBUG, as the gateway's own access lines are off.
+(gateway/backends/fleet.py logs what changes; each request to an HTTP backend, its polls included, is a DEBUG
+line: gateway/backends/http_backend.py), and the gateway's own access lines are off.
 """
 
 from __future__ import annotations
@@ -36,24 +36,8 @@ def setup_tracing(enabled: bool):
     return provider
 
 
-class _AtDebug(logging.Filter):
-    """A logger's INFO lines demoted to DEBUG: shown only when that logger is enabled for DEBUG."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno != logging.INFO:
-            return True
-        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
-
-
 def setup_logging(level: str = "info") -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    httpx_log = logging.getLogger("httpx")
-    httpx_log.addFilter(_AtDebug())  # one line per request sent: polls (module doc)
-    if not logging.getLogger().isEnabledFor(logging.DEBUG):
-        # not even made: a record for each request sent and each stream opened cost the event loop more than
-        # the filter dropping it (profiled over HTTP backends)
-        httpx_log.setLevel(logging.WARNING)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -21,15 +21,24 @@ circuit breaker and gateway/serving/generation.py treat it like one of Duet's gR
     watch_kv_events the backend's ZMQ publisher, rehashed (kv_events_sub.py); UNIMPLEMENTED without one
 
 A stream is a task pumping SSE chunks into a queue, so `cancel()` (a client gone, a stop string, the
-watchdog) is synchronous, as the interface wants: it ends the pump, which closes the HTTP response,
-and a pending read raises CancelledError, as a cancelled gRPC call does.
+watchdog) is synchronous, as the interface wants: it ends the pump, which closes the HTTP response (and its
+connection: the backend sees the client go), and a pending read raises CancelledError, as a cancelled gRPC call
+does.
+
+The HTTP client is aiohttp's, not httpx's (which the CLI and the tests keep): in front of the same fake vLLM
+servers, its reads of a stream and its polls cost the gateway a fraction of httpx's CPU per request
+(docs/benchmarks.md, the gateway's CPU per request). Its session is made at the first request (aiohttp wants a
+running event loop) and closed by `close()`. Timeouts: `request_timeout_s` (`timeouts.request_s`) bounds a whole
+request, stream included, and each wait for the backend's next bytes (httpx's read timeout, all it bounded
+before); a connection is given 5 s; a poll (`rpc_timeout_s` or the caller's) the whole of its exchange.
+Connections are kept alive for reuse, with no limit on how many are open. Proxy variables (HTTP_PROXY...) are not
+read: backends are reached directly. Each request sent is logged at DEBUG (the polls: several a second).
 
 CPU per request (profiled over HTTP backends, docs/benchmarks.md): each stream is read to the end of its body
 after `[DONE]`, so its connection goes back to the pool (a response closed unread closes its connection, and
-every request paid a new one), httpx's per-request log records are not made at all (gateway/server.py), a
-backend that keeps answering is asked GET /health every 10 s, not every poll, and a quiet one /metrics every 5 s:
-each GET through httpx costs about a millisecond of CPU (as much as a request's own relay), and the polls were
-most of the gateway's CPU at a steady low rate.
+every request paid a new one), a backend that keeps answering is asked GET /health every 10 s, not every poll,
+and a quiet one /metrics every 5 s: each GET through httpx cost about a millisecond of CPU (as much as a request's
+own relay), and the polls were most of the gateway's CPU at a steady low rate.
 """
 
 from __future__ import annotations
@@ -42,7 +51,8 @@ import time
 from collections.abc import AsyncIterator
 from urllib.parse import urlencode
 
-import httpx
+import aiohttp
+from yarl import URL
 
 from duet.rpc import engine_pb2 as pb
 from duet.sse import SseReader
@@ -126,8 +136,8 @@ class HttpBackendClient:
         self.streamed_since_poll = False  # a stream started since the last GET /metrics
         self._load: pb.EngineLoad | None = None  # what the last GET /metrics read
         self._polled_at = -math.inf  # time.monotonic() of that GET
-        self._http = httpx.AsyncClient(base_url=spec.url, timeout=httpx.Timeout(request_timeout_s, connect=5.0),
-                                       limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        self.request_timeout_s = request_timeout_s
+        self._session: aiohttp.ClientSession | None = None  # made at the first request (`_http`)
         self.served_name: str | None = None  # the backend's name for the model
         self.model = None  # the gateway's ServedModel it serves
         self.rehasher: KvRehasher | None = None
@@ -140,16 +150,30 @@ class HttpBackendClient:
         # about a kilobyte instead of tens; a server that ignores it (vLLM 0.32: backend_load.py) sends it all
         self._metrics_path = "/metrics?" + urlencode([("name[]", n) for n in metric_names(spec.engine)])
         self._rates = BusyRates()  # its prefill and decode rates, from its counters' deltas between polls
-        self._urls: dict[str, httpx.URL] = {}  # path -> the absolute URL (`_url`)
+        self._urls: dict[str, URL] = {}  # path -> the absolute URL (`_url`)
 
-    def _url(self, path: str) -> httpx.URL:
-        """The backend's URL of `path`, parsed once: httpx parses a str URL (joined to its base_url) at every request,
-        character by character in Python; for the /metrics query's thirteen `name[]` that was 0.13 of the 1.9 ms of
-        CPU a GET /metrics cost (docs/benchmarks.md, the gateway's CPU per request)."""
+    def _url(self, path: str) -> URL:
+        """The backend's URL of `path`, parsed once: a str URL would be parsed again at every request (for httpx
+        that was 0.13 of the 1.86 ms of CPU a GET /metrics cost: docs/benchmarks.md)."""
         url = self._urls.get(path)
         if url is None:
-            url = self._urls[path] = httpx.URL(self.spec.url.rstrip("/") + path)
+            url = self._urls[path] = URL(self.spec.url.rstrip("/") + path, encoded=True)
         return url
+
+    @property
+    def _http(self) -> aiohttp.ClientSession:
+        """The session to the backend, made at its first use: aiohttp binds it to the running event loop."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0),  # no cap on open connections; idle ones kept for reuse
+                timeout=aiohttp.ClientTimeout(total=self.request_timeout_s, sock_connect=5.0,
+                                              sock_read=self.request_timeout_s),
+                json_serialize=_compact_json)
+        return self._session
+
+    def _timeout(self, timeout: float | None) -> aiohttp.ClientTimeout:
+        """A poll's timeout: its whole exchange, connecting included."""
+        return aiohttp.ClientTimeout(total=timeout or self.rpc_timeout_s)
 
     # -- generation -------------------------------------------------------------------------
     def generate(self, request: pb.GenerateRequest, metadata: tuple = ()) -> _HttpStream:
@@ -167,15 +191,16 @@ class HttpBackendClient:
         top = request.sampling.logprobs if request.sampling.HasField("logprobs") else 0
         reader = ChunkReader(len(request.prompt_token_ids), top, encode)
         try:
-            async with self._http.stream("POST", self._url(path), json=body) as resp:
-                if resp.status_code != 200:
-                    text = (await resp.aread()).decode(errors="replace")[:500]
-                    bad = 400 <= resp.status_code < 500 and resp.status_code not in (408, 429)
-                    code = "INVALID_ARGUMENT" if bad else "RESOURCE_EXHAUSTED" if resp.status_code == 429 \
+            async with self._http.post(self._url(path), json=body) as resp:
+                log.debug("POST %s: HTTP %d", resp.url, resp.status)
+                if resp.status != 200:
+                    text = (await resp.read()).decode(errors="replace")[:500]
+                    bad = 400 <= resp.status < 500 and resp.status not in (408, 429)
+                    code = "INVALID_ARGUMENT" if bad else "RESOURCE_EXHAUSTED" if resp.status == 429 \
                         else "UNAVAILABLE"
-                    raise EngineCallError(self.worker_id, code, f"HTTP {resp.status_code}: {text}", not bad)
-                body = resp.aiter_bytes()
-                events = SseReader.from_bytes(body)  # the raw reads, not aiter_lines(): duet/sse.py
+                    raise EngineCallError(self.worker_id, code, f"HTTP {resp.status}: {text}", not bad)
+                body = resp.content.iter_any()  # each read as it comes
+                events = SseReader.from_bytes(body)  # the raw reads, split into lines once: duet/sse.py
                 async for data in events:
                     for msg in reader.push(json.loads(data)):
                         yield msg
@@ -187,8 +212,8 @@ class HttpBackendClient:
                 self.answered_at = time.monotonic()
         except WireError as e:
             raise EngineCallError(self.worker_id, "INTERNAL", str(e), e.retryable) from None
-        except (httpx.HTTPError, json.JSONDecodeError) as e:
-            raise EngineCallError(self.worker_id, "UNAVAILABLE", f"{type(e).__name__}: {e}", True) from None
+        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as e:
+            raise EngineCallError(self.worker_id, "UNAVAILABLE", _failure(e), True) from None
         for msg in reader.finish():
             yield msg
 
@@ -202,26 +227,33 @@ class HttpBackendClient:
             return False  # closing the stream is the abort
         try:
             # vLLM names the request "generate-tokens-<the id it was sent>" (its serving layer adds the prefix)
-            r = await self._http.post("/inference/v1/abort_requests",
-                                      json={"request_ids": [f"generate-tokens-{request_id}"]},
-                                      timeout=self.rpc_timeout_s)
-        except httpx.HTTPError:
+            async with self._http.post(self._url("/inference/v1/abort_requests"),
+                                       json={"request_ids": [f"generate-tokens-{request_id}"]},
+                                       timeout=self._timeout(None)) as r:
+                await r.read()  # read to its end: the connection stays open for reuse
+                log.debug("POST %s: HTTP %d", r.url, r.status)
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
             return False
-        return r.status_code == 200
 
     # -- control ----------------------------------------------------------------------------
-    async def _get(self, path: str, timeout: float | None) -> httpx.Response:
+    async def _get(self, path: str, timeout: float | None) -> bytes:
+        """The body of GET `path`; anything but an HTTP 200 is UNAVAILABLE."""
         try:
-            r = await self._http.get(self._url(path), timeout=timeout or self.rpc_timeout_s)
-        except httpx.HTTPError as e:
-            raise EngineCallError(self.worker_id, "UNAVAILABLE", f"GET {path}: {type(e).__name__}: {e}", True) \
-                from None
-        if r.status_code != 200:
-            raise EngineCallError(self.worker_id, "UNAVAILABLE", f"GET {path}: HTTP {r.status_code}", True)
-        return r
+            async with self._http.get(self._url(path), timeout=self._timeout(timeout)) as r:
+                body = await r.read()
+            log.debug("GET %s: HTTP %d", r.url, r.status)  # each poll, with --log-level debug only
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise EngineCallError(self.worker_id, "UNAVAILABLE", f"GET {path}: {_failure(e)}", True) from None
+        if r.status != 200:
+            raise EngineCallError(self.worker_id, "UNAVAILABLE", f"GET {path}: HTTP {r.status}", True)
+        return body
 
     async def get_info(self, timeout: float | None = None) -> pb.EngineInfo:
-        listed = (await self._get("/v1/models", timeout)).json().get("data") or []
+        try:
+            listed = json.loads(await self._get("/v1/models", timeout)).get("data") or []
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            raise EngineCallError(self.worker_id, "UNAVAILABLE", f"GET /v1/models: {_failure(e)}", True) from None
         names = [m.get("id") for m in listed]
         model_id = next((n for n in names if n in self.models), None)
         if model_id is None and len(self.models) == 1 and listed:
@@ -245,15 +277,17 @@ class HttpBackendClient:
         body = {"model": self.served_name, "prompt": PROBE, "add_special_tokens": False}
         for path in ("/tokenize", "/v1/tokenize"):  # vLLM's, then the OpenAI-prefixed one other servers have
             try:
-                r = await self._http.post(path, json=body, timeout=timeout or self.rpc_timeout_s)
-            except httpx.HTTPError as e:
-                raise EngineCallError(self.worker_id, "UNAVAILABLE", f"POST {path}: {e}", True) from None
-            if r.status_code != 404:
+                async with self._http.post(self._url(path), json=body, timeout=self._timeout(timeout)) as r:
+                    status, answer = r.status, await r.read()
+                log.debug("POST %s: HTTP %d", r.url, status)
+            except (aiohttp.ClientError, TimeoutError) as e:
+                raise EngineCallError(self.worker_id, "UNAVAILABLE", f"POST {path}: {_failure(e)}", True) from None
+            if status != 404:
                 break
-        if r.status_code != 200:
-            raise self._refuse(f"backend {self.worker_id} cannot tokenize (POST /tokenize: HTTP {r.status_code}); "
+        if status != 200:
+            raise self._refuse(f"backend {self.worker_id} cannot tokenize (POST /tokenize: HTTP {status}); "
                                f"the gateway needs it to check the backend's tokenizer is its own")
-        theirs = r.json().get("tokens")
+        theirs = json.loads(answer).get("tokens")
         if theirs != ours:
             raise self._refuse(f"backend {self.worker_id} tokenizes differently from the gateway's model "
                                f"{self.model.model_id}: probe {PROBE!r} -> backend {theirs}, gateway {ours}; "
@@ -276,7 +310,8 @@ class HttpBackendClient:
         if self.quiet(now):
             return self._load
         self.streamed_since_poll = False  # before the GET: a stream that starts while it waits is seen next poll
-        load = engine_load((await self._get(self._metrics_path, timeout)).text, self.spec.engine, self._rates)
+        page = (await self._get(self._metrics_path, timeout)).decode("utf-8", "replace")
+        load = engine_load(page, self.spec.engine, self._rates)
         self._load, self._polled_at = load, now
         self.answered_at = time.monotonic()
         return load
@@ -313,7 +348,18 @@ class HttpBackendClient:
     async def close(self) -> None:
         for t in list(self._tasks):
             t.cancel()
-        await self._http.aclose()
+        if self._session is not None:
+            await self._session.close()
+
+
+def _compact_json(value) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _failure(e: BaseException) -> str:
+    """An error's name and text; aiohttp's timeouts say nothing of themselves."""
+    text = str(e) or ("timed out" if isinstance(e, TimeoutError) else "")
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def with_backends(factory, backends: tuple[BackendSpec, ...], models: dict, hash_block_size: int, timeouts=None,

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
+from aiohttp import web
 
 from gateway.backends.backend_load import NAMES, BusyRates, engine_load
 from gateway.backends.backend_spec import BackendSpec
 from gateway.backends.http_backend import HttpBackendClient
+from tests.support.backend_stub import stub_backend
 
 
 def page(prefill_tokens: float, prefill_s: float, itl_s: float, itl_n: float, steps: float) -> str:
@@ -86,18 +87,18 @@ def test_the_http_backend_polls_carry_the_rates_and_ask_for_their_series():
     pages = iter([FIRST, SECOND, SECOND])
     asked: list[list[str]] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        assert request.url.path == "/metrics"
-        asked.append(request.url.params.get_list("name[]"))
-        return httpx.Response(200, text=next(pages))
+    async def handler(request: web.Request) -> web.Response:
+        assert request.path == "/metrics"
+        asked.append(request.query.getall("name[]", []))
+        return web.Response(text=next(pages))
 
     async def run() -> list:
-        client = HttpBackendClient(BackendSpec(engine="vllm", url="http://backend", kind="paged"), {}, 16)
-        client._http = httpx.AsyncClient(base_url="http://backend", transport=httpx.MockTransport(handler))
-        try:
-            return [await client.get_load() for _ in range(3)]
-        finally:
-            await client.close()
+        async with stub_backend(handler) as url:
+            client = HttpBackendClient(BackendSpec(engine="vllm", url=url, kind="paged"), {}, 16)
+            try:
+                return [await client.get_load() for _ in range(3)]
+            finally:
+                await client.close()
 
     loads = asyncio.run(run())
     assert [(round(x.prefill_tokens_per_s), round(x.decode_tokens_per_s)) for x in loads] == [

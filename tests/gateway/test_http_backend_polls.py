@@ -8,9 +8,9 @@ import asyncio
 import json
 import socket
 
-import httpx
 import pytest
 import uvicorn
+from aiohttp import web
 from starlette.applications import Starlette
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
@@ -20,6 +20,7 @@ from gateway.backends.backend_load import NAMES
 from gateway.backends.backend_spec import BackendSpec
 from gateway.backends.engine_client import EngineCallError
 from gateway.backends.http_backend import HttpBackendClient
+from tests.support.backend_stub import stub_backend
 
 
 def _request(i: int) -> pb.GenerateRequest:
@@ -75,20 +76,22 @@ def test_health_is_asked_every_health_every_s_while_the_backend_answers_and_at_o
     asked: list[str] = []
     fail = {"generate": False}
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        asked.append(request.url.path)
-        if request.url.path == "/metrics":
-            names = request.url.params.get_list("name[]")
+    async def handler(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        if request.path == "/metrics":
+            names = request.query.getall("name[]", [])
             assert sorted(names) == sorted(NAMES["vllm"].values())  # only the series the load reads
-            return httpx.Response(200, text="vllm:num_requests_running 2\n")
-        if request.url.path == "/inference/v1/generate":
-            return httpx.Response(500 if fail["generate"] else 200, text="data: [DONE]\n\n")
-        return httpx.Response(200)
+            return web.Response(text="vllm:num_requests_running 2\n")
+        if request.path == "/inference/v1/generate":
+            return web.Response(status=500 if fail["generate"] else 200, text="data: [DONE]\n\n")
+        return web.Response()
 
     async def run() -> None:
-        client = HttpBackendClient(BackendSpec(engine="vllm", url="http://backend", kind="paged"), {}, 16,
-                                   health_every_s=10.0)
-        client._http = httpx.AsyncClient(base_url="http://backend", transport=httpx.MockTransport(handler))
+        async with stub_backend(handler) as url:
+            await check(HttpBackendClient(BackendSpec(engine="vllm", url=url, kind="paged"), {}, 16,
+                                          health_every_s=10.0))
+
+    async def check(client: HttpBackendClient) -> None:
 
         async def poll() -> None:  # what gateway/backends/fleet.py does each poll
             if await client.check_health():
@@ -118,19 +121,20 @@ def test_a_quiet_backend_is_polled_every_idle_poll_s_and_every_poll_while_it_has
     running = {"n": 0}
     release = asyncio.Event()
 
-    async def handler(request: httpx.Request) -> httpx.Response:
-        asked.append(request.url.path)
-        if request.url.path == "/metrics":
-            return httpx.Response(200, text=f"vllm:num_requests_running {running['n']}\n")
-        if request.url.path == "/inference/v1/generate":
+    async def handler(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        if request.path == "/metrics":
+            return web.Response(text=f"vllm:num_requests_running {running['n']}\n")
+        if request.path == "/inference/v1/generate":
             await release.wait()
-            return httpx.Response(200, text="data: [DONE]\n\n")
-        return httpx.Response(200)
+            return web.Response(text="data: [DONE]\n\n")
+        return web.Response()
 
     async def run() -> None:
-        client = HttpBackendClient(BackendSpec(engine="vllm", url="http://backend", kind="paged"), {}, 16,
-                                   idle_poll_s=5.0)
-        client._http = httpx.AsyncClient(base_url="http://backend", transport=httpx.MockTransport(handler))
+        async with stub_backend(handler) as url:
+            await check(HttpBackendClient(BackendSpec(engine="vllm", url=url, kind="paged"), {}, 16, idle_poll_s=5.0))
+
+    async def check(client: HttpBackendClient) -> None:
 
         async def poll() -> int:  # what gateway/backends/fleet.py does each poll
             assert await client.check_health()
@@ -167,5 +171,46 @@ def test_a_quiet_backend_is_polled_every_idle_poll_s_and_every_poll_while_it_has
         assert await poll() == 2  # busy: asked every poll
         assert asked == ["/metrics", "/metrics"]
         await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_cancelled_stream_closes_its_backend_request():
+    # a client gone mid-answer: the backend must see its request closed (and stop generating), not stream on
+    sent: list[int] = []
+    closed: list[str] = []  # what the backend's handler saw end it
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            for i in range(500):  # 10 s of tokens: far past the test's end unless the request is closed
+                chunk = {"choices": [{"index": 0, "token_ids": [i], "finish_reason": None}]}
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                sent.append(i)
+                await asyncio.sleep(0.02)
+        except (ConnectionResetError, asyncio.CancelledError) as e:
+            closed.append(type(e).__name__)
+            raise
+        return resp
+
+    async def run() -> None:
+        async with stub_backend(handler) as url:
+            client = HttpBackendClient(BackendSpec(engine="vllm", url=url, kind="paged"), {}, 16)
+            request = _request(1)
+            request.sampling.max_tokens = 500
+            stream = client.generate(request)
+            assert [t for _ in range(2) for t in (await stream.__anext__()).token_ids] == [0, 1]
+            stream.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await stream.__anext__()
+            for _ in range(200):  # up to 10 s for the backend to see its request closed
+                if closed:
+                    break
+                await asyncio.sleep(0.05)
+            assert closed, "the backend's request stayed open after the stream was cancelled"
+            assert client.streams_open == 0
+            await client.close()
+        assert len(sent) < 100
 
     asyncio.run(run())
