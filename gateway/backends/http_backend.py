@@ -345,6 +345,12 @@ class HttpBackendClient:
             yield batch
         raise EngineCallError(self.worker_id, "UNIMPLEMENTED", "KV events in an unknown format", False)
 
+    @property
+    def decode_tokens_per_step(self) -> float:
+        """The batch its decode rate was measured at (0.0 until a poll shows one): the worker rows carry it, as
+        GetLoad has no field for it."""
+        return self._rates.decode_tokens_per_step
+
     async def close(self) -> None:
         for t in list(self._tasks):
             t.cancel()

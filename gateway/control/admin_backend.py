@@ -76,7 +76,7 @@ class GatewayAdmin:
                 "decode_tokens_per_s": load.decode_tokens_per_s if load else 0.0,
                 # the batch that decode rate was measured at: an HTTP backend's BusyRates (backend_load.py) keep it;
                 # GetLoad has no field for it, so Duet's own workers' rows say 0 (unknown)
-                "decode_tokens_per_step": getattr(getattr(w.client, "_rates", None), "decode_tokens_per_step", 0.0),
+                "decode_tokens_per_step": getattr(w.client, "decode_tokens_per_step", 0.0),
             })
         return rows
 
