@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-import httpx
+from duet.admin_get import admin_get
 
 
 class CaptureExportError(ValueError):
@@ -19,17 +19,7 @@ class CaptureExportError(ValueError):
 
 def fetch_capture(gateway: str, admin_key: str | None, timeout_s: float = 60.0) -> str:
     """The capture as JSON lines (possibly empty)."""
-    url = gateway.rstrip("/") + "/admin/capture"
-    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
-    try:
-        r = httpx.get(url, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as e:
-        raise CaptureExportError(f"cannot reach {url}: {e}") from None
-    if r.status_code in (401, 403):
-        raise CaptureExportError(f"GET {url} answered {r.status_code}: give the gateway's admin key "
-                                 f"(--admin-key or DUET_ADMIN_KEY)")
-    if r.status_code != 200:
-        raise CaptureExportError(f"GET {url} answered {r.status_code}: {r.text[:200]}")
+    r = admin_get(gateway, "/admin/capture", admin_key, timeout_s, CaptureExportError)
     if r.headers.get("x-duet-capture-enabled") == "false" and not r.text.strip():
         raise CaptureExportError("the gateway's capture is off: set `capture: {enabled: true}` in its config "
                                  "(docs/operations.md); `duet up` captures by default")

@@ -312,38 +312,21 @@ def merge_given(measured: dict[str, MeasuredRates], given: dict[str, MeasuredRat
 
 def fetch_worker_rows(gateway: str, admin_key: str | None, timeout_s: float = 30.0) -> tuple[list[dict], str]:
     """The gateway's worker rows (GET /admin/workers) and the UTC time they were read."""
-    import httpx
+    from duet.admin_get import admin_get
 
-    url = gateway.rstrip("/") + "/admin/workers"
-    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
-    try:
-        r = httpx.get(url, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as e:
-        raise ValueError(f"cannot reach {url}: {e}") from None
-    if r.status_code in (401, 403):
-        raise ValueError(f"GET {url} answered {r.status_code}: give the gateway's admin key (--admin-key or "
-                         f"DUET_ADMIN_KEY)")
-    if r.status_code != 200:
-        raise ValueError(f"GET {url} answered {r.status_code}: {r.text[:200]}")
+    r = admin_get(gateway, "/admin/workers", admin_key, timeout_s)
     return r.json().get("workers", []), time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
 
 
 def fetch_slo_profile(gateway: str, admin_key: str | None, model: str | None, timeout_s: float = 30.0) -> str:
     """The SLO profile the gateway holds `model`'s requests to (its routing config's `slo_profile`); the routing
     config's default when the model is unknown."""
-    import httpx
-
+    from duet.admin_get import admin_get
     from gateway.routing.route_types import RoutingConfig
 
     if not model:
         return RoutingConfig().slo_profile
-    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
-    try:
-        r = httpx.get(f"{gateway.rstrip('/')}/admin/models/{model}/routing", headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as e:
-        raise ValueError(f"cannot reach {gateway}: {e}") from None
-    if r.status_code != 200:
-        raise ValueError(f"GET /admin/models/{model}/routing answered {r.status_code}: {r.text[:200]}")
+    r = admin_get(gateway, f"/admin/models/{model}/routing", admin_key, timeout_s)
     return r.json().get("slo_profile", RoutingConfig().slo_profile)
 
 
