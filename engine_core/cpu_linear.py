@@ -169,7 +169,7 @@ class DecodePackedLinear(nn.Module):
 
 class BF16PackedLinear(nn.Module):
     """y = x W^T + b in bf16, every call on one prepared copy of W: the panels of Duet's bf16 kernel where the CPU
-    has AVX512_BF16 (kernels/cpu_bf16_linear.py), else oneDNN's packed layout (AMX tiles where the CPU has them).
+    has AVX512_BF16 and no AMX (kernels/cpu_bf16_linear.py), else oneDNN's packed layout (AMX tiles where present).
     W's values live only there: `weight` is a one-element stand-in of W's shape (for oneDNN, the key to its copy)."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None):
@@ -178,7 +178,7 @@ class BF16PackedLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.weight = nn.Parameter(weight.new_empty(1).expand(weight.shape), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().contiguous(), requires_grad=False)
-        native = cpu_bf16_linear.vector_path()
+        native = cpu_bf16_linear.serves_here()
         self.register_buffer("panels", cpu_bf16_linear.pack_bf16(weight) if native else None, persistent=False)
         if not native:
             _keep_packed_copy(self.weight, weight)
@@ -338,7 +338,7 @@ def prepare_cpu_linears(model: nn.Module, quantization: str = "none", decode_cop
         del model.lm_head  # the prepared copy replaces it; a tied head's embedding stays for the lookup
     log.info("%s", mkl_on_amd.STATUS)  # the plain-weight calls' MKL path (prefill, one row): engine_core/mkl_on_amd.py
     how = {"int8": "int8, weight-only"}.get(quantization) or (
-        ("bf16, Duet's AVX512_BF16 kernel" if cpu_bf16_linear.vector_path() else "bf16, oneDNN-packed")
+        ("bf16, Duet's AVX512_BF16 kernel" if cpu_bf16_linear.serves_here() else "bf16, oneDNN-packed")
         if weight.dtype == torch.bfloat16 else "oneDNN-packed (the layers for decode-sized calls)")
     log.info("CPU matmuls prepared at load: %d layers + the LM head, %s", count, how)
     return count + 1

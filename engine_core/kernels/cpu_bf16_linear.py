@@ -1,14 +1,17 @@
 """bf16 matmul on CPU with bf16 dot products (csrc/bf16_linear.c), for a bf16 model's layers.
 
     vector_path() -> bool                       # the library is built with its AVX512_BF16 loop
+    serves_here() -> bool                       # a bf16 model's layers take it on this CPU (not where AMX is)
     pack_bf16(w [N, K] bf16) -> Tensor          # the kernel's panel layout, once at load
     bf16_linear_native(x, packed, bias, out_features) -> y   # y = x w^T + bias, bf16, fp32 sums
 
 What it wins: on a CPU with AVX512_BF16 and no AMX, oneDNN's bf16 inner product runs decode-sized calls far below
 the machine's memory speed and its dot-product rate (csrc/bf16_linear.c says by how much); this kernel reads each
-weight vector once per 16 rows, as it lies, into 16 x 16 sums held in registers. cpu_linear.BF16PackedLinear
-takes it where `vector_path()` holds; elsewhere the library's portable loop computes the same sums (the tests hold
-both to one reference) but slower than oneDNN, which stays. DUET_NATIVE_CPU_BF16=0 keeps oneDNN.
+weight vector once per 8 rows, as it lies, into 8 x 48 sums held in registers. cpu_linear.BF16PackedLinear takes
+it where `serves_here()`: the vector loop built, and no AMX, whose tiles oneDNN uses at many times this kernel's
+rate at prefill sizes (the kernel was not measured against AMX at decode sizes: no AMX machine was at hand).
+Elsewhere the library's portable loop computes the same sums (the tests hold both to one reference) but slower
+than oneDNN, which stays. DUET_NATIVE_CPU_BF16=0 keeps oneDNN.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import os
 import torch
 from torch import Tensor
 
-from engine_core.kernels.cpu_native import _CSRC, build_and_load
+from engine_core.kernels.cpu_native import _CSRC, _cpu_flags, build_and_load
 
 PANEL = 16  # output columns per panel (one 512-bit vector of fp32 sums); must match csrc/bf16_linear.c
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -42,6 +45,10 @@ def library() -> ctypes.CDLL | None:
 def vector_path() -> bool:
     lib = library()
     return lib is not None and lib.bf16_linear_vector_path() == 1
+
+
+def serves_here() -> bool:
+    return vector_path() and "amx_bf16" not in _cpu_flags().split()
 
 
 def pack_bf16(w: Tensor) -> Tensor:
