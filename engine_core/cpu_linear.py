@@ -64,7 +64,7 @@ import torch
 from torch import Tensor, nn
 
 from engine_core import mkl_on_amd
-from engine_core.kernels import cpu_int8_grouped, cpu_int8_linear
+from engine_core.kernels import cpu_bf16_linear, cpu_int8_grouped, cpu_int8_linear
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +168,9 @@ class DecodePackedLinear(nn.Module):
 
 
 class BF16PackedLinear(nn.Module):
-    """y = x W^T + b in bf16, every call on W's oneDNN-packed copy (AMX tiles where the CPU has them); W's values
-    live only there: `weight` is a one-element stand-in of W's shape, the key to the copy."""
+    """y = x W^T + b in bf16, every call on one prepared copy of W: the panels of Duet's bf16 kernel where the CPU
+    has AVX512_BF16 and no AMX (kernels/cpu_bf16_linear.py), else oneDNN's packed layout (AMX tiles where present).
+    W's values live only there: `weight` is a one-element stand-in of W's shape (for oneDNN, the key to its copy)."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None):
         super().__init__()
@@ -177,9 +178,14 @@ class BF16PackedLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.weight = nn.Parameter(weight.new_empty(1).expand(weight.shape), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().contiguous(), requires_grad=False)
-        _keep_packed_copy(self.weight, weight)
+        native = cpu_bf16_linear.serves_here()
+        self.register_buffer("panels", cpu_bf16_linear.pack_bf16(weight) if native else None, persistent=False)
+        if not native:
+            _keep_packed_copy(self.weight, weight)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.panels is not None:
+            return torch.ops.duet.bf16_linear(x, self.panels, self.bias, self.out_features)
         return torch.ops.duet.cpu_linear(x, self.weight, self.bias)
 
 
@@ -322,7 +328,7 @@ def prepare_cpu_linears(model: nn.Module, quantization: str = "none", decode_cop
                          "per output channel", sum(isinstance(m, GroupedInt8Linear) for m in model.modules()))
         elif packing_applies(weight.device, weight.dtype) and weight.dtype == torch.bfloat16:
             count = _swap_linears(model, lambda _, w, b: BF16PackedLinear(w, b))
-            model.head = PackedLinear(head, None)
+            model.head = BF16PackedLinear(head, None)
         elif packing_applies(weight.device, weight.dtype):
             count = _swap_linears(model, lambda _, w, b: DecodePackedLinear(w, b)) if decode_copies else 0
             model.head = PackedLinear(head, None)
@@ -332,7 +338,8 @@ def prepare_cpu_linears(model: nn.Module, quantization: str = "none", decode_cop
         del model.lm_head  # the prepared copy replaces it; a tied head's embedding stays for the lookup
     log.info("%s", mkl_on_amd.STATUS)  # the plain-weight calls' MKL path (prefill, one row): engine_core/mkl_on_amd.py
     how = {"int8": "int8, weight-only"}.get(quantization) or (
-        "bf16, oneDNN-packed" if weight.dtype == torch.bfloat16 else "oneDNN-packed (the layers for decode-sized calls)")
+        ("bf16, Duet's AVX512_BF16 kernel" if cpu_bf16_linear.serves_here() else "bf16, oneDNN-packed")
+        if weight.dtype == torch.bfloat16 else "oneDNN-packed (the layers for decode-sized calls)")
     log.info("CPU matmuls prepared at load: %d layers + the LM head, %s", count, how)
     return count + 1
 

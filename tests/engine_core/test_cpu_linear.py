@@ -21,7 +21,7 @@ from engine_core.cpu_linear import (
     prepare_cpu_linears,
     quantize_per_channel,
 )
-from engine_core.kernels import cpu_int8_grouped, cpu_int8_linear
+from engine_core.kernels import cpu_bf16_linear, cpu_int8_grouped, cpu_int8_linear
 
 
 @pytest.mark.parametrize("rows", [1, 7, 300])
@@ -66,13 +66,20 @@ BF16_PACKING = pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported
 
 
 @BF16_PACKING
+@pytest.mark.parametrize("native", [True, False], ids=["duet-kernel", "onednn"])
 @pytest.mark.parametrize("rows", [1, 16, 300])
-def test_bf16_layer_holds_only_the_packed_copy_and_gives_the_product(rows):
+def test_bf16_layer_holds_only_the_packed_copy_and_gives_the_product(rows, native, monkeypatch):
+    if native and not cpu_bf16_linear.vector_path():
+        pytest.skip("Duet's bf16 kernel needs AVX512_BF16: oneDNN serves")
+    monkeypatch.setattr(cpu_bf16_linear, "serves_here", lambda: native)
     gen = torch.Generator().manual_seed(rows)
     w = torch.randn(96, 64, generator=gen).bfloat16()
     b = torch.randn(96, generator=gen).bfloat16()
     layer = BF16PackedLinear(w, b)
     assert layer.weight.shape == w.shape and layer.weight.stride() == (0, 0)  # a stand-in: the values are packed
+    # exactly one prepared copy: the kernel's panels, or oneDNN's (found by the stand-in's address)
+    assert (layer.panels is not None) == native
+    assert (cpu_linear._packed_copy(layer.weight) is not None) == (not native)
     x = torch.randn(rows, 64, generator=gen).bfloat16()
     got = layer(x)
     want = F.linear(x.float(), w.float(), b.float())  # the exact product of the bf16 values
@@ -92,7 +99,7 @@ def test_a_bf16_model_packs_every_matmul(hf_checkpoints):
     model = load_model(md.config, md.weight_files, torch.device("cpu"), torch.bfloat16)
     kinds = {type(m) for m in model.modules()}
     assert BF16PackedLinear in kinds and torch.nn.Linear not in kinds and DecodePackedLinear not in kinds
-    assert isinstance(model.head, PackedLinear) and model.head.packed.dtype == torch.bfloat16
+    assert isinstance(model.head, BF16PackedLinear) and model.head.out_features == md.config.vocab_size
 
 
 def test_a_packed_copy_lives_as_long_as_its_layer():

@@ -126,10 +126,11 @@ def test_native_kernels_build_where_a_compiler_is(native, kernel_cache):
 
 
 _FLOAT_ENVIRONMENT = """
-from engine_core.kernels import cpu_int8_linear, cpu_native
+from engine_core.kernels import cpu_bf16_linear, cpu_int8_linear, cpu_native
 tiny = 5e-324  # the smallest subnormal double: denormals-are-zero reads it as 0
 assert tiny > 0.0 and tiny * 2.0 > tiny, "subnormals were flushed before loading"
 assert cpu_native.library() is not None and cpu_int8_linear.library() is not None
+assert cpu_bf16_linear.library() is not None
 print(tiny > 0.0 and tiny * 2.0 > tiny)
 """
 

@@ -1,6 +1,6 @@
 """Builds one of Duet's native CPU libraries (engine_core/kernels/csrc) for a test, into a private cache dir, with
 the extra compiler flags of the path under test, and checks that the build has that path (so the build itself is
-tested). Shared by the int8 kernels' tests."""
+tested). Shared by the int8 and bf16 matmul kernels' tests."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ def native_builder(monkeypatch, tmp_path, module, stem: str, paths: dict, fallba
         pytest.skip(f"no C compiler on this machine: {fallback}")
     monkeypatch.setenv("DUET_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("DUET_NATIVE_CPU_INT8", raising=False)
+    monkeypatch.delenv("DUET_NATIVE_CPU_BF16", raising=False)
 
     def build(path: str) -> None:
         flags, vector, feature = paths[path]

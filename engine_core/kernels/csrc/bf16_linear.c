@@ -1,0 +1,153 @@
+/* bf16 linear layer for CPU: y[M, N] = x[M, K] . w[N, K]^T + bias[N], bf16 in and out, fp32 sums.
+ *
+ * Why: a bf16 model's matmuls ran on oneDNN's bf16 inner product (cpu_linear.py). On a CPU with AVX512_BF16 but
+ * no AMX (AMD Zen 4 and 5) oneDNN's decode-sized calls measured far below what the machine does: one row of
+ * SmolLM2's gate_up at 5.6 GB/s of weights, 16 rows at about 130 GFLOP/s (loadtests/profiles/matmul_bench.py).
+ * A decode step is those calls, 121 of them. This kernel is the int8 kernel's loop (int8_linear.c) with the
+ * weights already bf16: one `vdpbf16ps` does two multiply-adds per fp32 lane from a weight vector loaded as it
+ * lies in memory, so a one-row call streams the weights at memory speed and a 16-row call keeps 16 x 16 sums in
+ * registers over the whole K.
+ *
+ * Layouts: x [M, K] bf16, row-major (row stride x_stride elements); the weight packed at load (cpu_linear.py) as
+ * [Np / 16][Kp / 2][16][2] bf16: panel p, K pair j, output column c, element e holds w[16p + c][2j + e], with N
+ * padded to Np (a multiple of 16) and K to Kp (even) by zeros; bias [N] bf16 or NULL; y [M, N] bf16, row-major.
+ * Where K is odd or the rows are strided, the call copies the rows into an even-width scratch first.
+ *
+ * Work: threads split the 16-column panels; a panel runs every tile of up to 16 rows, its weights read from
+ * memory by the first tile and from cache by the next ones. A tile of 1 to 3 rows (few sequences decoding)
+ * splits K between two sets of sums so that the multiply-adds are not one dependent chain.
+ *
+ * Without AVX512_BF16 the portable loop below computes the same sums one by one (the tests hold both to one
+ * reference); cpu_linear.py then keeps oneDNN, which is faster than the portable loop.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
+
+#define PANEL 16
+#define ROW_TILE 8 /* rows x PANELS sums, 24 of the 32 vector registers */
+#define PANELS 3
+
+static inline float from_bf16(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* fp32 -> bf16, round to nearest even (finite inputs), as vcvtneps2bf16 does */
+static inline uint16_t to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    bits += 0x7fff + ((bits >> 16) & 1);
+    return (uint16_t)(bits >> 16);
+}
+
+int bf16_linear_vector_path(void) {
+#ifdef __AVX512BF16__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#ifdef __AVX512BF16__
+/* rows [0, rows) of xb x panels [0, panels) from `panel`: rows x panels sums of 16 columns each, in registers
+ * over the whole K (`rows` and `panels` are compile-time constants at every call, the switch below). Each
+ * weight vector loaded serves `rows` products and each broadcast row pair `panels`: at 8 x 3 the loop issues
+ * 11 loads for 24 `vdpbf16ps`, where one panel at a time (as int8_linear.c) issued one load per product. */
+static inline __attribute__((always_inline)) void tile(const int rows, const int panels, const uint16_t *xb,
+                                                       const int64_t xs, const int64_t kp, const uint16_t *panel,
+                                                       const uint16_t *bias, uint16_t *y, const int64_t n,
+                                                       const int64_t n0) {
+    __m512 acc[ROW_TILE][PANELS];
+    for (int r = 0; r < rows; r++)
+        for (int q = 0; q < panels; q++) acc[r][q] = _mm512_setzero_ps();
+    const __m512i *w = (const __m512i *)panel;
+    const int64_t panel_vectors = kp / 2; /* one vector per K pair in each panel */
+    for (int64_t j = 0; j < kp / 2; j++) {
+        __m512bh wj[PANELS];
+        for (int q = 0; q < panels; q++) wj[q] = (__m512bh)_mm512_loadu_si512(w + q * panel_vectors + j);
+        for (int r = 0; r < rows; r++) {
+            int32_t pair;
+            memcpy(&pair, xb + r * xs + 2 * j, 4);
+            const __m512bh xr = (__m512bh)_mm512_set1_epi32(pair);
+            for (int q = 0; q < panels; q++) acc[r][q] = _mm512_dpbf16_ps(acc[r][q], xr, wj[q]);
+        }
+    }
+    for (int q = 0; q < panels; q++) {
+        const int64_t c0 = n0 + q * PANEL, width = n - c0 < PANEL ? n - c0 : PANEL;
+        const __mmask16 mask = (__mmask16)((1u << width) - 1);
+        const __m512 b = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                                    _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bias + c0)), 16))
+                              : _mm512_setzero_ps();
+        for (int r = 0; r < rows; r++)
+            _mm256_mask_storeu_epi16(y + r * n + c0, mask, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][q], b)));
+    }
+}
+
+#define TILE_CASE(R)                                                                  \
+    case R:                                                                           \
+        if (panels == 3) tile(R, 3, xb, xs, kp, panel, bias, y, n, n0);               \
+        else if (panels == 2) tile(R, 2, xb, xs, kp, panel, bias, y, n, n0);          \
+        else tile(R, 1, xb, xs, kp, panel, bias, y, n, n0);                           \
+        break;
+
+static void run_tile(const int rows, const int panels, const uint16_t *xb, const int64_t xs, const int64_t kp,
+                     const uint16_t *panel, const uint16_t *bias, uint16_t *y, const int64_t n, const int64_t n0) {
+    switch (rows) { TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7) TILE_CASE(8) }
+}
+#else
+/* portable: the same sums in the same precision (bf16 products summed in fp32), one output at a time */
+static void run_tile(const int rows, const int panels, const uint16_t *xb, const int64_t xs, const int64_t kp,
+                     const uint16_t *panel, const uint16_t *bias, uint16_t *y, const int64_t n, const int64_t n0) {
+    const int64_t width = n - n0 < panels * PANEL ? n - n0 : panels * PANEL;
+    for (int r = 0; r < rows; r++)
+        for (int64_t c = 0; c < width; c++) {
+            float sum = 0.0f;
+            for (int64_t j = 0; j < kp / 2; j++) {
+                const uint16_t *w = panel + (c / PANEL) * kp * PANEL + j * 2 * PANEL + 2 * (c % PANEL);
+                sum += from_bf16(xb[r * xs + 2 * j]) * from_bf16(w[0]) +
+                       from_bf16(xb[r * xs + 2 * j + 1]) * from_bf16(w[1]);
+            }
+            y[r * n + n0 + c] = to_bf16(sum + (bias ? from_bf16(bias[n0 + c]) : 0.0f));
+        }
+}
+#endif
+
+/* Returns 0, or -1 when the scratch for odd-width or strided rows could not be allocated (nothing written). */
+int bf16_linear(const uint16_t *x, const int64_t m, const int64_t k, const int64_t x_stride,
+                const uint16_t *packed, const uint16_t *bias, uint16_t *y, const int64_t n, const int num_threads) {
+    const int64_t kp = k + (k & 1), panels = (n + PANEL - 1) / PANEL;
+    const uint16_t *xb = x;
+    int64_t xs = x_stride;
+    uint16_t *copy = NULL;
+    if (k != kp) { /* an even width, the odd column's partner zero: the loops read K in pairs */
+        copy = malloc((size_t)(m * kp) * sizeof(uint16_t));
+        if (copy == NULL) return -1;
+        for (int64_t r = 0; r < m; r++) {
+            memcpy(copy + r * kp, x + r * x_stride, (size_t)k * sizeof(uint16_t));
+            copy[r * kp + k] = 0;
+        }
+        xb = copy;
+        xs = kp;
+    }
+    const int64_t groups = (panels + PANELS - 1) / PANELS;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t p = g * PANELS;
+        const int width = (int)(panels - p < PANELS ? panels - p : PANELS);
+        for (int64_t m0 = 0; m0 < m; m0 += ROW_TILE) {
+            const int rows = (int)(m - m0 < ROW_TILE ? m - m0 : ROW_TILE);
+            run_tile(rows, width, xb + m0 * xs, xs, kp, packed + p * kp * PANEL, bias, y + m0 * n, n, p * PANEL);
+        }
+    }
+    free(copy);
+    return 0;
+}
