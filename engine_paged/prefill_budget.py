@@ -40,8 +40,9 @@ class PrefillBudget:
         self._prefill: deque[tuple[float, int]] = deque(maxlen=window)  # (seconds, prompt tokens)
 
     def observe(self, seconds: float, prefill_tokens: int, decode_tokens: int) -> None:
-        """One step that ran the model: how long it took and what it computed."""
-        if seconds <= 0:
+        """One step that ran the model: how long it took and what it computed (kept only with a stretch set: with
+        none, nothing reads them)."""
+        if seconds <= 0 or not self.stretch:
             return
         if prefill_tokens:
             self._prefill.append((seconds, prefill_tokens))

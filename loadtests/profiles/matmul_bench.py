@@ -15,7 +15,10 @@ sitting in cache. Rows: 1 (one sequence decoding), 16 (a decode step of 16 seque
   q8_0      engine_core.cpu_linear.GroupedInt8Linear: int8 in blocks of 32 with a scale each, as a GGUF Q8_0 file
             is served with --quantization int8 (engine_core/kernels/cpu_int8_grouped.py, fp32 FMAs, AVX2)
   bf16      PackedLinear over bf16 weights, bf16 rows (oneDNN uses AMX where the CPU has it): how `--dtype
-            bfloat16` runs every matmul (engine_core/cpu_linear.py); left out on CPUs oneDNN has no bf16 path for
+            bfloat16` runs every matmul on an AMX CPU (engine_core/cpu_linear.py); left out on CPUs oneDNN has no
+            bf16 path for
+  bf16_duet Duet's bf16 kernel (engine_core/kernels/cpu_bf16_linear.py), shown where the CPU has AVX512_BF16;
+            what `--dtype bfloat16` runs on such a CPU without AMX (the others run `bf16`)
   bf16_rowmajor, bf16_colmajor  F.linear on the bf16 weight as the checkpoint stores it, and transposed in memory
             (how a bf16 model ran before its matmuls were packed: colmajor)
 
@@ -32,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_core.cpu_linear import GroupedInt8Linear, Int8Linear, PackedLinear
+from engine_core.kernels import cpu_bf16_linear
 
 SHAPES = {"gate_up [3072, 576]": (3072, 576), "lm_head [49152, 576]": (49152, 576)}
 
@@ -60,6 +64,10 @@ def _ways(weights: list[torch.Tensor]) -> dict:
         b16_col = [w.t().contiguous().t() for w in b16]
         ways["bf16_rowmajor"] = lambda x: [F.linear(x.bfloat16(), w) for w in b16]
         ways["bf16_colmajor"] = lambda x: [F.linear(x.bfloat16(), w) for w in b16_col]
+    if cpu_bf16_linear.vector_path():  # Duet's kernel, on CPUs with AVX512_BF16
+        panels = [cpu_bf16_linear.pack_bf16(w.bfloat16()) for w in weights]
+        n = weights[0].shape[0]
+        ways["bf16_duet"] = lambda x: [cpu_bf16_linear.bf16_linear_native(x.bfloat16(), p, None, n) for p in panels]
     return ways
 
 
