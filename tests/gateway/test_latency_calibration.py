@@ -50,3 +50,50 @@ def test_the_router_learns_from_what_its_decisions_predicted_and_reports_each_co
     # a decision without a prediction (no measured rate, or a baseline policy) teaches nothing
     router.observe(RouteDecision("w0", "prefix", "default", "least_load", 0.0, 0), 9.0, 9.0)
     assert len(seen) == MIN_SAMPLES
+
+
+def _correction_lines(metrics_page: str) -> list[str]:
+    return [line for line in metrics_page.splitlines()
+            if line.startswith(("duet_route_ttft_correction{", "duet_route_tpot_correction{"))]
+
+
+async def test_a_worker_that_leaves_the_fleet_takes_its_correction_and_its_gauges_with_it(fake_gateway):
+    from tests.support.fake_engine import FakeEngine
+
+    static, churner = FakeEngine("prefix", worker_id="static"), FakeEngine("paged", worker_id="churner")
+    gw = await fake_gateway(static)
+    fleet, router = gw.gateway.fleet, gw.gateway.router
+    # the registry's worker gets its fake client where the gateway's client factory would dial it
+    dial = fleet._client_factory
+    fleet._client_factory = lambda address: churner.client if address == churner.address else dial(address)
+    registration = {"worker_id": "churner", "address": churner.address}
+
+    def serving(worker_id: str) -> bool:
+        return any(v.worker_id == worker_id and v.healthy for v in router.views())
+
+    await gw.gateway.state.register_worker(registration, ttl_s=3600)
+    assert await gw.wait_for(lambda: serving("churner"))
+    for worker_id in ("static", "churner"):
+        decision = RouteDecision(worker_id, "paged", "default", "least_load", 0.0, 0, modelled_ttft_s=0.2,
+                                 modelled_tpot_s=0.05)
+        for _ in range(MIN_SAMPLES):
+            router.observe(decision, 0.6, 0.1)
+    assert {v.worker_id: v.ttft_correction for v in router.views()} == {"static": pytest.approx(3.0),
+                                                                         "churner": pytest.approx(3.0)}
+    lines = _correction_lines((await gw.http.get("/metrics")).text)
+    assert sorted(line.split("}")[0] for line in lines) == [
+        'duet_route_tpot_correction{worker="churner"', 'duet_route_tpot_correction{worker="static"',
+        'duet_route_ttft_correction{worker="churner"', 'duet_route_ttft_correction{worker="static"']
+
+    await gw.gateway.state.register_worker(registration, ttl_s=0)  # its registration lapses: it left
+    assert await gw.wait_for(lambda: fleet.get("churner") is None)
+    lines = _correction_lines((await gw.http.get("/metrics")).text)
+    assert sorted(line.split("}")[0] for line in lines) == [
+        'duet_route_tpot_correction{worker="static"', 'duet_route_ttft_correction{worker="static"']
+    assert router.calibration.correction("churner") == (1.0, 1.0)
+
+    await gw.gateway.state.register_worker(registration, ttl_s=3600)  # back: a new worker, the model as it is
+    assert await gw.wait_for(lambda: serving("churner"))
+    assert {v.worker_id: v.ttft_correction for v in router.views()} == {"static": pytest.approx(3.0),
+                                                                         "churner": 1.0}
+    assert not any("churner" in line for line in _correction_lines((await gw.http.get("/metrics")).text))
