@@ -52,6 +52,39 @@ def test_the_router_learns_from_what_its_decisions_predicted_and_reports_each_co
     assert len(seen) == MIN_SAMPLES
 
 
+def _plain(samples) -> float:
+    predicted = sum(p for p, _ in samples)
+    return sum(o for _, o in samples) / predicted
+
+
+def test_the_running_sums_give_the_ratio_of_the_plain_sums_over_the_window():
+    import random
+
+    from gateway.routing.calibration import _Ratio
+
+    rng = random.Random(45)
+    ratio, window = _Ratio(8), []
+    for i in range(500):
+        # latencies from a millisecond to a minute, as TTFTs under load
+        sample = (10 ** rng.uniform(-3, 2), 10 ** rng.uniform(-3, 2))
+        ratio.add(*sample)
+        window = (window + [sample])[-8:]
+        assert ratio.value(1) == pytest.approx(_plain(window), rel=1e-12), i
+        if (i + 1) % 8 == 0:  # recounted from the samples: exactly the plain sums
+            assert ratio.value(1) == _plain(window)
+
+
+def test_a_huge_sample_evicted_leaves_no_rounding_residue_behind():
+    from gateway.routing.calibration import _Ratio
+
+    ratio = _Ratio(4)
+    ratio.add(1e16, 1e16)  # absorbs the small ones' low bits while it is in the sums
+    for _ in range(8):
+        ratio.add(1.0, 3.0)
+    # without the recount the evicted 1e16 would leave the predicted sum at 1 or 3 instead of 4
+    assert ratio.value(1) == 3.0
+
+
 def _correction_lines(metrics_page: str) -> list[str]:
     return [line for line in metrics_page.splitlines()
             if line.startswith(("duet_route_ttft_correction{", "duet_route_tpot_correction{"))]
