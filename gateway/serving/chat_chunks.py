@@ -4,6 +4,8 @@ the whole `chat.completion` / `text_completion` object. (The Responses API is ga
 
 `ChunkBuilder` knows nothing about routing or HTTP; `stream(run, builder)` is the SSE body of a streamed
 answer. (An OpenAI chat stream with tools sends no chunk for logprobs alone: they ride on its next chunk.)
+A message that is only text, most of a stream, is rendered from a per-choice template of its chunk's bytes
+(`ChunkBuilder.text_sse`): the same bytes, only the text encoded per token.
 """
 
 from __future__ import annotations
