@@ -130,3 +130,48 @@ async def test_a_worker_that_leaves_the_fleet_takes_its_correction_and_its_gauge
     assert {v.worker_id: v.ttft_correction for v in router.views()} == {"static": pytest.approx(3.0),
                                                                          "churner": 1.0}
     assert not any("churner" in line for line in _correction_lines((await gw.http.get("/metrics")).text))
+
+
+async def test_an_address_that_restarts_as_another_worker_forgets_the_old_one():
+    # `duet up --workers` switches a worker's engine kind on the same address: the old id leaves the fleet
+    from duet.rpc import engine_pb2 as pb
+    from gateway.backends.fleet import Fleet
+    from gateway.metrics import GatewayMetrics
+
+    class Client:
+        healthy, info = True, pb.EngineInfo(worker_id="old", engine_kind="paged", model_id="m")
+
+        async def check_health(self, timeout=None) -> bool:
+            return self.healthy
+
+        async def get_info(self, timeout=None) -> pb.EngineInfo:
+            return self.info
+
+        async def get_load(self, timeout=None) -> pb.EngineLoad:
+            return pb.EngineLoad()
+
+        async def watch_kv_events(self):
+            from gateway.backends.engine_client import EngineCallError
+
+            raise EngineCallError("w", "UNIMPLEMENTED", "no events", False)
+            yield
+
+        async def close(self) -> None:
+            pass
+
+    client = Client()
+    fleet = Fleet(("a:1",), WorkerBlockIndex(), GatewayMetrics(), client_factory=lambda address: client)
+    gone: list[str] = []
+    fleet.on_gone.append(gone.append)
+    await fleet.start()
+    try:
+        await fleet.poll_once()
+        assert gone == [] and fleet.get("old") is not None
+        client.healthy = False  # it stops, and comes back as another worker
+        await fleet.poll_once()
+        client.healthy, client.info = True, pb.EngineInfo(worker_id="new", engine_kind="prefix", model_id="m")
+        await fleet.poll_once()
+        assert gone == ["old"] and fleet.get("new") is not None
+    finally:
+        await fleet.close()
+    assert gone == ["old", "new"]  # closing the fleet lets every worker go
