@@ -103,6 +103,9 @@ class Fleet:
         self._task: asyncio.Task | None = None
         self.polled = asyncio.Event()  # set after the first full poll
         self.drained: set[str] = set()
+        # called with a worker id that left the fleet (gone from the registry, or its address now serves
+        # another worker): what was learned per worker elsewhere (routing's latency correction) goes with it
+        self.on_gone: list[Callable[[str], None]] = []
 
     async def start(self) -> None:
         for addr in self._static:
@@ -131,7 +134,12 @@ class Fleet:
             w.watch_task.cancel()
         self._index.remove_worker(w.worker_id)
         self._metrics.worker_healthy.labels(w.worker_id, w.info.engine_kind if w.info else "").set(0)
+        self._gone(w.worker_id)
         await w.client.close()
+
+    def _gone(self, worker_id: str) -> None:
+        for callback in self.on_gone:
+            callback(worker_id)
 
     def get(self, worker_id: str) -> WorkerHandle | None:
         return self._by_id.get(worker_id)
@@ -200,6 +208,7 @@ class Fleet:
                     if w.info is not None:
                         self._by_id.pop(w.worker_id, None)
                         self._index.remove_worker(w.worker_id)
+                        self._gone(w.worker_id)
                     if w.watch_task is not None:
                         w.watch_task.cancel()
                     w.info = info

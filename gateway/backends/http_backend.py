@@ -29,8 +29,8 @@ The HTTP client is aiohttp's, not httpx's (which the CLI and the tests keep): in
 servers, its reads of a stream and its polls cost the gateway a fraction of httpx's CPU per request
 (docs/benchmarks.md, the gateway's CPU per request). Its session is made at the first request (aiohttp wants a
 running event loop) and closed by `close()`. Timeouts: `request_timeout_s` (`timeouts.request_s`) bounds a whole
-request, stream included, and each wait for the backend's next bytes (httpx's read timeout, all it bounded
-before); a connection is given 5 s; a poll (`rpc_timeout_s` or the caller's) the whole of its exchange.
+request, stream included, and so each wait for the backend's next bytes (httpx's read timeout, all it bounded
+before; no read timeout of its own: `_http`); a connection is given 5 s; a poll (`rpc_timeout_s` or the caller's) the whole of its exchange.
 Connections are kept alive for reuse, with no limit on how many are open. Proxy variables (HTTP_PROXY...) are not
 read: backends are reached directly. Each request sent is logged at DEBUG (the polls: several a second).
 
@@ -166,8 +166,10 @@ class HttpBackendClient:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0),  # no cap on open connections; idle ones kept for reuse
-                timeout=aiohttp.ClientTimeout(total=self.request_timeout_s, sock_connect=5.0,
-                                              sock_read=self.request_timeout_s),
+                # no `sock_read`: `total` already bounds every wait within the request, and aiohttp moves a
+                # sock_read timer at every read (a cancelled TimerHandle left in the loop's heap per token:
+                # a tenth of the gateway's CPU per streamed token, profiled: docs/benchmarks.md)
+                timeout=aiohttp.ClientTimeout(total=self.request_timeout_s, sock_connect=5.0),
                 json_serialize=_compact_json)
         return self._session
 

@@ -16,7 +16,9 @@ never the corrected one, so the correction converges to the ratio instead of cha
 `min_samples` requests the correction is 1 (the model as it is). The gateway's observed TTFT runs from the
 request's arrival (what the client felt), so a wait in flow control's queue before routing counts too: a long
 admission queue reads as a slower worker. The corrections are the prediction error per
-worker on the gateway's /metrics (`duet_route_ttft_correction`, `duet_route_tpot_correction`).
+worker on the gateway's /metrics (`duet_route_ttft_correction`, `duet_route_tpot_correction`). A worker that
+leaves the fleet is forgotten, gauges included (gateway/serving/router.py `forget`, called by the fleet's
+`on_gone`): one that comes back, or a new worker under its id, starts at 1.
 """
 
 from __future__ import annotations
@@ -37,14 +39,40 @@ NONE = Correction()
 
 
 class _Ratio:
+    """sum(observed) / sum(predicted) over the last `window` samples, read in O(1): the gateway's `Router.views()`
+    reads every worker's correction on every routing decision, and summing the window each time cost 2 x window
+    additions per worker per request. Running sums are kept instead, the evicted sample subtracted. Adding and
+    subtracting floats of different sizes leaves rounding behind (a 30 s wait evicted from a sum of 0.01 s
+    ones), and that residue would outlive every sample it came from; so every `window` appends the sums are
+    taken again from the samples (exact again, the cost spread to O(1) per append): between two recounts the
+    error is at most `window` roundings of the largest sum seen, far below what a correction can resolve."""
+
     def __init__(self, window: int) -> None:
         self.samples: deque[tuple[float, float]] = deque(maxlen=window)  # (predicted, observed)
+        self.predicted = 0.0
+        self.observed = 0.0
+        self._until_recount = window
+
+    def add(self, predicted: float, observed: float) -> None:
+        samples = self.samples
+        if len(samples) == samples.maxlen:
+            p, o = samples[0]  # the one the append evicts
+            self.predicted -= p
+            self.observed -= o
+        samples.append((predicted, observed))
+        self._until_recount -= 1
+        if self._until_recount == 0:
+            self._until_recount = samples.maxlen
+            self.predicted = sum(p for p, _ in samples)
+            self.observed = sum(o for _, o in samples)
+        else:
+            self.predicted += predicted
+            self.observed += observed
 
     def value(self, min_samples: int) -> float:
         if len(self.samples) < min_samples:
             return 1.0
-        predicted = sum(p for p, _ in self.samples)
-        return sum(o for _, o in self.samples) / predicted if predicted > 0 else 1.0
+        return self.observed / self.predicted if self.predicted > 0 else 1.0
 
 
 class LatencyCalibration:
@@ -62,7 +90,7 @@ class LatencyCalibration:
         for table, predicted, observed in ((self._ttft, predicted_ttft_s, ttft_s),
                                            (self._tpot, predicted_tpot_s, tpot_s)):
             if predicted is not None and observed is not None and predicted > 0 and observed >= 0:
-                table.setdefault(worker_id, _Ratio(self.window)).samples.append((predicted, observed))
+                table.setdefault(worker_id, _Ratio(self.window)).add(predicted, observed)
         return self.correction(worker_id)
 
     def correction(self, worker_id: str) -> Correction:

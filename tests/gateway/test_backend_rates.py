@@ -132,4 +132,4 @@ def test_the_page_scan_sums_what_the_prometheus_parser_reads_of_a_whole_vllm_pag
         assert sample_sums(text, names) == full
     sums = sample_sums(text, frozenset(NAMES["vllm"].values()))
     assert sums["vllm:num_requests_running"] == 5.0 and sums["vllm:num_requests_waiting"] == 4.0
-    assert sums["vllm:iteration_tokens_total_count"] == 10.0
+    assert sums["vllm:iteration_tokens_total_count"] == 38.0 + 10.0  # the captured server's 38 steps, page()'s 10

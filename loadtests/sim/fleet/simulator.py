@@ -320,7 +320,7 @@ class FleetSim:
             return
         del self.workers[w.worker_id]
         self.index.remove_worker(w.worker_id)
-        self.router.calibration.forget(w.worker_id)
+        self.router.forget(w.worker_id)
         slot = int(w.worker_id.split("-")[1])
         self._push(self.now + self.s.switch_s, BACK, (self.switching[1], slot))
 
