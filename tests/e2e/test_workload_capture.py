@@ -142,10 +142,12 @@ def test_known_traffic_is_profiled_captured_and_advised_alike(sims, tmp_path, ca
     assert on_capture["recommendation"]["deployment"] == on_workload["recommendation"]["deployment"]
     assert on_capture["sensitivity"] == on_workload["sensitivity"]
     # at this light load every option meets its SLOs and the rule's tie order decides, so the figures must agree
-    # too: the capture reproduces the workload's predicted goodput and latency option by option
+    # too: the capture reproduces the workload's predicted SLO attainment and latency option by option. (Not the
+    # goodput in requests a second: that divides by the span of the arrivals, which the replay's real clock
+    # stretches or squeezes on a loaded machine: 9.1 and 16.9 against 10.2 req/s at load 20-27.)
     for name, want in on_workload["rates"]["traffic"]["options"].items():
         got = on_capture["rates"]["traffic"]["options"][name]
-        assert got["goodput_rps"] == pytest.approx(want["goodput_rps"], rel=0.1), name
+        assert got["slo_attainment"] == pytest.approx(want["slo_attainment"], abs=0.05), name
         assert got["ttft_p50_s"] == pytest.approx(want["ttft_p50_s"], rel=0.25), name
         assert got["tpot_p50_s"] == pytest.approx(want["tpot_p50_s"], rel=0.25), name
     assert on_capture["served_by"] == ["paged", "prefix"] and "served_by" not in on_workload
