@@ -5,16 +5,18 @@ deployments serve very differently, so the answer rests on the captured shape al
 prefixes and arrivals.
 
 The workload, judged on the bench machine's cost model (`--cost-model cpu`: 4,096 KV tokens a worker) for 2
-workers: chat turns (a session each, so the `session` class: TTFT <= 2 s) that share a 2,048-token system prompt
-and add 32 tokens of their own, 2 a second, and three one-shot 2,560-token documents, 8 s apart. A document and
-the system prompt do not fit one worker's KV together: where a document lands, the system prompt is evicted and
-the chats behind it wait out its prefill (about 9 s) and a re-prefill; Duet's routing over one paged and one
-prefix worker sends the documents to the paged one and the chats to the prefix one, and only then do the chats
-keep their SLO. Predicted, the split serves 1.48x the goodput of the next option (over 2x the baselines') at a
-TTFT p99 1.5x lower, and the answer held in the simulator under every arrival change tried (18 runs: jitter of up
-to 0.5 s a request, a stall of 1 to 5 s anywhere; the margin fell to 1.21x under one 5 s stall; nearby settings of
-this workload flipped under 2 s stalls, a denser chat stream under 5 s ones). One chat arrives first and alone, so every option starts from its system prompt cached (a cold
-start under a burst is chaotic in every deployment).
+workers: chat turns (a session each, so the `session` class: TTFT <= 2 s) that share a 2,048-token system
+prompt and add 32 tokens of their own, 2 a second, and three one-shot 2,560-token documents, 8 s apart. A
+document and the system prompt do not fit one worker's KV together: where a document lands, the system prompt
+is evicted and the chats behind it wait out its prefill (about 10 s) and a re-prefill; Duet's routing over one
+paged and one prefix worker sends the documents to the paged one and the chats to the prefix one, and only
+then do the chats keep their SLO. Predicted, the split serves 1.48x the goodput of the next option (over 2x
+the baselines') at a TTFT p99 1.5x lower, and the answer held in the simulator under every arrival change
+tried (18 runs, 11 of them on this workload less one chat: jitter of up to 0.5 s a request, a stall of 1 to 5
+s anywhere; the margin fell to 1.21x under one 5 s stall; nearby settings flipped under 2 s stalls, a denser
+chat stream under 5 s ones). One chat arrives first and alone, so every option starts from its system prompt
+cached (a cold start under a burst is chaotic in every deployment). Without the capture's sessions, or with
+its shared prefix lost, advise answers all_prefix instead.
 
 The prompts (2,080 and 2,560 tokens) are past the tiny model's 2,048-token context: the sims and the gateway
 serve its 32k-context twin (tests/support/stack.py `long_model_dir`). The gateway is its own process, so the
