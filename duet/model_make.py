@@ -45,6 +45,9 @@ class Preset:
 PRESETS = {
     # A few MB: the tests and the embedded default model.
     "tiny": Preset(1000, 64, 2, 4, 2, 16, 128, 2048),
+    # The tiny model with a 32k context (rope as tiny's; no quality is asked of either): live stacks whose prompts
+    # the tiny model's 2,048 tokens cannot hold (the selection path's e2e test replays 4k-token documents).
+    "tiny-long": Preset(1000, 64, 2, 4, 2, 16, 128, 32768),
     # About 30M parameters: prefill costs real time on a CPU (the engine benchmarks).
     "bench": Preset(8000, 512, 8, 8, 2, 64, 1408, 4096),
     # SmolLM2-135M's shape (about 135M parameters, 540 MB in fp32): timing against peers serving the real one.
@@ -122,6 +125,11 @@ def make_checkpoint(
 def default_model_dir() -> Path:
     """The embedded tiny Llama model, made on first use under the user cache dir and reused after."""
     return cached_model_dir("tiny", "llama")
+
+
+def long_context_model_dir() -> Path:
+    """The tiny Llama model with a 32k context (preset `tiny-long`), made on first use and reused after."""
+    return cached_model_dir("tiny-long", "llama")
 
 
 def cached_model_dir(preset: str, arch: str) -> Path:

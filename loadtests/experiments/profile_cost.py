@@ -1,15 +1,20 @@
 """What the workload profile and the traffic capture cost the gateway per request:
 `python -m loadtests.experiments.profile_cost [--rounds 3] [--json]`.
 
-Two `duet gateway` processes over the same two sim workers (20 ms a token, as the gateway bench): one with the
-profile and the capture off, one with both on (capture at sample rate 1: every request). Each round sends the
-gateway bench's burst (loadtests/experiments/gateway_bench.py: 1,000 concurrent streaming chats of 16 tokens)
-to each gateway in turn, the order alternating, and reads the gateway process's CPU seconds (user + system,
-/proc/PID/stat) around it: CPU ms per request, with and without, and the overhead as a share. Rounds alternate
-so a neighbour's load on a shared machine falls on both alike; the per-round figures are in the output.
+`duet gateway` processes over the same two sim workers (20 ms a token, as the gateway bench), one per variant
+(`--variants`, default `off,on`): `off` the profile and the capture off, `on` both on (capture at sample rate 1:
+every request), `profile` the profile alone, `capture` the capture alone, `off2` a second `off` (an A/A: what two
+identical processes differ by, the harness's own noise). Each round sends the gateway bench's burst
+(loadtests/experiments/gateway_bench.py: 1,000 concurrent streaming chats of 16 tokens) to each gateway in turn,
+the order rotating from round to round, and reads the gateway process's CPU seconds (user + system,
+/proc/PID/stat) around it: CPU ms per request per variant, and each variant's overhead over `off` as a share (of
+the medians, and the median of the per-round ratios). Rotating the order spreads a neighbour's load on a shared
+machine over every variant alike; the per-round figures are in the output. `--scrape-s S` scrapes each gateway's
+/metrics every S seconds during its burst (as Prometheus would; 0, the default: never).
 
 `finished_us` is the in-process time of the one call a finished request makes (`Workload.finished`) for a
-chat of the burst's shape and for a 1,100-token prompt sharing a 1,000-token system prompt.
+chat of the burst's shape and for a 1,100-token prompt sharing a 1,000-token system prompt; `flush_us` the
+capture's flush of those requests (their hashing and serializing, gateway/control/capture.py) per request.
 """
 
 from __future__ import annotations
@@ -28,6 +33,14 @@ from duet.launcher import Launcher, SimOptions, WorkerSpec, free_port, gateway_c
 from loadtests.experiments.gateway_bench import SIM_MS_PER_TOKEN, _wait_port, print_result, streams_burst
 
 STREAMS, MAX_TOKENS = 1000, 16
+CAPTURE_ON = {"enabled": True, "max_records": 100_000}
+VARIANTS = {  # name -> the gateway config's extra sections
+    "off": {"profile": {"enabled": False}},
+    "on": {"capture": CAPTURE_ON},
+    "profile": {},
+    "capture": {"profile": {"enabled": False}, "capture": CAPTURE_ON},
+    "off2": {"profile": {"enabled": False}},
+}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -35,14 +48,30 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-async def _burst_cpu_ms(pid: int, port: int, model: str) -> tuple[float, int]:
+async def _scrape(port: int, every_s: float) -> None:
+    """GET /metrics every `every_s` seconds until cancelled (a raw request: the client stays light)."""
+    while True:
+        await asyncio.sleep(every_s)
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+        await r.read()
+        w.close()
+
+
+async def _burst_cpu_ms(pid: int, port: int, model: str, scrape_s: float = 0.0) -> tuple[float, int]:
     before = cpu_seconds(pid)
-    errors, _ = await streams_burst(port, model, STREAMS, MAX_TOKENS)
+    scraper = asyncio.create_task(_scrape(port, scrape_s)) if scrape_s > 0 else None
+    try:
+        errors, _ = await streams_burst(port, model, STREAMS, MAX_TOKENS)
+    finally:
+        if scraper is not None:
+            scraper.cancel()
     return (cpu_seconds(pid) - before) * 1000 / STREAMS, errors
 
 
-def finished_us(samples: int = 2000) -> dict:
-    """Microseconds per Workload.finished call (profile + capture on), median of `samples`."""
+def finished_us(samples: int = 2000) -> tuple[dict, dict]:
+    """Microseconds per Workload.finished call (profile + capture on), median of `samples`; and per request of
+    the capture's flush of them."""
     from duet.hashing import block_hashes
     from gateway.control.capture import CaptureConfig
     from gateway.control.state.memory import MemoryStore
@@ -50,7 +79,7 @@ def finished_us(samples: int = 2000) -> dict:
 
     rng = random.Random(0)
     system = [rng.randrange(1000, 30000) for _ in range(1000)]
-    out = {}
+    out, flush = {}, {}
     for name, make in (("burst_chat", lambda: [rng.randrange(1000, 30000) for _ in range(30)]),
                        ("shared_1100_tokens", lambda: system + [rng.randrange(1000, 30000) for _ in range(100)])):
         w = Workload(CaptureConfig(enabled=True, max_records=samples), MemoryStore())
@@ -65,14 +94,18 @@ def finished_us(samples: int = 2000) -> dict:
                        duration_s=0.4, ttft_s=0.05, tpot_s=0.02)
             times.append(time.perf_counter() - t0)
         out[name] = round(statistics.median(times) * 1e6, 2)
-    return out
+        t0 = time.perf_counter()
+        asyncio.run(w.capture.flush())
+        flush[name] = round((time.perf_counter() - t0) * 1e6 / samples, 2)
+    return out, flush
 
 
-async def run(rounds: int) -> dict:
+async def run(rounds: int, variants: tuple[str, ...] = ("off", "on"), scrape_s: float = 0.0) -> dict:
     from duet.model_make import default_model_dir
 
     model_dir = default_model_dir()
     model = model_dir.name
+    load_before = os.getloadavg()
     launcher = Launcher(Path(tempfile.mkdtemp(prefix="duet-profilecost-")))
     sim_ports = [free_port(), free_port()]
     try:
@@ -83,8 +116,8 @@ async def run(rounds: int) -> dict:
             await _wait_port(launcher, p)
         workers = [f"127.0.0.1:{p}" for p in sim_ports]
         gateways = {}
-        for name, extra in (("off", {"profile": {"enabled": False}}),
-                            ("on", {"capture": {"enabled": True, "max_records": 100_000}})):
+        for name in variants:
+            extra = VARIANTS[name]
             port = free_port()
             pid = launcher.start_gateway(f"gw-{name}", gateway_config(model_dir, workers, port=port,
                                                                      poll_interval_s=1.0, **extra))
@@ -97,17 +130,29 @@ async def run(rounds: int) -> dict:
         per_round: list[dict] = []
         for r in range(rounds):
             row = {}
-            for name in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            k = r % len(variants)  # rotate the order: each variant goes first as often as the others
+            for name in variants[k:] + variants[:k]:
                 pid, port = gateways[name]
-                row[f"{name}_cpu_ms_per_request"], row[f"{name}_errors"] = await _burst_cpu_ms(pid, port, model)
-                row[f"{name}_cpu_ms_per_request"] = round(row[f"{name}_cpu_ms_per_request"], 4)
+                ms, row[f"{name}_errors"] = await _burst_cpu_ms(pid, port, model, scrape_s)
+                row[f"{name}_cpu_ms_per_request"] = round(ms, 4)
             per_round.append(row)
             print(f"round {r + 1}: {row}", file=sys.stderr, flush=True)
-        off = statistics.median(r["off_cpu_ms_per_request"] for r in per_round)
-        on = statistics.median(r["on_cpu_ms_per_request"] for r in per_round)
-        return {"streams": STREAMS, "max_tokens": MAX_TOKENS, "rounds": per_round,
-                "off_cpu_ms_per_request": round(off, 4), "on_cpu_ms_per_request": round(on, 4),
-                "overhead_share": round((on - off) / off, 4), "cpu_count": os.cpu_count()}
+        out = {"streams": STREAMS, "max_tokens": MAX_TOKENS, "variants": list(variants), "scrape_s": scrape_s,
+               "rounds": per_round, "cpu_count": os.cpu_count(),
+               "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
+        med = {name: statistics.median(r[f"{name}_cpu_ms_per_request"] for r in per_round) for name in variants}
+        for name in variants:
+            out[f"{name}_cpu_ms_per_request"] = round(med[name], 4)
+        if "off" in variants:
+            for name in variants:
+                if name == "off":
+                    continue
+                out[f"{name}_overhead_share"] = round((med[name] - med["off"]) / med["off"], 4)
+                ratios = [r[f"{name}_cpu_ms_per_request"] / r["off_cpu_ms_per_request"] for r in per_round]
+                out[f"{name}_round_ratio_median"] = round(statistics.median(ratios), 4)
+            if "on" in variants:
+                out["overhead_share"] = out["on_overhead_share"]  # the figure the earlier runs printed
+        return out
     finally:
         launcher.shutdown()
 
@@ -115,10 +160,17 @@ async def run(rounds: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadtests.experiments.profile_cost")
     ap.add_argument("--rounds", type=int, default=3, help="bursts per gateway, alternating (default 3)")
+    ap.add_argument("--variants", default="off,on",
+                    help=f"gateways to compare, comma-separated, from {', '.join(VARIANTS)} (default off,on)")
+    ap.add_argument("--scrape-s", type=float, default=0.0, help="scrape /metrics this often during a burst (0: never)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
-    result = asyncio.run(run(args.rounds))
-    result["finished_us"] = finished_us()
+    variants = tuple(v for v in args.variants.split(",") if v)
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or len(set(variants)) != len(variants) or not variants:
+        ap.error(f"--variants: names from {', '.join(VARIANTS)}, each once (got {args.variants!r})")
+    result = asyncio.run(run(args.rounds, variants, args.scrape_s))
+    result["finished_us"], result["flush_us"] = finished_us()
     print_result(result, args.json)
     return 0
 

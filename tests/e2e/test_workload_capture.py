@@ -21,7 +21,7 @@ from gateway.control.state.codec import config_from_dict
 from loadtests.advise import fleet
 from loadtests.sim.fleet.bench import FleetSettings
 from loadtests.traces.mooncake import TraceRecord, load_trace, prompt_token_ids
-from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
+from tests.support.stack import GatewayProcess, GatewayThread, Sim, gateway_config, model_dir, start_sims
 
 MODEL = model_dir().name
 VOCAB = 1000  # the tiny test model's
@@ -80,10 +80,26 @@ def _gateway(sims) -> GatewayThread:
     return GatewayThread(gateway_config(sims, auth={"admin_key": ADMIN_KEY}, capture={"enabled": True})).start()
 
 
+def _gateway_process(sims, tmp) -> GatewayProcess:
+    """The gateway as its own process, every sim healthy: the replay's client then shares no interpreter with it,
+    so the arrival times it captures are the client's own (in a thread of this process, a loaded machine moved
+    them by seconds: another workload, as advise reads it)."""
+    gw = GatewayProcess(gateway_config(sims, auth={"admin_key": ADMIN_KEY}, capture={"enabled": True}), tmp)
+    gw.wait_ready()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        r = httpx.get(gw.url + "/admin/workers", headers=ADMIN, timeout=2)
+        if r.status_code == 200 and sum(1 for w in r.json()["workers"] if w.get("healthy")) == len(sims):
+            return gw
+        time.sleep(0.2)
+    gw.stop()
+    raise RuntimeError("the gateway did not see every sim healthy in 30 s")
+
+
 @pytest.mark.timeout(300)
 def test_known_traffic_is_profiled_captured_and_advised_alike(sims, tmp_path, capsys):
     workload = known_workload(tmp_path / "workload.jsonl")
-    gw = _gateway(sims)
+    gw = _gateway_process(sims, tmp_path)
     try:
         prompts = asyncio.run(replay(gw.url, workload))
         # a chat turn with a text to look for in the capture
@@ -142,10 +158,12 @@ def test_known_traffic_is_profiled_captured_and_advised_alike(sims, tmp_path, ca
     assert on_capture["recommendation"]["deployment"] == on_workload["recommendation"]["deployment"]
     assert on_capture["sensitivity"] == on_workload["sensitivity"]
     # at this light load every option meets its SLOs and the rule's tie order decides, so the figures must agree
-    # too: the capture reproduces the workload's predicted goodput and latency option by option
+    # too: the capture reproduces the workload's predicted SLO attainment and latency option by option. (Not the
+    # goodput in requests a second: that divides by the span of the arrivals, which the replay's real clock
+    # stretches or squeezes on a loaded machine: 9.1 and 16.9 against 10.2 req/s at load 20-27.)
     for name, want in on_workload["rates"]["traffic"]["options"].items():
         got = on_capture["rates"]["traffic"]["options"][name]
-        assert got["goodput_rps"] == pytest.approx(want["goodput_rps"], rel=0.1), name
+        assert got["slo_attainment"] == pytest.approx(want["slo_attainment"], abs=0.05), name
         assert got["ttft_p50_s"] == pytest.approx(want["ttft_p50_s"], rel=0.25), name
         assert got["tpot_p50_s"] == pytest.approx(want["tpot_p50_s"], rel=0.25), name
     assert on_capture["served_by"] == ["paged", "prefix"] and "served_by" not in on_workload

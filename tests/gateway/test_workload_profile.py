@@ -212,3 +212,19 @@ def test_the_peak_reads_every_request_not_the_sample(monkeypatch):
                        traffic_class="oneshot", engine="paged", cached_tokens=0, duration_s=10)
     p = profile.snapshot(60)["models"][ALL]
     assert p["sampled"] == 4 and p["concurrency_peak"] == 20
+
+
+@pytest.mark.parametrize("ttft_s, tpot_s", [(0.1, 0.02), (None, None), (1.23456789, 1e-07), (12.0, None)])
+def test_a_capture_line_is_what_json_dumps_writes(ttft_s, tpot_s):
+    from gateway.control.capture import _line
+
+    for model, cls, session, ids in (("m", "session", "s-00ff00ff00ff00ff", [1, 2**64 - 1]),
+                                     ('we"ird\\ m\u00f6del', "document", "", []), ("tiny-llama-v2", "oneshot", "",
+                                                                                  [18446744073709551615])):
+        record = {"timestamp": 1733520000123, "input_length": 700, "output_length": 9, "hash_ids": ids,
+                  "session": session, "class": cls, "engine": "paged", "model": model,
+                  "ttft_ms": None if ttft_s is None else round(ttft_s * 1000, 3),
+                  "tpot_ms": None if tpot_s is None else round(tpot_s * 1000, 3)}
+        line = _line(1733520000123, 700, 9, ids, session, cls, "paged", model, ttft_s, tpot_s)
+        assert line == json.dumps(record, separators=(",", ":"))
+        assert json.loads(line) == record

@@ -6,6 +6,8 @@ gateway processes sharing Redis), torn down with the test.
 
     sims = start_sims([Sim("prefix"), Sim("paged", worker_id="p1", version="v2")], tmp)
     gw = GatewayThread(gateway_config(sims)).start()          # in-process gateway
+    sims = start_sims([Sim("prefix", model=long_model_dir())], tmp)  # prompts past the tiny model's 2,048 tokens
+    gw = GatewayThread(gateway_config(sims, model=long_model_dir())).start()
     stack = LiveStack(tmp, [Sim("paged", worker_id="stable")], admin_key="k").start()  # all processes
     LiveStack(tmp, [Engine("paged", worker_id="slow", env={"DUET_DEBUG_STEP_DELAY_MS": "200"})], ...)  # real engines
 
@@ -30,7 +32,7 @@ import yaml
 
 from duet.launcher import EngineLimits, SimOptions, WorkerSpec, duet_argv, free_port, worker_argv, worker_env
 from duet.launcher import gateway_config as launcher_gateway_config
-from duet.model_make import default_model_dir
+from duet.model_make import default_model_dir, long_context_model_dir
 from duet.rpc import engine_pb2 as pb
 from duet.rpc import engine_pb2_grpc as pb_grpc
 from duet.supervisor import ask_for_parent_death_signal
@@ -48,6 +50,12 @@ def model_dir() -> Path:
     return default_model_dir()
 
 
+def long_model_dir() -> Path:
+    """The tiny model with a 32k context (duet/model_make.py `tiny-long`): sims and gateways given it take prompts
+    the tiny model's 2,048 tokens cannot hold."""
+    return long_context_model_dir()
+
+
 @dataclass
 class Sim:
     """One `duet engine sim` process. `worker_id` defaults to its address (the sim's own default)."""
@@ -60,6 +68,7 @@ class Sim:
     worker_id: str | None = None
     version: str = "v1"
     prefill_ms_per_token: float | None = None  # None: the sim's default
+    model: Path | None = None  # None: the tiny model (model_dir())
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
 
@@ -68,9 +77,10 @@ class Sim:
         return f"127.0.0.1:{self.port}"
 
     def start(self, log_dir: Path) -> Sim:
-        args = worker_argv(WorkerSpec("sim", model_dir(), self.port, self.worker_id, self.version, self.redis,
-                                      sim=SimOptions(self.kind, self.ms_per_token, self.prefill_ms_per_token,
-                                                     self.fail_rate, capabilities=self.capabilities)))
+        sim = SimOptions(self.kind, self.ms_per_token, self.prefill_ms_per_token, self.fail_rate,
+                         capabilities=self.capabilities)
+        args = worker_argv(WorkerSpec("sim", self.model or model_dir(), self.port, self.worker_id, self.version,
+                                      self.redis, sim=sim))
         with open(log_dir / f"sim-{self.worker_id or self.port}.log", "wb") as log:
             self.proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                          env=dict(os.environ, PYTHONUNBUFFERED="1"), **DIE_WITH_TEST)
@@ -110,8 +120,8 @@ class Engine(Sim):
     env: dict[str, str] = field(default_factory=dict)
 
     def start(self, log_dir: Path) -> Engine:
-        spec = WorkerSpec(self.kind, model_dir(), self.port, self.worker_id, self.version, self.redis,
-                          device="cpu", threads=1, limits=EngineLimits(kv_cache_tokens=8192))
+        spec = WorkerSpec(self.kind, self.model or model_dir(), self.port, self.worker_id, self.version,
+                          self.redis, device="cpu", threads=1, limits=EngineLimits(kv_cache_tokens=8192))
         with open(log_dir / f"engine-{self.worker_id or self.port}.log", "wb") as log:
             self.proc = subprocess.Popen(worker_argv(spec), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                          env=dict(os.environ, PYTHONUNBUFFERED="1", **(worker_env(spec) or {}),
@@ -127,8 +137,10 @@ def start_sims(sims: list[Sim], log_dir: Path) -> list[Sim]:
     return sims
 
 
-def gateway_config(sims: list[Sim], **extra) -> dict:
-    raw = launcher_gateway_config(model_dir(), [s.address for s in sims], port=free_port(), poll_interval_s=0.2)
+def gateway_config(sims: list[Sim], model: Path | None = None, **extra) -> dict:
+    """A gateway over `sims` serving `model` (default: the tiny model; the sims' own, given them)."""
+    raw = launcher_gateway_config(model or model_dir(), [s.address for s in sims], port=free_port(),
+                                  poll_interval_s=0.2)
     raw.update(extra)
     return raw
 
