@@ -71,7 +71,7 @@ def test_bf16_agrees_with_fp32_greedy_on_the_chat_prompts(smollm2_dir, runners, 
     print(f"bf16 picks fp32's greedy token at {same}/{total} positions ({same / total:.1%}, teacher-forced)")
     assert same / total >= 0.9, f"bf16 picks fp32's greedy token at {same}/{total} positions"
     # and the served path generates in bf16 end to end (paged decode over a bf16 cache), the first answer's start
-    # (its first sentence is 8 tokens: greedy, 16 of them start as the 64 do)
+    # (that sentence is 7 tokens: greedy, 16 tokens start as the 64 did)
     llm = LLM(smollm2_dir, page_size=PAGE, dtype="bfloat16")
     [out] = llm.generate([prompts[0]], dataclasses.replace(GREEDY, max_tokens=16))
     assert llm.runner.kv_pool.k_caches[0].dtype == torch.bfloat16

@@ -65,7 +65,7 @@ def test_int8_agrees_with_fp32_greedy_on_the_chat_prompts(smollm2_dir, runners, 
         total += len(continuation)
     assert same / total >= 0.9, f"int8 picks fp32's greedy token at {same}/{total} positions"
     # and the served path generates with int8 end to end, the first answer word for word (its first sentence is
-    # 8 tokens: greedy, 16 of them start as the 64 do)
+    # 7 tokens: greedy, 16 tokens start as the 64 did)
     [out] = LLM(smollm2_dir, page_size=PAGE, quantization="int8").generate([prompts[0]],
                                                                           dataclasses.replace(GREEDY, max_tokens=16))
     assert tok.decode(out.outputs[0].token_ids).startswith("The capital of France is Paris.")
