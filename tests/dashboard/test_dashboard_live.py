@@ -6,19 +6,17 @@ side by side. DUET_UPDATE_SCREENSHOT=1 refreshes docs/dashboard.png."""
 
 import asyncio
 import os
-import shutil
-from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.support.dashboard_page import dashboard_page, log_in, needs_chromium
 from tests.support.stack import ROOT, LiveStack, Sim, chat_body
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 KEY = "adm-dashboard"
 SCREENSHOT = ROOT / "docs" / "dashboard.png"
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium package")
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
@@ -74,128 +72,114 @@ async def mixed_traffic(stack, n: int, concurrency: int = 6) -> None:
 
 
 async def test_dashboard_live(stack, tmp_path):
-    from playwright.async_api import async_playwright
+    async with dashboard_page(stack.url, height=1500) as (page, errors):
+        # it asks for the key; a wrong one is refused
+        await log_in(page, "wrong")
+        await page.wait_for_selector("#login-error:has-text('refused')")
+        await log_in(page, KEY)
+        await page.wait_for_selector("#conn:has-text('live')")
+        assert await page.evaluate("sessionStorage.getItem('duetAdminKey')") == KEY
 
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                          args=["--no-sandbox", "--disable-gpu"])
-        try:
-            page = await browser.new_page(viewport={"width": 1400, "height": 1500})
-            errors = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            await page.goto(stack.url + "/dashboard")
+        # a canary policy shows on the canary panel
+        async with httpx.AsyncClient(base_url=stack.url, headers=stack.admin_headers) as c:
+            r = await c.put(f"/admin/models/{stack.model}/canary-policy", json={
+                "canary": "canary", "baseline": "stable", "window_s": 120, "min_requests": 10_000})
+            assert r.status_code == 200, r.text
+        await page.wait_for_selector("#canary .policy:has-text('automatic rollback: canary vs stable')")
 
-            # it asks for the key; a wrong one is refused
-            await page.fill("#admin-key", "wrong")
-            await page.click("#login-form button")
-            await page.wait_for_selector("#login-error:has-text('refused')")
-            await page.fill("#admin-key", KEY)
-            await page.click("#login-form button")
-            await page.wait_for_selector("#conn:has-text('live')")
-            assert await page.evaluate("sessionStorage.getItem('duetAdminKey')") == KEY
+        # panels fill with data under traffic
+        traffic = asyncio.create_task(mixed_traffic(stack, 240))
+        await page.wait_for_function("Number(document.body.dataset.requests || 0) > 0", timeout=20000)
+        await page.wait_for_function(
+            "['chart-rps', 'chart-latency', 'chart-tokens'].every(id => Chart.getChart(id).data.datasets"
+            ".some(d => d.data.some(v => v > 0)))", timeout=20000)
+        await page.wait_for_function("Chart.getChart('chart-reasons').data.labels.length > 0", timeout=20000)
+        await page.wait_for_selector("#workers tbody tr >> text=paged-v2")
+        assert await page.locator("#workers tbody tr").count() == 4
+        await page.wait_for_selector("#decisions tbody tr", timeout=10000)
+        # the workload profile's histograms: every request in the prompt-length histogram, the two-turn chats
+        # in the session-length one, and their shared preamble as blocks other sessions sent before
+        await page.wait_for_function("Number(document.body.dataset.profiled || 0) >= 20", timeout=20000)
+        profiled = await page.evaluate("""() => {
+            const sum = (id) => Chart.getChart(id).data.datasets[0].data.reduce((a, b) => a + b, 0);
+            const turns = Chart.getChart('chart-turns').data;
+            const reuse = Chart.getChart('chart-reuse').data;
+            return {requests: Number(document.body.dataset.profiled), prompts: sum('chart-prompt-len'),
+                    twoTurns: turns.datasets[0].data[turns.labels.indexOf('2')],
+                    crossShare: reuse.datasets[0].data[reuse.labels.indexOf("blocks: other sessions'")]};
+        }""")
+        assert profiled["prompts"] == profiled["requests"] and profiled["twoTurns"] > 0, profiled
+        assert profiled["crossShare"] > 10, profiled
+        # the peak concurrency beside the mean: the traffic keeps at most 6 requests in flight, and some overlap
+        peak = int(await page.evaluate("document.body.dataset.concurrencyPeak"))
+        assert 2 <= peak <= 6, peak
+        assert f"{peak} at the peak" in await page.text_content("#profile-summary")
+        await page.wait_for_timeout(4000)  # a few more seconds of lines on the charts
+        # the committed docs/dashboard.png is refreshed only on request, so test runs leave the tree clean
+        shot = SCREENSHOT if os.environ.get("DUET_UPDATE_SCREENSHOT") or not SCREENSHOT.exists() \
+            else tmp_path / "dashboard.png"
+        await page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 50_000
+        await traffic
 
-            # a canary policy shows on the canary panel
-            async with httpx.AsyncClient(base_url=stack.url, headers=stack.admin_headers) as c:
-                r = await c.put(f"/admin/models/{stack.model}/canary-policy", json={
-                    "canary": "canary", "baseline": "stable", "window_s": 120, "min_requests": 10_000})
-                assert r.status_code == 200, r.text
-            await page.wait_for_selector("#canary .policy:has-text('automatic rollback: canary vs stable')")
+        # change the canary weight in the page, through the confirmation dialog
+        model = f"#canary .model[data-model='{stack.model}']"
+        await page.fill(f"{model} input[data-variant='stable']", "70")
+        await page.fill(f"{model} input[data-variant='canary']", "30")
+        await page.click(f"{model} button.apply")
+        await page.wait_for_selector("#confirm[open]")
+        assert "canary: 10 -> 30" in await page.inner_text("#confirm-body")
+        await page.click("#confirm-ok")
+        async with httpx.AsyncClient(base_url=stack.url, headers=stack.admin_headers) as c:
+            for _ in range(50):
+                cfg = (await c.get(f"/admin/models/{stack.model}/routing")).json()
+                if cfg["variants"][1]["weight"] == 30:
+                    break
+                await asyncio.sleep(0.1)
+            assert [v["weight"] for v in cfg["variants"]] == [70, 30]
+            audit = (await c.get("/admin/audit?limit=1")).json()["entries"][0]
+            assert audit["actor"].startswith("admin-") and audit["after"]["variants"][1]["weight"] == 30
+        await page.wait_for_selector("#audit tbody tr >> text=canary=30", timeout=10000)
 
-            # panels fill with data under traffic
-            traffic = asyncio.create_task(mixed_traffic(stack, 240))
-            await page.wait_for_function("Number(document.body.dataset.requests || 0) > 0", timeout=20000)
-            await page.wait_for_function(
-                "['chart-rps', 'chart-latency', 'chart-tokens'].every(id => Chart.getChart(id).data.datasets"
-                ".some(d => d.data.some(v => v > 0)))", timeout=20000)
-            await page.wait_for_function("Chart.getChart('chart-reasons').data.labels.length > 0", timeout=20000)
-            await page.wait_for_selector("#workers tbody tr >> text=paged-v2")
-            assert await page.locator("#workers tbody tr").count() == 4
-            await page.wait_for_selector("#decisions tbody tr", timeout=10000)
-            # the workload profile's histograms: every request in the prompt-length histogram, the two-turn chats
-            # in the session-length one, and their shared preamble as blocks other sessions sent before
-            await page.wait_for_function("Number(document.body.dataset.profiled || 0) >= 20", timeout=20000)
-            profiled = await page.evaluate("""() => {
-                const sum = (id) => Chart.getChart(id).data.datasets[0].data.reduce((a, b) => a + b, 0);
-                const turns = Chart.getChart('chart-turns').data;
-                const reuse = Chart.getChart('chart-reuse').data;
-                return {requests: Number(document.body.dataset.profiled), prompts: sum('chart-prompt-len'),
-                        twoTurns: turns.datasets[0].data[turns.labels.indexOf('2')],
-                        crossShare: reuse.datasets[0].data[reuse.labels.indexOf("blocks: other sessions'")]};
-            }""")
-            assert profiled["prompts"] == profiled["requests"] and profiled["twoTurns"] > 0, profiled
-            assert profiled["crossShare"] > 10, profiled
-            # the peak concurrency beside the mean: the traffic keeps at most 6 requests in flight, and some overlap
-            peak = int(await page.evaluate("document.body.dataset.concurrencyPeak"))
-            assert 2 <= peak <= 6, peak
-            assert f"{peak} at the peak" in await page.text_content("#profile-summary")
-            await page.wait_for_timeout(4000)  # a few more seconds of lines on the charts
-            # the committed docs/dashboard.png is refreshed only on request, so test runs leave the tree clean
-            shot = SCREENSHOT if os.environ.get("DUET_UPDATE_SCREENSHOT") or not SCREENSHOT.exists() \
-                else tmp_path / "dashboard.png"
-            await page.screenshot(path=str(shot), full_page=True)
-            assert shot.stat().st_size > 50_000
-            await traffic
+        split = await send(stack, [f"user-{i}" for i in range(400)], prefix="after the change")
+        share = 100 * split.get("canary", 0) / 400
+        assert abs(share - 30) <= 5, split
 
-            # change the canary weight in the page, through the confirmation dialog
-            model = f"#canary .model[data-model='{stack.model}']"
-            await page.fill(f"{model} input[data-variant='stable']", "70")
-            await page.fill(f"{model} input[data-variant='canary']", "30")
-            await page.click(f"{model} button.apply")
-            await page.wait_for_selector("#confirm[open]")
-            assert "canary: 10 -> 30" in await page.inner_text("#confirm-body")
-            await page.click("#confirm-ok")
-            async with httpx.AsyncClient(base_url=stack.url, headers=stack.admin_headers) as c:
-                for _ in range(50):
-                    cfg = (await c.get(f"/admin/models/{stack.model}/routing")).json()
-                    if cfg["variants"][1]["weight"] == 30:
-                        break
-                    await asyncio.sleep(0.1)
-                assert [v["weight"] for v in cfg["variants"]] == [70, 30]
-                audit = (await c.get("/admin/audit?limit=1")).json()["entries"][0]
-                assert audit["actor"].startswith("admin-") and audit["after"]["variants"][1]["weight"] == 30
-            await page.wait_for_selector("#audit tbody tr >> text=canary=30", timeout=10000)
+        # drain a worker from the page: confirmed, shown as draining, and new requests avoid it
+        await page.click("#workers tbody tr:has-text('prefix-v1') button.drain")
+        await page.wait_for_selector("#confirm[open]")
+        await page.click("#confirm-ok")
+        await page.wait_for_selector("#workers tbody tr:has-text('prefix-v1') >> text=draining", timeout=5000)
+        async with httpx.AsyncClient(base_url=stack.url, timeout=30) as c:
+            for i in range(10):
+                body = {"model": stack.model, "max_tokens": 2, "user": f"d{i}", "messages": [
+                    {"role": "system", "content": SHARED}, {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "hello"}, {"role": "user", "content": f"again {i}"}]}
+                r = await c.post("/v1/chat/completions", json=body)
+                assert r.status_code == 200 and r.headers["x-duet-worker"] != "prefix-v1"
 
-            split = await send(stack, [f"user-{i}" for i in range(400)], prefix="after the change")
-            share = 100 * split.get("canary", 0) / 400
-            assert abs(share - 30) <= 5, split
-
-            # drain a worker from the page: confirmed, shown as draining, and new requests avoid it
-            await page.click("#workers tbody tr:has-text('prefix-v1') button.drain")
-            await page.wait_for_selector("#confirm[open]")
-            await page.click("#confirm-ok")
-            await page.wait_for_selector("#workers tbody tr:has-text('prefix-v1') >> text=draining", timeout=5000)
-            async with httpx.AsyncClient(base_url=stack.url, timeout=30) as c:
-                for i in range(10):
-                    body = {"model": stack.model, "max_tokens": 2, "user": f"d{i}", "messages": [
-                        {"role": "system", "content": SHARED}, {"role": "user", "content": "hi"},
-                        {"role": "assistant", "content": "hello"}, {"role": "user", "content": f"again {i}"}]}
-                    r = await c.post("/v1/chat/completions", json=body)
-                    assert r.status_code == 200 and r.headers["x-duet-worker"] != "prefix-v1"
-
-            # a shadow run: the candidate (paged-v3, weight 0) beside the primary, per class, with its verdict
-            await page.wait_for_selector("#shadow:has-text('no shadow running')")
-            async with httpx.AsyncClient(base_url=stack.url, headers=stack.admin_headers) as c:
-                path = f"/admin/models/{stack.model}"
-                cfg = (await c.get(f"{path}/routing")).json()
-                cfg["variants"].append({"name": "candidate", "weight": 0,
-                                        "pools": [{"engine_kind": "paged", "version": "v3"}]})
-                assert (await c.put(f"{path}/routing", json=cfg)).status_code == 200
-                r = await c.put(f"{path}/shadow", json={
-                    "pools": [{"engine_kind": "paged", "version": "v3"}], "share": 1, "max_loop_lag_ms": 1000,
-                    "gates": {"min_requests": 5, "max_ttft_p50_ratio": None, "max_ttft_p99_ratio": None,
-                              "max_tpot_p50_ratio": None, "max_tpot_p99_ratio": None,
-                              "max_error_rate_increase": None}})  # only greedy agreement left to wait for
-                assert r.status_code == 200, r.text
-            await send(stack, [f"shadowed-{i}" for i in range(20)], concurrency=4, prefix="mirrored")
-            model = f"#shadow .model[data-model='{stack.model}']"
-            await page.wait_for_function(
-                f"() => {{ const row = document.querySelector(\"{model} tr[data-class='all']\"); if (!row) return false;"
-                " return Number(row.querySelector('.primary').textContent) >= 5"
-                " && Number(row.querySelector('.candidate').textContent) >= 5; }", timeout=20000)
-            assert await page.locator(f"{model} tr[data-class='oneshot']").count() == 1
-            assert "candidate paged@v3" in await page.inner_text(model)
-            # no greedy request was sent: the verdict waits for greedy pairs to compare
-            await page.wait_for_selector(f"{model} .verdict:has-text('greedy answers compared')")
-            assert not errors, errors
-        finally:
-            await browser.close()
+        # a shadow run: the candidate (paged-v3, weight 0) beside the primary, per class, with its verdict
+        await page.wait_for_selector("#shadow:has-text('no shadow running')")
+        async with httpx.AsyncClient(base_url=stack.url, headers=stack.admin_headers) as c:
+            path = f"/admin/models/{stack.model}"
+            cfg = (await c.get(f"{path}/routing")).json()
+            cfg["variants"].append({"name": "candidate", "weight": 0,
+                                    "pools": [{"engine_kind": "paged", "version": "v3"}]})
+            assert (await c.put(f"{path}/routing", json=cfg)).status_code == 200
+            r = await c.put(f"{path}/shadow", json={
+                "pools": [{"engine_kind": "paged", "version": "v3"}], "share": 1, "max_loop_lag_ms": 1000,
+                "gates": {"min_requests": 5, "max_ttft_p50_ratio": None, "max_ttft_p99_ratio": None,
+                          "max_tpot_p50_ratio": None, "max_tpot_p99_ratio": None,
+                          "max_error_rate_increase": None}})  # only greedy agreement left to wait for
+            assert r.status_code == 200, r.text
+        await send(stack, [f"shadowed-{i}" for i in range(20)], concurrency=4, prefix="mirrored")
+        model = f"#shadow .model[data-model='{stack.model}']"
+        await page.wait_for_function(
+            f"() => {{ const row = document.querySelector(\"{model} tr[data-class='all']\"); if (!row) return false;"
+            " return Number(row.querySelector('.primary').textContent) >= 5"
+            " && Number(row.querySelector('.candidate').textContent) >= 5; }", timeout=20000)
+        assert await page.locator(f"{model} tr[data-class='oneshot']").count() == 1
+        assert "candidate paged@v3" in await page.inner_text(model)
+        # no greedy request was sent: the verdict waits for greedy pairs to compare
+        await page.wait_for_selector(f"{model} .verdict:has-text('greedy answers compared')")
+        assert not errors, errors

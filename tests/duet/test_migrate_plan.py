@@ -9,18 +9,10 @@ import pytest
 from duet.cli import main
 from loadtests.advise import fleet
 from loadtests.sim.fleet.bench import FleetSettings
-from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
+from tests.support.stack import GatewayThread, gateway_config, model_dir
 
 MODEL = model_dir().name
 KEY = "adm-plan"
-
-
-@pytest.fixture(scope="module")
-def sims(tmp_path_factory):
-    started = start_sims([Sim("prefix"), Sim("paged")], tmp_path_factory.mktemp("sims"))
-    yield started
-    for s in started:
-        s.kill()
 
 
 def _send(gw: GatewayThread, n: int) -> None:

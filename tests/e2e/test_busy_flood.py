@@ -65,9 +65,14 @@ class Engine:
             self.proc.wait(timeout=10)
 
 
-@pytest.fixture
-def engines(tmp_path):
-    es = [Engine("paged", tmp_path), Engine("prefix", tmp_path)]
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    """Loaded once for the module (a real engine's start is most of a test's time on two cores): each test
+    starts its own gateway in front of them, counts the engines' started tokens from its own baseline and, as
+    the refusal test asserts, leaves nothing running; the tests' prompts are distinct, so none hits another's
+    cached prefix."""
+    tmp = tmp_path_factory.mktemp("busy_flood")
+    es = [Engine("paged", tmp), Engine("prefix", tmp)]
     yield es
     for e in es:
         e.kill()

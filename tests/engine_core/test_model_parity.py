@@ -95,23 +95,39 @@ def _hf_greedy(model, ids, n):
 GREEDY = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
 
 
-def test_greedy_64_tokens_alone_matches_transformers_generate(hf_checkpoints, arch):
-    path, hf = hf_checkpoints[arch]
+@pytest.fixture(scope="module")
+def hf_greedy_64(hf_checkpoints):
+    """hf_greedy_64(arch, ids) -> transformers' greedy 64 tokens after `ids`: the reference of the three greedy
+    tests below, generated once per checkpoint and prompt (it is deterministic) instead of once per test."""
+    done: dict[tuple[str, tuple[int, ...]], list[int]] = {}
+
+    def get(arch: str, ids: list[int]) -> list[int]:
+        key = (arch, tuple(ids))
+        if key not in done:
+            done[key] = _hf_greedy(hf_checkpoints[arch][1], ids, 64)
+        return done[key]
+
+    return get
+
+
+def test_greedy_64_tokens_alone_matches_transformers_generate(hf_checkpoints, hf_greedy_64, arch):
+    path, _ = hf_checkpoints[arch]
     ids = _prompt(21, seed=4)
     [out] = LLM(path, page_size=16).generate([ids], GREEDY)
-    assert out.outputs[0].token_ids == _hf_greedy(hf, ids, 64)
+    assert out.outputs[0].token_ids == hf_greedy_64(arch, ids)
     assert out.outputs[0].finish_reason == "length"
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
-def test_greedy_64_tokens_in_a_ragged_batch_matches_transformers_generate(hf_checkpoints, arch, compile):
+def test_greedy_64_tokens_in_a_ragged_batch_matches_transformers_generate(hf_checkpoints, hf_greedy_64, arch,
+                                                                         compile):
     """Three prompts of different lengths together, odd page size, a small token budget so that prefill
     chunks of one prompt share steps with decode tokens of the others."""
-    path, hf = hf_checkpoints[arch]
+    path, _ = hf_checkpoints[arch]
     prompts = [_prompt(21, seed=4), _prompt(5, seed=5), _prompt(47, seed=6)]
     llm = LLM(path, page_size=4, max_num_batched_tokens=16, compile=compile)
     assert is_compiled(llm.runner.model) == compile
     outs = llm.generate(prompts, GREEDY)
     for ids, out in zip(prompts, outs):
         assert out.prompt_token_ids == ids
-        assert out.outputs[0].token_ids == _hf_greedy(hf, ids, 64)
+        assert out.outputs[0].token_ids == hf_greedy_64(arch, ids)

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
+from tests.support.stack import GatewayThread, gateway_config, model_dir
 
 MODEL = model_dir().name
 KEYS = [
@@ -21,14 +21,6 @@ KEYS = [
     {"key": "sk-models", "models": ["some-other-model"]},
     "sk-free",
 ]
-
-
-@pytest.fixture(scope="module")
-def sims(tmp_path_factory):
-    sims = start_sims([Sim("prefix"), Sim("paged")], tmp_path_factory.mktemp("sims"))
-    yield sims
-    for s in sims:
-        s.kill()
 
 
 @pytest.fixture

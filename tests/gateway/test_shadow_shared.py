@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from gateway.config import ConfigError, from_dict
-from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir, start_sims
+from tests.support.stack import GatewayThread, Sim, gateway_config, model_dir
 
 MODEL = model_dir().name
 KEY = "adm-shadow"
@@ -20,13 +20,9 @@ ROUTING = {"variants": [{"name": "primary", "weight": 100, "pools": [{"engine_ki
                         {"name": "candidate", "weight": 0, "pools": CANDIDATE}]}
 
 
-@pytest.fixture(scope="module")
-def sims(tmp_path_factory):
-    started = start_sims([Sim("paged", worker_id="p1", version="v1"), Sim("paged", worker_id="p2", version="v2")],
-                         tmp_path_factory.mktemp("sims"))
-    yield started
-    for s in started:
-        s.kill()
+def sims_to_start() -> list[Sim]:
+    """The `sims` fixture's workers (tests/conftest.py): the primary's pool and the candidate's."""
+    return [Sim("paged", worker_id="p1", version="v1"), Sim("paged", worker_id="p2", version="v2")]
 
 
 def _shadow(gw: GatewayThread) -> dict | None:

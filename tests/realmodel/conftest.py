@@ -25,6 +25,22 @@ def hf_tokenizer(smollm2_dir):
 
 
 @pytest.fixture(scope="session")
+def fp32_greedy_chats(smollm2_dir):
+    """(prompts, continuations): the tier's chat prompts (test_real_parity.TEXTS in SmolLM2's chat template) and
+    our engine's fp32 greedy continuation of each (test_real_parity.GREEDY), the reference that the bf16 and the
+    int8 tests hold their dtype to; generated once for both."""
+    from duet.tokenizer import Tokenizer
+    from engine_core import LLM
+    from tests.realmodel.test_real_parity import GREEDY, PAGE, TEXTS
+
+    tok = Tokenizer.from_dir(smollm2_dir)
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True))
+               for t in TEXTS]
+    outs = LLM(smollm2_dir, page_size=PAGE, dtype="float32").generate(prompts, GREEDY)
+    return prompts, [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.fixture(scope="session")
 def real_stack(smollm2_dir, tmp_path_factory):
     from tests.support.real_stack import RealStack
 

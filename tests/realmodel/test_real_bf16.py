@@ -6,6 +6,7 @@ torch's reference matmuls where the CPU has no bf16 path): only the speed differ
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pydoc_data.topics import topics
 
@@ -18,7 +19,7 @@ from engine_core import LLM
 from engine_core.forward_batch import SeqChunk
 from engine_core.kv_pool import KVPool
 from engine_core.model_runner import ModelRunner
-from tests.realmodel.test_real_parity import GREEDY, PAGE, TEXTS
+from tests.realmodel.test_real_parity import GREEDY, PAGE
 
 TEXT_TOKENS = 1024
 DTYPES = ("float32", "bfloat16")
@@ -58,12 +59,9 @@ def test_bf16_perplexity_on_the_pydoc_topics_is_within_1_percent_of_fp32(smollm2
     assert ppl["float32"] < 30, ppl  # the text is English the model reads well: a broken fp32 path shows here
 
 
-def test_bf16_agrees_with_fp32_greedy_on_the_chat_prompts(smollm2_dir, runners):
+def test_bf16_agrees_with_fp32_greedy_on_the_chat_prompts(smollm2_dir, runners, fp32_greedy_chats):
     tok = Tokenizer.from_dir(smollm2_dir)
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True))
-               for t in TEXTS]
-    fp32 = [o.outputs[0].token_ids
-            for o in LLM(smollm2_dir, page_size=PAGE, dtype="float32").generate(prompts, GREEDY)]
+    prompts, fp32 = fp32_greedy_chats
     same = total = 0
     for prompt, continuation in zip(prompts, fp32):
         ids = prompt + continuation
@@ -73,7 +71,8 @@ def test_bf16_agrees_with_fp32_greedy_on_the_chat_prompts(smollm2_dir, runners):
     print(f"bf16 picks fp32's greedy token at {same}/{total} positions ({same / total:.1%}, teacher-forced)")
     assert same / total >= 0.9, f"bf16 picks fp32's greedy token at {same}/{total} positions"
     # and the served path generates in bf16 end to end (paged decode over a bf16 cache), the first answer's start
+    # (that sentence is 7 tokens: greedy, 16 tokens start as the 64 did)
     llm = LLM(smollm2_dir, page_size=PAGE, dtype="bfloat16")
-    [out] = llm.generate([prompts[0]], GREEDY)
+    [out] = llm.generate([prompts[0]], dataclasses.replace(GREEDY, max_tokens=16))
     assert llm.runner.kv_pool.k_caches[0].dtype == torch.bfloat16
     assert tok.decode(out.outputs[0].token_ids).startswith("The capital of France is Paris.")
