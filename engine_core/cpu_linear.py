@@ -172,10 +172,11 @@ class BF16PackedLinear(nn.Module):
     has AVX512_BF16 and no AMX (kernels/cpu_bf16_linear.py), else oneDNN's packed layout (AMX tiles where present).
     W's values live only there: `weight` is a one-element stand-in of W's shape (for oneDNN, the key to its copy)."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None):
+    def __init__(self, weight: Tensor, bias: Tensor | None, fp32_out: bool = False):
         super().__init__()
         assert weight.dtype == torch.bfloat16, weight.dtype
         self.out_features, self.in_features = weight.shape
+        self.fp32_out = fp32_out  # the LM head on Duet's kernel: logits keep their fp32 sums (no bf16 ties)
         self.weight = nn.Parameter(weight.new_empty(1).expand(weight.shape), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().contiguous(), requires_grad=False)
         native = cpu_bf16_linear.serves_here()
@@ -185,7 +186,7 @@ class BF16PackedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.panels is not None:
-            return torch.ops.duet.bf16_linear(x, self.panels, self.bias, self.out_features)
+            return torch.ops.duet.bf16_linear(x, self.panels, self.bias, self.out_features, self.fp32_out)
         return torch.ops.duet.cpu_linear(x, self.weight, self.bias)
 
 
@@ -328,7 +329,7 @@ def prepare_cpu_linears(model: nn.Module, quantization: str = "none", decode_cop
                          "per output channel", sum(isinstance(m, GroupedInt8Linear) for m in model.modules()))
         elif packing_applies(weight.device, weight.dtype) and weight.dtype == torch.bfloat16:
             count = _swap_linears(model, lambda _, w, b: BF16PackedLinear(w, b))
-            model.head = BF16PackedLinear(head, None)
+            model.head = BF16PackedLinear(head, None, fp32_out=True)
         elif packing_applies(weight.device, weight.dtype):
             count = _swap_linears(model, lambda _, w, b: DecodePackedLinear(w, b)) if decode_copies else 0
             model.head = PackedLinear(head, None)

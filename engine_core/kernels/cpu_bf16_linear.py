@@ -37,7 +37,7 @@ def library() -> ctypes.CDLL | None:
     if lib is None:
         return None
     lib.bf16_linear.restype = ctypes.c_int
-    lib.bf16_linear.argtypes = [_P, _I64, _I64, _I64, _P, _P, _P, _I64, ctypes.c_int]
+    lib.bf16_linear.argtypes = [_P, _I64, _I64, _I64, _P, _P, _P, ctypes.c_int, _I64, ctypes.c_int]
     lib.bf16_linear_vector_path.restype, lib.bf16_linear_vector_path.argtypes = ctypes.c_int, []
     return lib
 
@@ -59,20 +59,21 @@ def pack_bf16(w: Tensor) -> Tensor:
     return w.view(w.shape[0] // PANEL, PANEL, w.shape[1] // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
-def bf16_linear_native(x: Tensor, packed: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
-    """x [..., K] bf16 -> [..., out_features] bf16; `packed` from pack_bf16, bias [N] bf16 contiguous. The same
-    result as x @ w^T + bias summed in fp32 and rounded to bf16 once. Also the op `torch.ops.duet.bf16_linear`,
-    which a compiled graph calls without tracing into ctypes."""
+def bf16_linear_native(x: Tensor, packed: Tensor, bias: Tensor | None, out_features: int,
+                       fp32_out: bool = False) -> Tensor:
+    """x [..., K] bf16 -> [..., out_features] bf16 (fp32 with `fp32_out`: the fp32 sums as they are); `packed`
+    from pack_bf16, bias [N] bf16 contiguous. The same result as x @ w^T + bias summed in fp32 and rounded to bf16
+    once. Also the op `torch.ops.duet.bf16_linear`, which a compiled graph calls without tracing into ctypes."""
     lib = library()
     assert lib is not None and x.dtype == torch.bfloat16 and packed.dtype == torch.bfloat16
     k = x.shape[-1]
     rows = x.reshape(-1, k)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    y = torch.empty(rows.shape[0], out_features, dtype=torch.bfloat16)
+    y = torch.empty(rows.shape[0], out_features, dtype=torch.float32 if fp32_out else torch.bfloat16)
     if rows.shape[0]:
         rc = lib.bf16_linear(rows.data_ptr(), rows.shape[0], k, rows.stride(0), packed.data_ptr(),
-                             None if bias is None else bias.data_ptr(), y.data_ptr(), out_features,
+                             None if bias is None else bias.data_ptr(), y.data_ptr(), int(fp32_out), out_features,
                              torch.get_num_threads())
         if rc != 0:
             raise MemoryError(f"bf16 matmul: no memory for {rows.shape[0]} x {k} rows")
@@ -82,10 +83,11 @@ def bf16_linear_native(x: Tensor, packed: Tensor, bias: Tensor | None, out_featu
 # registered with torch.library's low-level API (as cpu_linear's duet::cpu_linear, for the same per-call cost), so
 # a compiled decoder (engine_core/cpu_compile.py) keeps one graph for every row count around an opaque call
 _LIBRARY = torch.library.Library("duet", "FRAGMENT")
-_LIBRARY.define("bf16_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor")
+_LIBRARY.define("bf16_linear(Tensor x, Tensor packed, Tensor? bias, int out_features, bool fp32_out=False) -> Tensor")
 _LIBRARY.impl("bf16_linear", bf16_linear_native, "CPU")
 
 
 @torch.library.register_fake("duet::bf16_linear")
-def _bf16_linear_shape(x: Tensor, packed: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
-    return x.new_empty((*x.shape[:-1], out_features))
+def _bf16_linear_shape(x: Tensor, packed: Tensor, bias: Tensor | None, out_features: int,
+                       fp32_out: bool = False) -> Tensor:
+    return x.new_empty((*x.shape[:-1], out_features), dtype=torch.float32 if fp32_out else torch.bfloat16)

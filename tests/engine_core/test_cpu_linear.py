@@ -100,6 +100,8 @@ def test_a_bf16_model_packs_every_matmul(hf_checkpoints):
     kinds = {type(m) for m in model.modules()}
     assert BF16PackedLinear in kinds and torch.nn.Linear not in kinds and DecodePackedLinear not in kinds
     assert isinstance(model.head, BF16PackedLinear) and model.head.out_features == md.config.vocab_size
+    assert model.head.fp32_out and not any(m.fp32_out for m in model.modules()
+                                            if isinstance(m, BF16PackedLinear) and m is not model.head)
 
 
 def test_a_packed_copy_lives_as_long_as_its_layer():

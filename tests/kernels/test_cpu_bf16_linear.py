@@ -51,6 +51,20 @@ def test_kernel_gives_the_exact_product_of_bf16_rows_and_weights_rounded_once(bu
     assert _close_to_the_exact_product(got, want)
 
 
+@pytest.mark.parametrize("path", list(PATHS))
+def test_fp32_out_gives_the_fp32_sums_unrounded(built, path):
+    """The LM head's call: logits keep their fp32 sums (bf16 logits near 25 are 0.125 apart: greedy ties)."""
+    built(path)
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(50, 96, generator=gen).bfloat16()
+    x = torch.randn(3, 96, generator=gen).bfloat16()
+    want = x.double() @ w.double().t()
+    got = cpu_bf16_linear.bf16_linear_native(x, cpu_bf16_linear.pack_bf16(w), None, 50, fp32_out=True)
+    assert got.dtype == torch.float32 and got.shape == (3, 50)
+    # fp32 summation rounding only: far inside one bf16 step (2^-8 relative), which a rounded output would show
+    assert ((got.double() - want).abs().max() / want.abs().max()).item() < 1e-5
+
+
 def test_kernel_takes_strided_rows_leading_dims_and_no_bias(built):
     built("portable" if "avx512_bf16" not in cpu_native._cpu_flags().split() else "avx512_bf16")
     gen = torch.Generator().manual_seed(7)

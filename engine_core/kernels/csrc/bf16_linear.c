@@ -10,7 +10,9 @@
  *
  * Layouts: x [M, K] bf16, row-major (row stride x_stride elements); the weight packed at load (cpu_linear.py) as
  * [Np / 16][Kp / 2][16][2] bf16: panel p, K pair j, output column c, element e holds w[16p + c][2j + e], with N
- * padded to Np (a multiple of 16) and K to Kp (even) by zeros; bias [N] bf16 or NULL; y [M, N] bf16, row-major.
+ * padded to Np (a multiple of 16) and K to Kp (even) by zeros; bias [N] bf16 or NULL; y [M, N] row-major, bf16,
+ * or fp32 with y_f32 (the LM head: logits keep the fp32 sums, as bf16 logits near 25 are 0.125 apart and greedy
+ * choices tie).
  * Where K is odd or the rows are strided, the call copies the rows into an even-width scratch first.
  *
  * Work: threads split the 16-column panels; a panel runs every tile of up to 16 rows, its weights read from
@@ -64,8 +66,8 @@ int bf16_linear_vector_path(void) {
  * 11 loads for 24 `vdpbf16ps`, where one panel at a time (as int8_linear.c) issued one load per product. */
 static inline __attribute__((always_inline)) void tile(const int rows, const int panels, const uint16_t *xb,
                                                        const int64_t xs, const int64_t kp, const uint16_t *panel,
-                                                       const uint16_t *bias, uint16_t *y, const int64_t n,
-                                                       const int64_t n0) {
+                                                       const uint16_t *bias, void *y, const int y_f32,
+                                                       const int64_t n, const int64_t n0) {
     __m512 acc[ROW_TILE][PANELS];
     for (int r = 0; r < rows; r++)
         for (int q = 0; q < panels; q++) acc[r][q] = _mm512_setzero_ps();
@@ -87,26 +89,33 @@ static inline __attribute__((always_inline)) void tile(const int rows, const int
         const __m512 b = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(
                                     _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bias + c0)), 16))
                               : _mm512_setzero_ps();
-        for (int r = 0; r < rows; r++)
-            _mm256_mask_storeu_epi16(y + r * n + c0, mask, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][q], b)));
+        for (int r = 0; r < rows; r++) {
+            const __m512 out = _mm512_add_ps(acc[r][q], b);
+            if (y_f32)
+                _mm512_mask_storeu_ps((float *)y + r * n + c0, mask, out);
+            else
+                _mm256_mask_storeu_epi16((uint16_t *)y + r * n + c0, mask, (__m256i)_mm512_cvtneps_pbh(out));
+        }
     }
 }
 
 #define TILE_CASE(R)                                                                  \
     case R:                                                                           \
-        if (panels == 3) tile(R, 3, xb, xs, kp, panel, bias, y, n, n0);               \
-        else if (panels == 2) tile(R, 2, xb, xs, kp, panel, bias, y, n, n0);          \
-        else tile(R, 1, xb, xs, kp, panel, bias, y, n, n0);                           \
+        if (panels == 3) tile(R, 3, xb, xs, kp, panel, bias, y, y_f32, n, n0);        \
+        else if (panels == 2) tile(R, 2, xb, xs, kp, panel, bias, y, y_f32, n, n0);   \
+        else tile(R, 1, xb, xs, kp, panel, bias, y, y_f32, n, n0);                    \
         break;
 
 static void run_tile(const int rows, const int panels, const uint16_t *xb, const int64_t xs, const int64_t kp,
-                     const uint16_t *panel, const uint16_t *bias, uint16_t *y, const int64_t n, const int64_t n0) {
+                     const uint16_t *panel, const uint16_t *bias, void *y, const int y_f32, const int64_t n,
+                     const int64_t n0) {
     switch (rows) { TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7) TILE_CASE(8) }
 }
 #else
 /* portable: the same sums in the same precision (bf16 products summed in fp32), one output at a time */
 static void run_tile(const int rows, const int panels, const uint16_t *xb, const int64_t xs, const int64_t kp,
-                     const uint16_t *panel, const uint16_t *bias, uint16_t *y, const int64_t n, const int64_t n0) {
+                     const uint16_t *panel, const uint16_t *bias, void *y, const int y_f32, const int64_t n,
+                     const int64_t n0) {
     const int64_t width = n - n0 < panels * PANEL ? n - n0 : panels * PANEL;
     for (int r = 0; r < rows; r++)
         for (int64_t c = 0; c < width; c++) {
@@ -116,14 +125,19 @@ static void run_tile(const int rows, const int panels, const uint16_t *xb, const
                 sum += from_bf16(xb[r * xs + 2 * j]) * from_bf16(w[0]) +
                        from_bf16(xb[r * xs + 2 * j + 1]) * from_bf16(w[1]);
             }
-            y[r * n + n0 + c] = to_bf16(sum + (bias ? from_bf16(bias[n0 + c]) : 0.0f));
+            const float out = sum + (bias ? from_bf16(bias[n0 + c]) : 0.0f);
+            if (y_f32)
+                ((float *)y)[r * n + n0 + c] = out;
+            else
+                ((uint16_t *)y)[r * n + n0 + c] = to_bf16(out);
         }
 }
 #endif
 
 /* Returns 0, or -1 when the scratch for odd-width or strided rows could not be allocated (nothing written). */
 int bf16_linear(const uint16_t *x, const int64_t m, const int64_t k, const int64_t x_stride,
-                const uint16_t *packed, const uint16_t *bias, uint16_t *y, const int64_t n, const int num_threads) {
+                const uint16_t *packed, const uint16_t *bias, void *y, const int y_f32, const int64_t n,
+                const int num_threads) {
     const int64_t kp = k + (k & 1), panels = (n + PANEL - 1) / PANEL;
     const uint16_t *xb = x;
     int64_t xs = x_stride;
@@ -145,7 +159,8 @@ int bf16_linear(const uint16_t *x, const int64_t m, const int64_t k, const int64
         const int width = (int)(panels - p < PANELS ? panels - p : PANELS);
         for (int64_t m0 = 0; m0 < m; m0 += ROW_TILE) {
             const int rows = (int)(m - m0 < ROW_TILE ? m - m0 : ROW_TILE);
-            run_tile(rows, width, xb + m0 * xs, xs, kp, packed + p * kp * PANEL, bias, y + m0 * n, n, p * PANEL);
+            void *y_rows = y_f32 ? (void *)((float *)y + m0 * n) : (void *)((uint16_t *)y + m0 * n);
+            run_tile(rows, width, xb + m0 * xs, xs, kp, packed + p * kp * PANEL, bias, y_rows, y_f32, n, p * PANEL);
         }
     }
     free(copy);
