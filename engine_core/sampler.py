@@ -25,6 +25,14 @@ from engine_core.request import TokenLogprob
 from engine_core.sampling_params import SamplingParams
 
 
+def greedy_ids(logits: Tensor) -> Tensor:
+    """The index of each row's largest logit, the first one on a tie (as argmax). `max` along the row rather
+    than `argmax`: torch's CPU argmax is 1.7x slower on fp32 rows and 4.6x on bf16 ones (16 x 49152 logits,
+    one thread, Intel Xeon with AMX: 1.02 / 2.56 ms against 0.60 / 0.56), and a bf16 model's greedy step
+    takes it once per step."""
+    return logits.max(dim=-1).indices
+
+
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
     """The per-request generator for a seeded request (None when unseeded). No default device on purpose:
     engines call `Sampler.make_generator`, which passes the sampler's."""
@@ -133,7 +141,7 @@ class Sampler:
     def _choose(self, logits: Tensor, rows: Sequence[SampleRow]) -> list[int]:
         index = [i for i, r in enumerate(rows) if not r.params.greedy]
         if not index:
-            return logits.argmax(dim=-1).tolist()
+            return greedy_ids(logits).tolist()
         everyone = len(index) == len(rows)
         probs = _filtered_probs(logits if everyone else logits[index], [rows[i].params for i in index])
         seeded = [k for k, i in enumerate(index) if rows[i].generator is not None]
@@ -154,7 +162,7 @@ class Sampler:
         sampled = (probs / noise).argmax(dim=-1)
         if everyone:
             return sampled.tolist()
-        chosen = logits.argmax(dim=-1)
+        chosen = greedy_ids(logits)
         chosen[index] = sampled
         return chosen.tolist()
 

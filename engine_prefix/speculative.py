@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine_core.sampler import greedy_ids
 from engine_core.sampling_params import SamplingParams
 
 
@@ -83,7 +84,7 @@ def accept_greedy(draft: Sequence[int], logits: torch.Tensor) -> list[int]:
     """Tokens to append: the drafts the target agrees with, then the target's next token.
 
     ``logits``: [len(draft) + 1, V], row j = the target's distribution after the last token and drafts[:j]."""
-    targets = logits.argmax(dim=-1).tolist()
+    targets = greedy_ids(logits).tolist()
     out: list[int] = []
     for j, d in enumerate(draft):
         if targets[j] != d:

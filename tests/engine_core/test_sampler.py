@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engine_core.sampler import Sampler, SampleRow, make_generator
+from engine_core.sampler import Sampler, SampleRow, greedy_ids, make_generator
 from engine_core.sampling_params import SamplingParams
 
 V = 32
@@ -43,6 +43,26 @@ def test_seeded_row_gives_the_same_tokens_whatever_else_is_in_the_batch():
     crowded = run(2, 1, [SamplingParams(temperature=0.7), SamplingParams(seed=3), SamplingParams(temperature=0.0)])
     assert alone == crowded
     assert len(set(alone)) > 3  # it is really sampling, not collapsing to argmax
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_greedy_takes_the_first_of_tied_largest_logits(dtype, threads):
+    # rows of a real vocabulary's width, so torch splits the reduction across threads; each row's maximum is
+    # tied at several places, the first one anywhere from the start to the last chunk
+    vocab, firsts = 49152, [0, 1, 4095, 4096, 24575, 30001, 49150]
+    logits = torch.randn(len(firsts) + 1, vocab, generator=torch.Generator().manual_seed(0)).to(dtype)
+    for row, first in enumerate(firsts):
+        for col in (first, first + 1, vocab - 1, (first + vocab) // 2):
+            logits[row, col] = 10.0
+    logits[-1] = 1.0  # all tied: the first column
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ids = greedy_ids(logits).tolist()
+    finally:
+        torch.set_num_threads(before)
+    assert ids == [*firsts, 0]
 
 
 def test_top_k_1_and_temperature_0_are_greedy():
