@@ -43,6 +43,10 @@ def _fleet_markdown(result: dict) -> list[str]:
     lines = [f"# duet bench advise --fleet: {result['workers']} workers, cost model {result['cost_model']}", "",
              f"{mix}, {result['window_s']:g} trace seconds, {result['mode']}", ""]
     labels = result.get("labels", {})
+    if "cost_fit" in result:
+        from loadtests.sim.fleet.cpu_fit import format_fit
+
+        lines += format_fit(result["cost_fit"])
     if "calibration" in result:
         cal = result["calibration"]
         lines += ["Step costs:"] + [f"- {kind} ({c['scheduler']}): {c['source']}" for kind, c in cal["kinds"].items()]

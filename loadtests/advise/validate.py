@@ -1,9 +1,10 @@
 """`duet bench advise --validate`: is advise's prediction for a trace (a gateway's capture) true on this machine?
 
-advise runs the fleet simulator on the `cpu` cost model (the one fitted on this machine) at the local stack's
-size; the deployment it recommends is then run for real by the validation `duet bench fleet --validate` already
-does (loadtests/sim/fleet/validate.local: the recommended kinds pinned one per core, behind the recommended
-router, the requests sent by the benchmark client at their arrival times), on the very requests advise
+advise runs the fleet simulator on the `cpu` cost model (the fit loadtests/sim/fleet/cpu_fit.py names: this
+machine's own after `duet bench fleet-calibrate`, or `--cost-file`; the answer's `cost_fit` says whether it
+describes this machine) at the local stack's size; the deployment it recommends is then run for real by the
+validation `duet bench fleet --validate` already does (loadtests/sim/fleet/validate.local: the recommended kinds
+pinned one per core at the fit's dtype and threads, behind the recommended router, the requests sent by the benchmark client at their arrival times), on the very requests advise
 simulated: the capture's input and output lengths, its arrival times and its shared prefixes (each block hash a
 fixed run of token ids, so requests that shared a block share those tokens). Advise's predicted goodput and TTFT
 p50 for that option are printed beside the measured ones, with measured / predicted and the relative error
@@ -42,7 +43,7 @@ def validate_advice(advice: dict, settings, model: str | None = None, progress=N
     ran at the given traffic); advise's figures for that option beside the measured ones."""
     from loadtests.load.class_slo import FLEET_SLOS
     from loadtests.sim.fleet.engine import EngineProfile
-    from loadtests.sim.fleet.validate import ValidateSettings, local
+    from loadtests.sim.fleet.validate import ValidateSettings, local, stack_limits
     from loadtests.sim.fleet.workload import build
 
     name = advice["recommendation"]["deployment"]
@@ -55,16 +56,19 @@ def validate_advice(advice: dict, settings, model: str | None = None, progress=N
                           slos=settings.slos or FLEET_SLOS[settings.cost_model])
     if progress:
         progress(f"validating {name} ({' + '.join(kinds)}, {router} router) on {len(requests)} requests")
+    _, limits = stack_limits(model)  # the dtype and threads the fit timed, which the stack runs (cpu_fit.py)
     measured, _, records = local(requests, vs, progress)
     return {"deployment": name, "kinds": list(kinds), "router": router, "requests": len(requests),
             "errors": sum(1 for r in records if not r.ok), "target": TARGET,
             "model": model or "the SmolLM2-shaped checkpoint (the cpu fit's)",
+            "dtype": limits.dtype, "threads": limits.torch_threads,
             **{key: _compare(option[key], measured[key]) for key in FIGURES}}
 
 
 def format_validation(v: dict) -> str:
     head = (f"## Validation: {v['deployment']} ({' + '.join(v['kinds'])}, {v['router']} router) run on this "
-            f"machine, {v['requests']} requests, {v['errors']} errors")
+            f"machine, {v['requests']} requests, {v['errors']} errors"
+            + (f", workers at {v['dtype']} and {v['threads']} thread(s) (the cpu fit's)" if "dtype" in v else ""))
     lines = ["", head, "",
              f"| figure | advise predicted | measured | measured / predicted | error (target <= {v['target']:.0%}) |",
              "|---|---|---|---|---|"]
