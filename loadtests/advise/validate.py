@@ -3,15 +3,21 @@
 advise runs the fleet simulator on the `cpu` cost model (the fit loadtests/sim/fleet/cpu_fit.py names: this
 machine's own after `duet bench fleet-calibrate`, or `--cost-file`; the answer's `cost_fit` says whether it
 describes this machine) at the local stack's size; the deployment it recommends is then run for real by the
-validation `duet bench fleet --validate` already does (loadtests/sim/fleet/validate.local: the recommended kinds
-pinned one per core at the fit's dtype and threads, behind the recommended router, the requests sent by the benchmark client at their arrival times), on the very requests advise
-simulated: the capture's input and output lengths, its arrival times and its shared prefixes (each block hash a
-fixed run of token ids, so requests that shared a block share those tokens). Advise's predicted goodput and TTFT
-p50 for that option are printed beside the measured ones, with measured / predicted and the relative error
-against the 15% target, both judged by the same per-class SLOs over the same arrival span.
+validation `duet bench fleet --validate` already does (loadtests/sim/fleet/validate.local: the recommended
+kinds pinned one per core at the fit's dtype and threads, behind the recommended router, the requests sent by
+the benchmark client at their arrival times), on the very requests advise simulated: the capture's input and
+output lengths, its arrival times and its shared prefixes (each block hash a fixed run of token ids, so
+requests that shared a block share those tokens). Advise's predicted goodput and TTFT p50 for that option are
+printed beside the measured ones, with measured / predicted and the relative error against the 15% target,
+both judged by the same per-class SLOs over the same arrival span, with each worker's traced forwards over the
+fit's seconds (sim/fleet/step_check.py): near 1 where the machine ran its steps as when the fit was measured,
+above where it was busier.
 """
 
 from __future__ import annotations
+
+import tempfile
+from pathlib import Path
 
 TARGET = 0.15  # the issue's bound on |predicted - measured| / measured
 FIGURES = ("goodput_rps", "ttft_p50_s")
@@ -43,6 +49,7 @@ def validate_advice(advice: dict, settings, model: str | None = None, progress=N
     ran at the given traffic); advise's figures for that option beside the measured ones."""
     from loadtests.load.class_slo import FLEET_SLOS
     from loadtests.sim.fleet.engine import EngineProfile
+    from loadtests.sim.fleet.step_check import step_cost_check
     from loadtests.sim.fleet.validate import ValidateSettings, local, stack_limits
     from loadtests.sim.fleet.workload import build
 
@@ -57,12 +64,17 @@ def validate_advice(advice: dict, settings, model: str | None = None, progress=N
     if progress:
         progress(f"validating {name} ({' + '.join(kinds)}, {router} router) on {len(requests)} requests")
     _, limits = stack_limits(model)  # the dtype and threads the fit timed, which the stack runs (cpu_fit.py)
-    measured, _, records = local(requests, vs, progress)
+    with tempfile.TemporaryDirectory(prefix="duet-advise-validate-trace-") as tmp:
+        measured, pids, records = local(requests, vs, progress, Path(tmp))
+        # each worker's traced forwards against the fit: whether the machine ran the steps as fast as when the fit
+        # was measured (a loaded machine: slower), so a miss can be told from the simulator's error
+        steps = step_cost_check(Path(tmp), pids)
     return {"deployment": name, "kinds": list(kinds), "router": router, "requests": len(requests),
             "errors": sum(1 for r in records if not r.ok), "target": TARGET,
             "model": model or "the SmolLM2-shaped checkpoint (the cpu fit's)",
             "dtype": limits.dtype, "threads": limits.torch_threads,
-            **{key: _compare(option[key], measured[key]) for key in FIGURES}}
+            **{key: _compare(option[key], measured[key]) for key in FIGURES},
+            "local_steps_vs_cpu_model": steps}
 
 
 def format_validation(v: dict) -> str:
@@ -77,4 +89,12 @@ def format_validation(v: dict) -> str:
         where = "within" if f["within_target"] else "outside"
         verdict = f"{f['error']:.1%} ({where})" if f["error"] is not None else f"- ({where})"
         lines.append(f"| {key} | {f['predicted']} | {f['measured']} | {f['ratio']} | {verdict} |")
+    steps = v.get("local_steps_vs_cpu_model") or {}
+    if steps:
+        lines += ["", ("Each worker's traced forwards over the fit's seconds, median by step kind (near 1: the machine "
+                  "ran the steps as when the fit was measured; above: slower, e.g. busier):")]
+        for worker, w in sorted(steps.items()):
+            kinds = ", ".join(f"{kind} {f['forward_over_model_median']} ({f['steps']} steps)"
+                              for kind, f in sorted(w.items()) if isinstance(f, dict))
+            lines.append(f"- {worker}: {kinds or 'no steps'}")
     return "\n".join(lines) + "\n"

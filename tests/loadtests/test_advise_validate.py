@@ -55,6 +55,13 @@ def test_validate_runs_the_recommendation_here_and_prints_both_sides(tmp_path, c
     # the tiny model answers in milliseconds, far within the cpu SLOs: every request counts
     assert v["goodput_rps"]["measured"] == pytest.approx(REQUESTS / SPAN_S, rel=0.15)
     assert 0 < v["ttft_p50_s"]["measured"] < 2.0
+    # the workers' traced steps against the fit (whether the machine ran as fast as when the fit was measured):
+    # the workers that served, named by kind, each request's 8 tokens at least 8 steps of one of them
+    steps = v["local_steps_vs_cpu_model"]
+    assert steps and {worker.split("-")[0] for worker in steps} <= set(v["kinds"])
+    assert sum(w["steps"] for w in steps.values()) >= OUTPUT
+    assert (v["dtype"], v["threads"]) == ("float32", 1)  # the repository's fit's (the tests' fit, conftest.py)
+    assert "traced forwards over the fit's seconds" in printed
     assert "## Validation: " + chosen in printed
     row = next(line for line in printed.splitlines() if line.startswith("| goodput_rps |"))
     assert str(v["goodput_rps"]["predicted"]) in row and str(v["goodput_rps"]["measured"]) in row

@@ -160,8 +160,10 @@ def test_calibration_records_the_cpu_dtype_and_threads_and_drops_another_machine
     # this machine's sections at the same dtype are kept when the step fit is remeasured
     written["neighbour_slowdown"] = 0.02
     out.write_text(json.dumps(written))
-    measure(str(default_model_dir()), 1, 1, out, dtype="float32", shapes=shapes)
-    assert json.loads(out.read_text())["neighbour_slowdown"] == 0.02
+    measure(str(default_model_dir()), 1, 1, out, dtype="float32", shapes=shapes, clock="thread")
+    again = json.loads(out.read_text())
+    assert again["neighbour_slowdown"] == 0.02
+    assert written["clock"] == "wall" and again["clock"] == "thread" and "thread CPU time" in again["how"]
     assert cpu_fit.fit_report(out)["fit_cpu"] == cpu_fit.this_cpu()
 
 
@@ -195,6 +197,8 @@ def test_advise_on_the_cpu_model_says_which_fit_and_warns_when_it_is_another_mac
     (["advise", "--simulate", "--cost-file", "x.json"], "--cost-file does not apply to --simulate"),
     (["fleet", "--cost-model", "h200", "--cost-file", "x.json"], "--cost-file is the cpu cost model's fit"),
     (["fleet-calibrate", "--gateway", "--out", "/nonexistent/fit.json"], "/nonexistent/fit.json holds no step fit"),
+    (["fleet-calibrate", "--clock", "thread", "--threads", "2", "--out", "/nonexistent/fit.json"],
+     "--clock 'thread': wall, or thread with --threads 1"),
 ])
 def test_cost_file_flags_are_checked(argv, message, capsys):
     assert main(argv) == 2

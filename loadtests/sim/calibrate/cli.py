@@ -20,6 +20,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="what the workers compute in, as their --dtype (default auto: what `duet up` picks here, "
                    "bf16 on a CPU with AMX or AVX512_BF16); --validate starts its stack at the fit's dtype")
     c.add_argument("--repeats", type=int, default=3)
+    c.add_argument("--clock", default="wall", choices=("wall", "thread"), help="time each step by the wall clock "
+                   "(default) or, with --threads 1, by the thread's CPU time: on a machine other processes load, "
+                   "about what the wall clock reads on a quiet one (the fit records which)")
     c.add_argument("--quick", action="store_true", help="time 14 of the 33 step shapes (their corners: "
                    "steps.quick_shapes), for a machine that cannot spare the full calibration; the fit's `how` says so")
     c.add_argument("--out", default=None, help="where to write the fit (default: this machine's own in the user cache, "
@@ -83,7 +86,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     from loadtests.sim.calibrate.steps import quick_shapes
 
     result = measure(args.model, args.threads, args.repeats, args.out, _progress, dtype=args.dtype,
-                     shapes=quick_shapes() if args.quick else None)
-    print(json.dumps({k: result[k] for k in ("out", "model", "cpu", "dtype", "threads", "coefficients",
+                     shapes=quick_shapes() if args.quick else None, clock=args.clock)
+    print(json.dumps({k: result[k] for k in ("out", "model", "cpu", "dtype", "threads", "clock", "coefficients",
                                              "fit_relative_error")}, indent=2))
     return 0

@@ -96,10 +96,19 @@ def fit(points: list[tuple[StepShape, float]]) -> dict[str, float]:
     return full
 
 
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
+
+
 def measure(model: str | None = None, threads: int = 1, repeats: int = 3, out: Path | None = None, progress=None,
-            dtype: str = "auto", shapes: list | None = None) -> dict:
+            dtype: str = "auto", shapes: list | None = None, clock: str = "wall") -> dict:
     """The fit, written to `out` (default: this machine's fit in the user cache); `dtype` as a worker's --dtype
-    (auto: what `duet up` computes in here); `shapes`: a subset of _shapes() (a shorter calibration)."""
+    (auto: what `duet up` computes in here); `shapes`: a subset of _shapes() (a shorter calibration); `clock`:
+    wall time, or with one thread the calling thread's CPU time ("thread": on a machine other processes load,
+    the step without the time it waited for a core, i.e. about what a quiet machine's wall clock reads)."""
+    if clock not in CLOCKS or (clock == "thread" and threads != 1):
+        raise ValueError(f"--clock {clock!r}: wall, or thread with --threads 1 (other threads' CPU time is not "
+                         f"the calling thread's)")
+    now = CLOCKS[clock]
     from duet.auto_dtype import resolve_dtype
     from duet.model_dir import read_model_dir
     from engine_core.builder import build_runtime
@@ -120,9 +129,9 @@ def measure(model: str | None = None, threads: int = 1, repeats: int = 3, out: P
         rt.runner.forward(chunks)  # warm-up
         times = []
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0 = now()
             rt.runner.forward(chunks)
-            times.append(time.perf_counter() - t0)
+            times.append(now() - t0)
         points.append((shape_of(chunks), statistics.median(times)))
         if progress:
             progress(f"{len(chunks)} chunks, {points[-1][0]}: {points[-1][1] * 1000:.1f} ms")
@@ -132,7 +141,9 @@ def measure(model: str | None = None, threads: int = 1, repeats: int = 3, out: P
     result = {
         "how": "duet bench fleet-calibrate (loadtests/sim/calibrate/steps.py): the real ModelRunner, median of "
                f"{repeats} runs per step shape after a warm-up, {len(steps)} shapes"
-               + (" (a subset: --quick)" if shapes else ""),
+               + (" (a subset: --quick)" if shapes else "")
+               + (", thread CPU time (--clock thread: the machine was shared)" if clock == "thread" else ""),
+        "clock": clock,
         "model": model_dir.path.name if hasattr(model_dir.path, "name") else str(model_dir.path),
         **fit_record(computes, threads), "dtype_requested": dtype, "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),
