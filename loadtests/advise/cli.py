@@ -142,7 +142,7 @@ def mode_of(args: argparse.Namespace) -> str:
             raise ValueError(f"{flag} does not apply to {mode}; it is for {' and '.join(modes)}")
         if getattr(args, dest) is None:
             setattr(args, dest, default)
-    if args.cost_file is not None and args.cost_model != "cpu":
+    if getattr(args, "cost_file", None) is not None and args.cost_model != "cpu":
         raise ValueError(f"--cost-file is the cpu cost model's fit: give it with --cost-model cpu or --validate, not "
                          f"--cost-model {args.cost_model}")
     args.workers = args.workers or (VALIDATE_WORKERS if args.validate else DEFAULT_WORKERS[mode])
@@ -234,7 +234,7 @@ def _fleet(args: argparse.Namespace) -> dict:
     from loadtests.advise import fleet
     from loadtests.sim.fleet.cpu_fit import fit_report, use_cost_file
 
-    use_cost_file(args.cost_file)
+    use_cost_file(getattr(args, "cost_file", None))
     s = _fleet_settings(args)
     result = fleet.advise(s, args.worker_hour_usd, progress=_progress)
     if s.cost_model == "cpu":

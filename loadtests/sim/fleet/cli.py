@@ -105,10 +105,11 @@ def _progress(line: str) -> None:
 def _run_fleet(args: argparse.Namespace) -> int:
     from loadtests.sim.fleet.cpu_fit import use_cost_file
 
-    if args.cost_file is not None and not (args.validate or args.cost_model == "cpu"):
+    cost_file = getattr(args, "cost_file", None)
+    if cost_file is not None and not (args.validate or args.cost_model == "cpu"):
         raise ValueError(f"--cost-file is the cpu cost model's fit: give it with --cost-model cpu or --validate, "
                          f"not --cost-model {args.cost_model}")
-    use_cost_file(args.cost_file)
+    use_cost_file(cost_file)
     if args.validate:
         from loadtests.sim.fleet.validate import format_table as validate_table
         from loadtests.sim.fleet.validate import validate
