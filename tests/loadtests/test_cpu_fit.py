@@ -174,7 +174,9 @@ def _capture(path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_advise_on_the_cpu_model_says_which_fit_and_warns_when_it_is_another_machines(tmp_path, capsys):
+def test_advise_on_the_cpu_model_says_which_fit_and_warns_when_it_is_another_machines(tmp_path, capsys, monkeypatch):
+    # --cost-file sets the variable for the whole process (the CLI's lifetime): restored after this test
+    monkeypatch.setenv(cpu_fit.COST_FILE_ENV, str(cpu_fit.REPO_FIT))
     capture = tmp_path / "capture.jsonl"
     _capture(capture)
     foreign = _fit(tmp_path, **cpu_fit.fit_record("float32", 1, ZEN3 if "GenuineIntel" in
@@ -190,6 +192,23 @@ def test_advise_on_the_cpu_model_says_which_fit_and_warns_when_it_is_another_mac
     assert main(["advise", "--trace", str(capture), "--fleet", "--cost-model", "cpu", "--workers", "2",
                  "--cost-file", str(foreign)]) == 0
     assert "**Warning: the cpu cost fit describes another machine or dtype**" in capsys.readouterr().out
+
+
+def test_fleet_on_the_cpu_model_reports_the_fit_and_a_matching_one_warns_of_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(cpu_fit.COST_FILE_ENV, str(cpu_fit.REPO_FIT))
+    monkeypatch.delenv("DUET_DTYPE")  # what `duet up` picks here, as a user's shell has it
+    auto = cpu_fit.resolve_dtype("auto", "cpu")
+    own = _fit(tmp_path, **cpu_fit.fit_record(auto, 1))  # this machine, at the dtype duet up computes in here
+    capture = tmp_path / "capture.jsonl"
+    _capture(capture)
+    argv = ["fleet", "--cost-model", "cpu", "--workers", "2", "--trace", str(capture), "--stacks", "all_prefix"]
+    assert main([*argv, "--cost-file", str(own), "--json"]) == 0
+    fit = json.loads(capsys.readouterr().out)["cost_fit"]
+    assert fit["matches"] and fit["differences"] == [] and fit["fit_dtype"] == auto
+    foreign = _fit(tmp_path, "foreign.json", **cpu_fit.fit_record(auto, 1, ZEN3 if "GenuineIntel" in
+                                                                   cpu_fit.this_cpu()["vendor"] else XEON))
+    assert main([*argv, "--cost-file", str(foreign)]) == 0
+    assert capsys.readouterr().out.startswith("**Warning: the cpu cost fit describes another machine or dtype**")
 
 
 @pytest.mark.parametrize("argv, message", [
