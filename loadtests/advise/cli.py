@@ -104,6 +104,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "workers): then run the recommended deployment on this machine on the same requests and print "
                    "advise's predicted goodput and TTFT p50 beside the measured ones (loadtests/advise/validate.py; "
                    "--model: local checkpoint, default the SmolLM2-shaped one the cpu model was fitted on)")
+    p.add_argument("--per-request", default=None, metavar="PATH", help="--validate: write both sides of every request "
+                   "(worker, route reason, cached tokens, TTFT, TPOT; simulated and measured) to PATH as JSON lines")
     p.set_defaults(func=_run)
 
 
@@ -132,6 +134,8 @@ def mode_of(args: argparse.Namespace) -> str:
             raise ValueError(f"--cost-model {args.cost_model} and measured backend rates are two cost models: give "
                              f"one (the rates calibrate one: loadtests/advise/calibrated.py)")
         args.fleet = True
+    if getattr(args, "per_request", None) and not args.validate:
+        raise ValueError("--per-request goes with --validate (both sides of each request)")
     if args.validate:
         _validate_flags(args)
     mode = SIMULATE if args.simulate else FLEET if args.fleet else LOCAL
@@ -245,7 +249,8 @@ def _fleet(args: argparse.Namespace) -> dict:
     if args.validate:
         from loadtests.advise.validate import validate_advice
 
-        result["validation"] = validate_advice(result, s, args.model, progress=_progress)
+        result["validation"] = validate_advice(result, s, args.model, progress=_progress,
+                                               per_request=getattr(args, "per_request", None))
     return result
 
 

@@ -16,6 +16,7 @@ above where it was busier.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -23,15 +24,30 @@ TARGET = 0.15  # the issue's bound on |predicted - measured| / measured
 FIGURES = ("goodput_rps", "ttft_p50_s")
 
 
-def deployment_of(settings, name: str) -> tuple[tuple[str, ...], str]:
-    """The recommended option's worker kinds and router ("duet" or "sglang"), as the simulator ran it."""
+def option_spec(settings, name: str):
+    """The recommended option's StackSpec, as the simulator ran it."""
     from loadtests.advise.fleet import options_settings
     from loadtests.sim.fleet.bench import specs
 
     for spec in specs(options_settings(settings)):
         if spec.name == name:
-            return spec.kinds, spec.policy
+            return spec
     raise ValueError(f"advise recommended {name!r}, which is not among the simulated options")
+
+
+def deployment_of(settings, name: str) -> tuple[tuple[str, ...], str]:
+    """The recommended option's worker kinds and router ("duet" or "sglang"), as the simulator ran it."""
+    spec = option_spec(settings, name)
+    return spec.kinds, spec.policy
+
+
+def simulated_served(settings, name: str) -> list:
+    """The recommended option's simulated requests at the given traffic (advise's own run again: deterministic)."""
+    from loadtests.advise.fleet import options_settings
+    from loadtests.sim.fleet.bench import stack_sim
+
+    sim, _ = stack_sim(option_spec(settings, name), options_settings(settings))
+    return sim.run()
 
 
 def _compare(predicted, measured) -> dict:
@@ -44,13 +60,15 @@ def _compare(predicted, measured) -> dict:
             "error": None if error is None else float(f"{error:.4g}"), "within_target": within}
 
 
-def validate_advice(advice: dict, settings, model: str | None = None, progress=None) -> dict:
+def validate_advice(advice: dict, settings, model: str | None = None, progress=None,
+                    per_request: Path | None = None) -> dict:
     """Run advice's recommended deployment locally on the workload `settings` describe (the FleetSettings advise
-    ran at the given traffic); advise's figures for that option beside the measured ones."""
+    ran at the given traffic); advise's figures for that option beside the measured ones; with `per_request`,
+    both sides of every request as JSON lines there (sim/fleet/validate.per_request_rows)."""
     from loadtests.load.class_slo import FLEET_SLOS
     from loadtests.sim.fleet.engine import EngineProfile
     from loadtests.sim.fleet.step_check import step_cost_check
-    from loadtests.sim.fleet.validate import ValidateSettings, local, stack_limits
+    from loadtests.sim.fleet.validate import ValidateSettings, local, per_request_rows, stack_limits
     from loadtests.sim.fleet.workload import build
 
     name = advice["recommendation"]["deployment"]
@@ -69,6 +87,9 @@ def validate_advice(advice: dict, settings, model: str | None = None, progress=N
         # each worker's traced forwards against the fit: whether the machine ran the steps as fast as when the fit
         # was measured (a loaded machine: slower), so a miss can be told from the simulator's error
         steps = step_cost_check(Path(tmp), pids)
+    if per_request is not None:
+        rows = per_request_rows(simulated_served(settings, name), records)
+        Path(per_request).write_text("".join(json.dumps(row) + "\n" for row in rows))
     return {"deployment": name, "kinds": list(kinds), "router": router, "requests": len(requests),
             "errors": sum(1 for r in records if not r.ok), "target": TARGET,
             "model": model or "the SmolLM2-shaped checkpoint (the cpu fit's)",

@@ -33,8 +33,9 @@ def test_validate_runs_the_recommendation_here_and_prints_both_sides(tmp_path, c
     capture = tmp_path / "capture.jsonl"
     write_capture(capture)
     out = tmp_path / "advice"
+    rows_file = tmp_path / "per-request.jsonl"
     assert main(["advise", "--trace", str(capture), "--validate", "--model", str(default_model_dir()),
-                 "--out", str(out)]) == 0
+                 "--out", str(out), "--per-request", str(rows_file)]) == 0
     printed = capsys.readouterr().out
     result = json.loads((out / "advice.json").read_text())
     assert result["cost_model"] == "cpu" and result["workers"] == 2  # this machine's model, one worker per core
@@ -62,6 +63,16 @@ def test_validate_runs_the_recommendation_here_and_prints_both_sides(tmp_path, c
     assert sum(w["steps"] for w in steps.values()) >= OUTPUT
     assert (v["dtype"], v["threads"]) == ("float32", 1)  # the repository's fit's (the tests' fit, conftest.py)
     assert "traced forwards over the fit's seconds" in printed
+    # --per-request: both sides of each request; the simulated side is advise's own run of the option again
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    assert len(rows) == REQUESTS and all(r["local"] is not None and r["local"]["error"] is None for r in rows)
+    assert {r["sim"]["engine"] for r in rows} <= set(v["kinds"])
+    import statistics
+
+    from loadtests.sim.fleet.report import _pct  # the simulator's own p50
+
+    assert _pct([r["sim"]["ttft_s"] for r in rows], 0.5) == pytest.approx(v["ttft_p50_s"]["predicted"], abs=1e-3)
+    assert statistics.median(r["local"]["ttft_s"] for r in rows) == pytest.approx(v["ttft_p50_s"]["measured"], abs=1e-3)
     assert "## Validation: " + chosen in printed
     row = next(line for line in printed.splitlines() if line.startswith("| goodput_rps |"))
     assert str(v["goodput_rps"]["predicted"]) in row and str(v["goodput_rps"]["measured"]) in row
@@ -69,6 +80,7 @@ def test_validate_runs_the_recommendation_here_and_prints_both_sides(tmp_path, c
 
 @pytest.mark.parametrize("args, message", [
     (("--validate",), "--validate replays a trace file (--trace FILE) or a gateway's capture"),
+    (("--fleet", "--per-request", "rows.jsonl"), "--per-request goes with --validate"),
     (("--validate", "--simulate", "--trace", "mooncake"), "--validate checks the fleet simulator's prediction"),
     (("--validate", "--trace", "mooncake"), "--validate replays a trace file (--trace FILE) or a gateway's capture"),
     # with --from-gateway the flags are accepted and the capture is fetched first

@@ -134,7 +134,9 @@ def specs(s: FleetSettings) -> list[StackSpec]:
     return out
 
 
-def run_stack(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> dict:
+def stack_sim(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> tuple[FleetSim, list]:
+    """(the simulator, its requests) of one run of `spec` (run_stack's; advise --validate's --per-request replays the
+    recommended option through it: the run is deterministic)."""
     profile = s.engine_profile()
     requests = build(s.mix, s.window_s, s.rate if rate is None else rate, profile.max_model_len,
                      max_output_tokens=s.max_output_tokens)
@@ -146,7 +148,11 @@ def run_stack(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> d
     routing = RoutingConfig(slo_profile=s.slo_profile(), step_tokens=profile.max_num_batched_tokens)
     settings = SimSettings(routing=routing, planner=planner,
                            switch_s=s.switch_s if s.switch_s is not None else (20.0 if profile.device == "cuda" else 3.0))
-    sim = FleetSim(spec, requests, s.step_cost_model(), profile, settings)
+    return FleetSim(spec, requests, s.step_cost_model(), profile, settings), requests
+
+
+def run_stack(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> dict:
+    sim, requests = stack_sim(spec, s, rate)
     started = time.perf_counter()
     served = sim.run()
     span = max(1e-9, requests[-1].arrival_s - requests[0].arrival_s)
