@@ -229,9 +229,13 @@ def _fleet_settings(args: argparse.Namespace):
                              window_s=args.window_s, rate=args.rate, slos=cal.slos, calibration=cal)
     if args.cost_model not in COST_MODELS:
         raise ValueError(f"--cost-model must be one of {', '.join(COST_MODELS)}, got {args.cost_model!r}")
+    # --validate's local replay sends every request at its own arrival time (sim/fleet/validate.local: an open-loop
+    # client), so the prediction it checks must too: chained turns would be sent after the previous answer, the
+    # queueing the replay measures left out of the prediction
     return FleetSettings(cost_model=args.cost_model, workers=args.workers, mix=parse_mix(args.trace),
                          window_s=args.window_s, rate=args.rate,
-                         slos=parse_slos(args.class_slo, args.cost_model, "--class-slo"))
+                         slos=parse_slos(args.class_slo, args.cost_model, "--class-slo"),
+                         chain_sessions=not getattr(args, "validate", False))
 
 
 def _fleet(args: argparse.Namespace) -> dict:

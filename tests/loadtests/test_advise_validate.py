@@ -118,3 +118,28 @@ def test_the_validated_stack_computes_in_the_dtype_the_cpu_fit_timed(tmp_path, m
     monkeypatch.setattr(pinning, "pinned_stack", lambda model, kinds, limits, *a, **k: seen.update(limits=limits))
     validate.cpu_stack(("prefix", "prefix"), model=str(checkpoint))
     assert (seen["limits"].dtype, seen["limits"].torch_threads) == ("float32", 1)
+
+
+def test_the_prediction_validate_checks_sends_every_request_at_its_arrival_as_the_replay_does(tmp_path):
+    # a capture without session keys: Mooncake's rule makes the 16 requests that share the system prompt one
+    # conversation (loadtests/traces/mooncake.session_key). advise alone holds each turn for the previous answer;
+    # --validate's local client sends every request at its own arrival time, so the prediction it checks must too
+    from loadtests.advise.cli import _fleet_settings, mode_of
+    from loadtests.cli import build_parser
+    from loadtests.sim.fleet.bench import specs, stack_sim
+
+    capture = tmp_path / "capture.jsonl"
+    write_capture(capture)
+    capture.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if k != "session"}) + "\n"
+                               for line in capture.read_text().splitlines()))
+    sent = {}
+    for flags in (["--validate"], ["--fleet", "--cost-model", "cpu", "--workers", "2"]):
+        args = build_parser().parse_args(["advise", "--trace", str(capture), *flags])
+        mode_of(args)
+        s = _fleet_settings(args)
+        spec = next(x for x in specs(s) if x.name == "all_prefix")
+        sim, _ = stack_sim(spec, s)
+        sent[s.chain_sessions] = {x.req.request_id: (x.sent_s, x.req.arrival_s) for x in sim.run()}
+    assert set(sent) == {False, True}  # --validate: open loop; advise alone: chained turns
+    assert all(t == arrival for t, arrival in sent[False].values())
+    assert any(t > arrival for t, arrival in sent[True].values())  # some turn waited for the previous answer

@@ -64,6 +64,9 @@ class FleetSettings:
     # step costs, engine profile and SLOs calibrated from measured backend rates (loadtests/advise/calibrated.py
     # `Calibration`), in place of a named cost model: cost_model is then CALIBRATED
     calibration: object | None = None
+    # a session's next turn not before the previous answer (SimSettings.chain_sessions); False: every request at its
+    # own arrival time, as an open-loop client sends it (advise --validate: what its local replay sends)
+    chain_sessions: bool = True
 
     def validate(self) -> FleetSettings:
         if self.calibration is not None:
@@ -146,7 +149,7 @@ def stack_sim(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> t
     # Duet's routing as a deployment on this hardware configures it: the class SLOs of its profile, and the
     # engines' step budget
     routing = RoutingConfig(slo_profile=s.slo_profile(), step_tokens=profile.max_num_batched_tokens)
-    settings = SimSettings(routing=routing, planner=planner,
+    settings = SimSettings(routing=routing, planner=planner, chain_sessions=s.chain_sessions,
                            switch_s=s.switch_s if s.switch_s is not None else (20.0 if profile.device == "cuda" else 3.0))
     return FleetSim(spec, requests, s.step_cost_model(), profile, settings), requests
 
