@@ -19,6 +19,10 @@ os.environ.setdefault("DUET_COMPILE", "0")
 # `--dtype auto` computes in fp32 under the tests on every CPU: their checks against transformers are fp32 parity;
 # bf16 is tested where it is asked for (tests/realmodel/test_real_bf16.py, the kernels' bf16 cases)
 os.environ.setdefault("DUET_DTYPE", "float32")
+# the fleet simulator's cpu fit is the repository's under the tests, not whatever `duet bench fleet-calibrate` left
+# in this machine's cache (loadtests/sim/fleet/cpu_fit.py): the tests' figures must not depend on the machine
+os.environ.setdefault("DUET_CPU_COST_FILE", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                         "loadtests", "sim", "fleet", "cpu_cost.json"))
 
 import socket
 import subprocess

@@ -35,6 +35,7 @@ MODE_FLAGS = {
     "--limit": ("limit", (SIMULATE, LOCAL), None),
     "--model": ("model", (LOCAL,), None),
     "--cost-model": ("cost_model", (FLEET,), "h200"),
+    "--cost-file": ("cost_file", (FLEET,), None),
     "--rate": ("rate", (FLEET,), 1.0),
     "--window-s": ("window_s", (FLEET,), 300.0),
     "--class-slo": ("class_slo", (FLEET,), None),
@@ -74,6 +75,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="local: model directory (default: the bench checkpoint)")
     p.add_argument("--cost-model", default=None, help="--fleet: h200 (the default), h200-70b or cpu (--from-gateway "
                    "on traffic vLLM or SGLang served: default calibrated from their measured rates)")
+    p.add_argument("--cost-file", default=None, metavar="FILE", help="--fleet with --cost-model cpu, and --validate: "
+                   "the cpu fit to read (default: this machine's own from duet bench fleet-calibrate, else the "
+                   "repository's loadtests/sim/fleet/cpu_cost.json); the answer says whether it describes this "
+                   "machine and dtype (loadtests/sim/fleet/cpu_fit.py)")
     p.add_argument("--rate", type=float, default=None, help="--fleet: arrival-rate multiplier (default 1)")
     p.add_argument("--window-s", type=float, default=None, help="--fleet: trace seconds replayed (default 300)")
     p.add_argument("--class-slo", default=None, help="--fleet: per-class SLOs in ms, e.g. chat.ttft=3000,"
@@ -99,6 +104,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "workers): then run the recommended deployment on this machine on the same requests and print "
                    "advise's predicted goodput and TTFT p50 beside the measured ones (loadtests/advise/validate.py; "
                    "--model: local checkpoint, default the SmolLM2-shaped one the cpu model was fitted on)")
+    p.add_argument("--per-request", default=None, metavar="PATH", help="--validate: write both sides of every request "
+                   "(worker, route reason, cached tokens, TTFT, TPOT; simulated and measured) to PATH as JSON lines")
     p.set_defaults(func=_run)
 
 
@@ -127,6 +134,8 @@ def mode_of(args: argparse.Namespace) -> str:
             raise ValueError(f"--cost-model {args.cost_model} and measured backend rates are two cost models: give "
                              f"one (the rates calibrate one: loadtests/advise/calibrated.py)")
         args.fleet = True
+    if getattr(args, "per_request", None) and not args.validate:
+        raise ValueError("--per-request goes with --validate (both sides of each request)")
     if args.validate:
         _validate_flags(args)
     mode = SIMULATE if args.simulate else FLEET if args.fleet else LOCAL
@@ -137,6 +146,9 @@ def mode_of(args: argparse.Namespace) -> str:
             raise ValueError(f"{flag} does not apply to {mode}; it is for {' and '.join(modes)}")
         if getattr(args, dest) is None:
             setattr(args, dest, default)
+    if getattr(args, "cost_file", None) is not None and args.cost_model != "cpu":
+        raise ValueError(f"--cost-file is the cpu cost model's fit: give it with --cost-model cpu or --validate, not "
+                         f"--cost-model {args.cost_model}")
     args.workers = args.workers or (VALIDATE_WORKERS if args.validate else DEFAULT_WORKERS[mode])
     args.trace = args.trace or DEFAULT_TRACE[mode]
     return mode
@@ -217,20 +229,32 @@ def _fleet_settings(args: argparse.Namespace):
                              window_s=args.window_s, rate=args.rate, slos=cal.slos, calibration=cal)
     if args.cost_model not in COST_MODELS:
         raise ValueError(f"--cost-model must be one of {', '.join(COST_MODELS)}, got {args.cost_model!r}")
+    # --validate's local replay sends every request at its own arrival time (sim/fleet/validate.local: an open-loop
+    # client), so the prediction it checks must too: chained turns would be sent after the previous answer, the
+    # queueing the replay measures left out of the prediction
     return FleetSettings(cost_model=args.cost_model, workers=args.workers, mix=parse_mix(args.trace),
                          window_s=args.window_s, rate=args.rate,
-                         slos=parse_slos(args.class_slo, args.cost_model, "--class-slo"))
+                         slos=parse_slos(args.class_slo, args.cost_model, "--class-slo"),
+                         chain_sessions=not getattr(args, "validate", False))
 
 
 def _fleet(args: argparse.Namespace) -> dict:
     from loadtests.advise import fleet
+    from loadtests.sim.fleet.cpu_fit import fit_report, use_cost_file
 
+    use_cost_file(getattr(args, "cost_file", None))
     s = _fleet_settings(args)
     result = fleet.advise(s, args.worker_hour_usd, progress=_progress)
+    if s.cost_model == "cpu":
+        # which machine, dtype and threads the prediction describes, and whether that is this one
+        result["cost_fit"] = fit_report()
+        for line in result["cost_fit"]["differences"]:
+            _progress(f"warning: {line}")
     if args.validate:
         from loadtests.advise.validate import validate_advice
 
-        result["validation"] = validate_advice(result, s, args.model, progress=_progress)
+        result["validation"] = validate_advice(result, s, args.model, progress=_progress,
+                                               per_request=getattr(args, "per_request", None))
     return result
 
 

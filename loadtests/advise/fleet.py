@@ -139,7 +139,7 @@ def advise(s: FleetSettings, worker_hour_usd: float | None = None, progress=None
     if price <= 0:
         raise ValueError(f"--worker-hour-usd must be > 0, got {price}")
     out = {"mode": "fleet simulator", "mix": s.mix, "workers": s.workers, "cost_model": s.cost_model, "worker_hour_usd": price,
-           "window_s": s.window_s, "rates": {}}
+           "window_s": s.window_s, "chain_sessions": s.chain_sessions, "rates": {}}
     if cal is not None:
         out["calibration"] = cal.describe()
         if worker_hour_usd is None:

@@ -41,8 +41,15 @@ def _trace_markdown(result: dict) -> list[str]:
 def _fleet_markdown(result: dict) -> list[str]:
     mix = ", ".join(f"{k} x{v:g}" for k, v in result["mix"].items())
     lines = [f"# duet bench advise --fleet: {result['workers']} workers, cost model {result['cost_model']}", "",
-             f"{mix}, {result['window_s']:g} trace seconds, {result['mode']}", ""]
+             f"{mix}, {result['window_s']:g} trace seconds, {result['mode']}"
+             + ("" if result.get("chain_sessions", True) else ", every request at its own arrival time (an open-loop "
+                "client, as --validate's replay sends them; a session's turns are not held for the previous answer)"),
+             ""]
     labels = result.get("labels", {})
+    if "cost_fit" in result:
+        from loadtests.sim.fleet.cpu_fit import format_fit
+
+        lines += format_fit(result["cost_fit"])
     if "calibration" in result:
         cal = result["calibration"]
         lines += ["Step costs:"] + [f"- {kind} ({c['scheduler']}): {c['source']}" for kind, c in cal["kinds"].items()]

@@ -33,8 +33,9 @@ def test_validate_runs_the_recommendation_here_and_prints_both_sides(tmp_path, c
     capture = tmp_path / "capture.jsonl"
     write_capture(capture)
     out = tmp_path / "advice"
+    rows_file = tmp_path / "per-request.jsonl"
     assert main(["advise", "--trace", str(capture), "--validate", "--model", str(default_model_dir()),
-                 "--out", str(out)]) == 0
+                 "--out", str(out), "--per-request", str(rows_file)]) == 0
     printed = capsys.readouterr().out
     result = json.loads((out / "advice.json").read_text())
     assert result["cost_model"] == "cpu" and result["workers"] == 2  # this machine's model, one worker per core
@@ -55,6 +56,23 @@ def test_validate_runs_the_recommendation_here_and_prints_both_sides(tmp_path, c
     # the tiny model answers in milliseconds, far within the cpu SLOs: every request counts
     assert v["goodput_rps"]["measured"] == pytest.approx(REQUESTS / SPAN_S, rel=0.15)
     assert 0 < v["ttft_p50_s"]["measured"] < 2.0
+    # the workers' traced steps against the fit (whether the machine ran as fast as when the fit was measured):
+    # the workers that served, named by kind, each request's 8 tokens at least 8 steps of one of them
+    steps = v["local_steps_vs_cpu_model"]
+    assert steps and {worker.split("-")[0] for worker in steps} <= set(v["kinds"])
+    assert sum(w["steps"] for w in steps.values()) >= OUTPUT
+    assert (v["dtype"], v["threads"]) == ("float32", 1)  # the repository's fit's (the tests' fit, conftest.py)
+    assert "traced forwards over the fit's seconds" in printed
+    # --per-request: both sides of each request; the simulated side is advise's own run of the option again
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    assert len(rows) == REQUESTS and all(r["local"] is not None and r["local"]["error"] is None for r in rows)
+    assert {r["sim"]["engine"] for r in rows} <= set(v["kinds"])
+    import statistics
+
+    from loadtests.sim.fleet.report import _pct  # the simulator's own p50
+
+    assert _pct([r["sim"]["ttft_s"] for r in rows], 0.5) == pytest.approx(v["ttft_p50_s"]["predicted"], abs=1e-3)
+    assert statistics.median(r["local"]["ttft_s"] for r in rows) == pytest.approx(v["ttft_p50_s"]["measured"], abs=1e-3)
     assert "## Validation: " + chosen in printed
     row = next(line for line in printed.splitlines() if line.startswith("| goodput_rps |"))
     assert str(v["goodput_rps"]["predicted"]) in row and str(v["goodput_rps"]["measured"]) in row
@@ -62,6 +80,7 @@ def test_validate_runs_the_recommendation_here_and_prints_both_sides(tmp_path, c
 
 @pytest.mark.parametrize("args, message", [
     (("--validate",), "--validate replays a trace file (--trace FILE) or a gateway's capture"),
+    (("--fleet", "--per-request", "rows.jsonl"), "--per-request goes with --validate"),
     (("--validate", "--simulate", "--trace", "mooncake"), "--validate checks the fleet simulator's prediction"),
     (("--validate", "--trace", "mooncake"), "--validate replays a trace file (--trace FILE) or a gateway's capture"),
     # with --from-gateway the flags are accepted and the capture is fetched first
@@ -82,8 +101,9 @@ def test_validate_refuses_a_gpu_cost_model(tmp_path, capsys):
 
 
 def test_the_validated_stack_computes_in_the_dtype_the_cpu_fit_timed(tmp_path, monkeypatch):
-    # the cpu fit times the ModelRunner at the checkpoint's own dtype; a stack at `--dtype auto` would run bf16
-    # on an AMX CPU, steps the fit does not describe (a bf16 checkpoint shows the dtype is the checkpoint's)
+    # the stack computes in the dtype the cpu fit records (the repository's: float32), not the checkpoint's own nor
+    # what `--dtype auto` picks here (bf16 on an AMX CPU): steps the fit does not describe (tests/loadtests/
+    # test_cpu_fit.py: a fit that records none, and one at bf16 and two threads)
     import shutil
 
     from loadtests.sim.fleet import validate
@@ -97,7 +117,29 @@ def test_the_validated_stack_computes_in_the_dtype_the_cpu_fit_timed(tmp_path, m
     seen = {}
     monkeypatch.setattr(pinning, "pinned_stack", lambda model, kinds, limits, *a, **k: seen.update(limits=limits))
     validate.cpu_stack(("prefix", "prefix"), model=str(checkpoint))
-    assert seen["limits"].dtype == "bfloat16"
-    validate.cpu_stack(("prefix", "prefix"), model=str(default_model_dir()))
-    assert seen["limits"].dtype == json.loads((default_model_dir() / "config.json").read_text()).get(
-        "torch_dtype", "float32")
+    assert (seen["limits"].dtype, seen["limits"].torch_threads) == ("float32", 1)
+
+
+def test_the_prediction_validate_checks_sends_every_request_at_its_arrival_as_the_replay_does(tmp_path):
+    # a capture without session keys: Mooncake's rule makes the 16 requests that share the system prompt one
+    # conversation (loadtests/traces/mooncake.session_key). advise alone holds each turn for the previous answer;
+    # --validate's local client sends every request at its own arrival time, so the prediction it checks must too
+    from loadtests.advise.cli import _fleet_settings, mode_of
+    from loadtests.cli import build_parser
+    from loadtests.sim.fleet.bench import specs, stack_sim
+
+    capture = tmp_path / "capture.jsonl"
+    write_capture(capture)
+    capture.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if k != "session"}) + "\n"
+                               for line in capture.read_text().splitlines()))
+    sent = {}
+    for flags in (["--validate"], ["--fleet", "--cost-model", "cpu", "--workers", "2"]):
+        args = build_parser().parse_args(["advise", "--trace", str(capture), *flags])
+        mode_of(args)
+        s = _fleet_settings(args)
+        spec = next(x for x in specs(s) if x.name == "all_prefix")
+        sim, _ = stack_sim(spec, s)
+        sent[s.chain_sessions] = {x.req.request_id: (x.sent_s, x.req.arrival_s) for x in sim.run()}
+    assert set(sent) == {False, True}  # --validate: open loop; advise alone: chained turns
+    assert all(t == arrival for t, arrival in sent[False].values())
+    assert any(t > arrival for t, arrival in sent[True].values())  # some turn waited for the previous answer

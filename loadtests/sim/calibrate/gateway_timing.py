@@ -1,6 +1,7 @@
 """`duet bench fleet-calibrate --gateway`: measure the gateway path the fleet simulator models
 (loadtests/sim/fleet/gateway_path.py) on the local stack --validate runs, and store it in the `gateway` section of
-loadtests/sim/fleet/cpu_cost.json (the step fit there is left as it is).
+the cpu fit (fleet-calibrate's --out, else this machine's own: sim/fleet/cpu_fit.py; the step fit there is left as
+it is).
 
 One engine_paged worker, pinned, behind the gateway, with its step trace on (engine_core/step_trace.py). The
 client sends `requests` streaming completions one at a time to the idle stack (token-id prompts of
@@ -21,8 +22,6 @@ from pathlib import Path
 
 import httpx
 
-from loadtests.sim.fleet.cost_models import CPU_FIT
-
 
 def _one(client: httpx.Client, url: str, model: str, prompt: list[int]) -> tuple[float, float]:
     """(wall time sent, wall time the finishing chunk arrived) of a one-token streaming completion."""
@@ -40,7 +39,10 @@ def _one(client: httpx.Client, url: str, model: str, prompt: list[int]) -> tuple
     raise RuntimeError("calibration request: the stream ended without a finish_reason")
 
 
-def measure_gateway(requests: int = 12, prompt_tokens: int = 512, out: Path = CPU_FIT, progress=None) -> dict:
+def measure_gateway(requests: int = 12, prompt_tokens: int = 512, out: Path | None = None, progress=None) -> dict:
+    from loadtests.sim.fleet.cpu_fit import fit_path
+
+    out = Path(out) if out is not None else fit_path()
     from engine_core.step_trace import read_traces
     from loadtests.sim.fleet.validate import cpu_stack
 

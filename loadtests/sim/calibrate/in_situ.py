@@ -8,7 +8,7 @@ the fit on decode and up to 1.4x on prefill. This command runs the pinned stack 
 on a later window of the mixed trace that `--validate` does not use (so the factors are not fitted to the run
 they are judged on): trace seconds [330, 390), chosen for its shape, 158 chat turns and 64 documents against the
 validation window's 162 and 63 (the Azure trace is bursty: [60, 180) holds no document, [240, 300) three times the
-validation's). It reads the workers' step traces and writes cpu_cost.json's `in_situ` section:
+validation's). It reads the workers' step traces and writes the cpu fit's `in_situ` section (sim/fleet/cpu_fit.py):
 
 - `prefill`, `decode`, `mixed`: per step kind, the median of forward / fit over the steps that ran while the
   other worker was idle (all the kind's steps where none did);

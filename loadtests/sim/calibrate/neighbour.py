@@ -1,5 +1,5 @@
 """`duet bench fleet-calibrate --neighbour`: how much slower a model step runs while the other core runs one too,
-stored as `neighbour_slowdown` in loadtests/sim/fleet/cpu_cost.json.
+stored as `neighbour_slowdown` in the cpu fit (fleet-calibrate's --out, else this machine's own: sim/fleet/cpu_fit.py).
 
 The step fit (steps.py) times one runner with the rest of the machine idle, but the local stack --validate
 runs pins a worker to each core, and two busy cores share the last-level cache and the memory bandwidth. Here
@@ -20,8 +20,6 @@ import sys
 import time
 from pathlib import Path
 
-from loadtests.sim.fleet.cost_models import CPU_FIT
-
 SHAPES = ([(256, 0)], [(1, 1024)] * 16)  # a prefill chunk, a decode batch
 
 
@@ -34,11 +32,16 @@ def _runner():
 
     from duet.model_dir import read_model_dir
     from engine_core.builder import build_runtime
+    from loadtests.sim.fleet.cpu_fit import fit_path, stack_dtype
     from loadtests.stack.serving import preset_checkpoint
 
     torch.set_num_threads(1)
     model_dir = read_model_dir(str(preset_checkpoint("smollm2")))
-    return build_runtime(model_dir, device="cpu", page_size=16, num_pages=1200), model_dir.config.vocab_size
+    # the dtype the fit timed (its file is the one this process reads: fleet-calibrate's --out, passed on in the
+    # environment to the neighbour process too)
+    dtype = stack_dtype(json.loads(fit_path().read_text()), model_dir.config.dtype)
+    return (build_runtime(model_dir, device="cpu", page_size=16, num_pages=1200, dtype=dtype),
+            model_dir.config.vocab_size)
 
 
 def _neighbour(core: int, seconds: float) -> None:
@@ -53,7 +56,10 @@ def _neighbour(core: int, seconds: float) -> None:
         rt.runner.forward(chunks)
 
 
-def measure_neighbour(repeats: int = 3, out: Path = CPU_FIT, progress=None) -> dict:
+def measure_neighbour(repeats: int = 3, out: Path | None = None, progress=None) -> dict:
+    from loadtests.sim.fleet.cpu_fit import fit_path
+
+    out = Path(out) if out is not None else fit_path()
     from loadtests.sim.calibrate.steps import _chunks
 
     cores = sorted(os.sched_getaffinity(0))

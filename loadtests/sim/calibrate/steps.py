@@ -1,13 +1,19 @@
 """`duet bench fleet-calibrate`: measure the real ModelRunner's step times on this machine and fit the `cpu`
-cost model (loadtests/sim/fleet/cost_models.LinearCostModel) to them, written to loadtests/sim/fleet/cpu_cost.json.
+cost model (loadtests/sim/fleet/cost_models.LinearCostModel) to them, written to this machine's fit in the user
+cache (loadtests/sim/fleet/cpu_fit.machine_fit_path; `--out` elsewhere, e.g. the repository's default
+loadtests/sim/fleet/cpu_cost.json).
 
 The model is the checkpoint the local stack runs (default: `duet bench compare`'s random checkpoint of
-SmolLM2-135M's shape, with `--threads 1` as each of its workers). Shapes: prefill chunks of 16..2048 tokens
+SmolLM2-135M's shape, with `--threads 1` as each of its workers), in the dtype `duet up` computes in here
+(`--dtype auto`: bf16 on a CPU with AMX or AVX512_BF16, duet/auto_dtype.py) unless `--dtype` names one. The fit
+records the CPU (vendor, family, model, the flags that change a step's cost), the dtype and the threads it timed
+(cpu_fit.fit_record): `--validate` starts its stack at that dtype and thread count, and advise says when the fit
+describes another machine (cpu_fit.fit_report). Shapes: prefill chunks of 16..2048 tokens
 after 0..3072 cached ones, decode batches of 1..64 sequences at 64..3072 tokens of context, and mixed steps
 (a prefill chunk plus a decode batch), the kinds of step both schedulers make. Each shape runs `repeats`
 times after a warm-up; the median is kept. The fit is least squares over (1, prefill tokens, decode
 tokens, attended pairs, logits rows, decode context tokens) on relative error, negative coefficients dropped and the rest refitted; the
-JSON records the model, threads, torch version, every measured point and the fit's relative error.
+JSON records the model, CPU, dtype, threads, torch version, every measured point and the fit's relative error.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ import numpy as np
 import torch
 
 from engine_core.forward_batch import SeqChunk
-from loadtests.sim.fleet.cost_models import CPU_FIT, LinearCostModel, StepShape, shape_of
+from loadtests.sim.fleet.cost_models import LinearCostModel, StepShape, shape_of
+from loadtests.sim.fleet.cpu_fit import fit_record
 
 FEATURES = ("intercept_s", "per_prefill_token_s", "per_decode_token_s", "per_attended_pair_s", "per_row_s",
             "per_decode_context_token_s")
@@ -48,6 +55,14 @@ def _shapes() -> list[list[tuple[int, int]]]:
     for n, batch in ((256, 16), (1024, 32), (512, 64)):
         out.append([(n, 512)] + [(1, 1024)] * batch)
     return out
+
+
+def quick_shapes() -> list[list[tuple[int, int]]]:
+    """`--quick`: the corners of _shapes() (shortest and longest chunks and batches, at no and the most context)
+    and two mixed steps, 14 shapes of 33, for a machine that cannot spare the full calibration."""
+    return ([[(n, start)] for n in (16, 512, 2048) for start in (0, 3072)]
+            + [[(1, context)] * batch for batch in (1, 16, 64) for context in (64, 3072)]
+            + [[(n, 512)] + [(1, 1024)] * batch for n, batch in ((256, 16), (512, 64))])
 
 
 def _chunks(step: list[tuple[int, int]], page_size: int, vocab: int) -> list[SeqChunk]:
@@ -81,26 +96,42 @@ def fit(points: list[tuple[StepShape, float]]) -> dict[str, float]:
     return full
 
 
-def measure(model: str | None = None, threads: int = 1, repeats: int = 3, out: Path = CPU_FIT, progress=None) -> dict:
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
+
+
+def measure(model: str | None = None, threads: int = 1, repeats: int = 3, out: Path | None = None, progress=None,
+            dtype: str = "auto", shapes: list | None = None, clock: str = "wall") -> dict:
+    """The fit, written to `out` (default: this machine's fit in the user cache); `dtype` as a worker's --dtype
+    (auto: what `duet up` computes in here); `shapes`: a subset of _shapes() (a shorter calibration); `clock`:
+    wall time, or with one thread the calling thread's CPU time ("thread": on a machine other processes load,
+    the step without the time it waited for a core, i.e. about what a quiet machine's wall clock reads)."""
+    if clock not in CLOCKS or (clock == "thread" and threads != 1):
+        raise ValueError(f"--clock {clock!r}: wall, or thread with --threads 1 (other threads' CPU time is not "
+                         f"the calling thread's)")
+    now = CLOCKS[clock]
+    from duet.auto_dtype import resolve_dtype
     from duet.model_dir import read_model_dir
     from engine_core.builder import build_runtime
+    from loadtests.sim.fleet.cpu_fit import machine_fit_path
     from loadtests.stack.serving import preset_checkpoint
 
+    out = Path(out) if out is not None else machine_fit_path()
     torch.set_num_threads(threads)
     model_dir = read_model_dir(str(model) if model else str(preset_checkpoint("smollm2")))
+    computes = resolve_dtype(dtype, "cpu") or model_dir.config.dtype  # a worker's --dtype, resolved as it does
     page_size = 16
-    steps = _shapes()
+    steps = shapes or _shapes()
     pages = max(sum(-(-(s + n) // page_size) for n, s in step) for step in steps)
-    rt = build_runtime(model_dir, device="cpu", page_size=page_size, num_pages=pages)
+    rt = build_runtime(model_dir, device="cpu", page_size=page_size, num_pages=pages, dtype=computes)
     points = []
     for step in steps:
         chunks = _chunks(step, page_size, model_dir.config.vocab_size)
         rt.runner.forward(chunks)  # warm-up
         times = []
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0 = now()
             rt.runner.forward(chunks)
-            times.append(time.perf_counter() - t0)
+            times.append(now() - t0)
         points.append((shape_of(chunks), statistics.median(times)))
         if progress:
             progress(f"{len(chunks)} chunks, {points[-1][0]}: {points[-1][1] * 1000:.1f} ms")
@@ -109,9 +140,12 @@ def measure(model: str | None = None, threads: int = 1, repeats: int = 3, out: P
     errors = [abs(model_fit.step_seconds(s) - t) / t for s, t in points]
     result = {
         "how": "duet bench fleet-calibrate (loadtests/sim/calibrate/steps.py): the real ModelRunner, median of "
-               f"{repeats} runs per step shape after a warm-up",
+               f"{repeats} runs per step shape after a warm-up, {len(steps)} shapes"
+               + (" (a subset: --quick)" if shapes else "")
+               + (", thread CPU time (--clock thread: the machine was shared)" if clock == "thread" else ""),
+        "clock": clock,
         "model": model_dir.path.name if hasattr(model_dir.path, "name") else str(model_dir.path),
-        "threads": threads, "dtype": model_dir.config.dtype, "torch": torch.__version__,
+        **fit_record(computes, threads), "dtype_requested": dtype, "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),
         "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "coefficients": coefficients,
@@ -121,7 +155,11 @@ def measure(model: str | None = None, threads: int = 1, repeats: int = 3, out: P
                     "context_tokens": s.context_tokens, "seconds": round(t, 6)} for s, t in points],
     }
     # the file's other sections (`gateway`, `neighbour_slowdown`) are measured by their own commands: keep them
-    kept = json.loads(Path(out).read_text()) if Path(out).is_file() else {}
-    Path(out).write_text(json.dumps({**{k: v for k, v in kept.items() if k in MEASURED_ELSEWHERE}, **result},
+    kept = json.loads(out.read_text()) if out.is_file() else {}
+    if kept.get("cpu") != result["cpu"] or kept.get("dtype") != result["dtype"]:
+        kept = {}  # those sections measured another machine or dtype: they would not describe this fit's steps
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**{k: v for k, v in kept.items() if k in MEASURED_ELSEWHERE}, **result},
                                     indent=1) + "\n")
+    result["out"] = str(out)
     return result

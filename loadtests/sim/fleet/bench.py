@@ -64,6 +64,9 @@ class FleetSettings:
     # step costs, engine profile and SLOs calibrated from measured backend rates (loadtests/advise/calibrated.py
     # `Calibration`), in place of a named cost model: cost_model is then CALIBRATED
     calibration: object | None = None
+    # a session's next turn not before the previous answer (SimSettings.chain_sessions); False: every request at its
+    # own arrival time, as an open-loop client sends it (advise --validate: what its local replay sends)
+    chain_sessions: bool = True
 
     def validate(self) -> FleetSettings:
         if self.calibration is not None:
@@ -134,7 +137,9 @@ def specs(s: FleetSettings) -> list[StackSpec]:
     return out
 
 
-def run_stack(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> dict:
+def stack_sim(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> tuple[FleetSim, list]:
+    """(the simulator, its requests) of one run of `spec` (run_stack's; advise --validate's --per-request replays the
+    recommended option through it: the run is deterministic)."""
     profile = s.engine_profile()
     requests = build(s.mix, s.window_s, s.rate if rate is None else rate, profile.max_model_len,
                      max_output_tokens=s.max_output_tokens)
@@ -144,9 +149,13 @@ def run_stack(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> d
     # Duet's routing as a deployment on this hardware configures it: the class SLOs of its profile, and the
     # engines' step budget
     routing = RoutingConfig(slo_profile=s.slo_profile(), step_tokens=profile.max_num_batched_tokens)
-    settings = SimSettings(routing=routing, planner=planner,
+    settings = SimSettings(routing=routing, planner=planner, chain_sessions=s.chain_sessions,
                            switch_s=s.switch_s if s.switch_s is not None else (20.0 if profile.device == "cuda" else 3.0))
-    sim = FleetSim(spec, requests, s.step_cost_model(), profile, settings)
+    return FleetSim(spec, requests, s.step_cost_model(), profile, settings), requests
+
+
+def run_stack(spec: StackSpec, s: FleetSettings, rate: float | None = None) -> dict:
+    sim, requests = stack_sim(spec, s, rate)
     started = time.perf_counter()
     served = sim.run()
     span = max(1e-9, requests[-1].arrival_s - requests[0].arrival_s)

@@ -51,6 +51,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "--window-s and --rate when given (default: 60 s at 0.5)")
     p.add_argument("--per-request", default=None, metavar="PATH", help="--validate: write both sides of every "
                    "request (engine, route reason, cached tokens, TTFT, TPOT) to PATH as JSON lines")
+    p.add_argument("--cost-file", default=None, metavar="FILE", help="cpu cost model and --validate: the fit to "
+                   "read (default: this machine's own from duet bench fleet-calibrate, else the repository's "
+                   "loadtests/sim/fleet/cpu_cost.json: loadtests/sim/fleet/cpu_fit.py)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=_run_fleet)
 
@@ -100,6 +103,13 @@ def _progress(line: str) -> None:
 
 
 def _run_fleet(args: argparse.Namespace) -> int:
+    from loadtests.sim.fleet.cpu_fit import use_cost_file
+
+    cost_file = getattr(args, "cost_file", None)
+    if cost_file is not None and not (args.validate or args.cost_model == "cpu"):
+        raise ValueError(f"--cost-file is the cpu cost model's fit: give it with --cost-model cpu or --validate, "
+                         f"not --cost-model {args.cost_model}")
+    use_cost_file(cost_file)
     if args.validate:
         from loadtests.sim.fleet.validate import format_table as validate_table
         from loadtests.sim.fleet.validate import validate
@@ -116,12 +126,18 @@ def _run_fleet(args: argparse.Namespace) -> int:
     from loadtests.sim.fleet.bench import run
 
     result = run(settings_from(args), find_rate=args.find_rate, progress=_progress)
+    if args.cost_model == "cpu":
+        from loadtests.sim.fleet.cpu_fit import fit_report
+
+        result["cost_fit"] = fit_report()  # which machine the figures describe
     print(json.dumps(result, indent=2) if args.json else format_table(result))
     return 0
 
 
 def format_table(result: dict) -> str:
-    lines = [(f"fleet: {result['workers']} workers, cost model {result['cost_model']}, mix {result['mix']}, "
+    from loadtests.sim.fleet.cpu_fit import format_warning
+
+    lines = [*format_warning(result.get("cost_fit")), (f"fleet: {result['workers']} workers, cost model {result['cost_model']}, mix {result['mix']}, "
              f"window {result['window_s']} s, rate x{result['rate']}"), "",
              ("| stack | workers end (paged+prefix) | goodput req/s | SLO met | vs best homogeneous | class | "
              "TTFT p50 / p99 s | TPOT p50 / p99 ms | cached |"), "|---|---|---|---|---|---|---|---|---|"]

@@ -10,8 +10,10 @@ Two models:
 - `cpu` (`LinearCostModel`): seconds = intercept + a*prefill + b*decode + c*attended_pairs + d*rows
   + e*decode_context, fitted by
   least squares to step timings of the real `ModelRunner` on this machine (`duet bench fleet-calibrate`,
-  loadtests/sim/calibrate/steps.py). The fit, its model, thread count and residuals are in
-  loadtests/sim/fleet/cpu_cost.json.
+  loadtests/sim/calibrate/steps.py). The fit, its model, CPU, dtype, thread count and residuals are in the file
+  cpu_fit.fit_path() names: `--cost-file`, else this machine's own fit in the user cache, else the repository's
+  loadtests/sim/fleet/cpu_cost.json (loadtests/sim/fleet/cpu_fit.py, which also says whether it describes this
+  machine).
 - `h200` (`RooflineCostModel`): Llama-3.1-8B in bf16 on one H200. FLOPs per step = 2 x 6.98e9 linear
   parameters per new token + 2 x 0.525e9 (lm_head) per logits row + 4 x 32 layers x 4096 (q heads x head
   dim) per attended pair; bytes per step = 16.06e9 of weights (read once per step) + 131,072 B of K/V per
@@ -33,7 +35,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CPU_FIT = Path(__file__).with_name("cpu_cost.json")
+from loadtests.sim.fleet.cpu_fit import REPO_FIT, fit_path
+
+CPU_FIT = REPO_FIT  # the repository's default fit (the simulator reads fit_path()'s)
 COST_MODELS = ("cpu", "h200", "h200-70b")
 
 
@@ -86,10 +90,14 @@ class LinearCostModel:
                 + self.per_row_s * s.rows + self.per_decode_context_token_s * s.decode_context_tokens)
 
     @classmethod
-    def from_json(cls, path: Path = CPU_FIT) -> LinearCostModel:
+    def from_json(cls, path: Path | None = None) -> LinearCostModel:
+        """The fit in `path` (default: cpu_fit.fit_path(), the one this machine reads)."""
+        path = Path(path) if path is not None else fit_path()
         if not path.is_file():
             raise FileNotFoundError(f"no CPU cost fit at {path}: run `duet bench fleet-calibrate`")
-        fit = json.loads(path.read_text())["coefficients"]
+        fit = json.loads(path.read_text()).get("coefficients")
+        if fit is None:
+            raise ValueError(f"{path} holds no step fit (`coefficients`): run `duet bench fleet-calibrate --out {path}`")
         return cls("cpu", fit["intercept_s"], fit["per_prefill_token_s"], fit["per_decode_token_s"],
                    fit["per_attended_pair_s"], fit.get("per_row_s", 0.0), fit.get("per_decode_context_token_s", 0.0))
 
@@ -127,8 +135,9 @@ class InSituCostModel:
         return dataclasses.replace(self, by_engine={}, **{k: own[k] for k in STEP_KINDS if k in own})
 
     @classmethod
-    def from_json(cls, path: Path = CPU_FIT) -> InSituCostModel | None:
-        """None where the file has no `in_situ` section."""
+    def from_json(cls, path: Path | None = None) -> InSituCostModel | None:
+        """None where the file (default: cpu_fit.fit_path()) has no `in_situ` section."""
+        path = Path(path) if path is not None else fit_path()
         section = json.loads(path.read_text()).get("in_situ") if path.is_file() else None
         if not section:
             return None

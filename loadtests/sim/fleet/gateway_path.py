@@ -18,7 +18,7 @@ beyond its own few milliseconds:
   just before it lands (`--validate` simulates several phases and reports their median).
 
 `request_s` and `token_s` are measured on the local stack by `duet bench fleet-calibrate --gateway`
-(loadtests/sim/calibrate/gateway_timing.py) and stored in the `gateway` section of loadtests/sim/fleet/cpu_cost.json.
+(loadtests/sim/calibrate/gateway_timing.py) and stored in the `gateway` section of the cpu fit (loadtests/sim/fleet/cpu_fit.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtests.sim.fleet.cost_models import CPU_FIT
+from loadtests.sim.fleet.cpu_fit import fit_path
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,10 @@ class GatewayPath:
             raise ValueError(f"poll_phase_s must be >= 0, got {self.poll_phase_s}")
 
     @classmethod
-    def from_json(cls, poll_interval_s: float | None, path: Path = CPU_FIT) -> GatewayPath:
-        """The measured path in the fit's `gateway` section; a fit without one is an error (measure it)."""
+    def from_json(cls, poll_interval_s: float | None, path: Path | None = None) -> GatewayPath:
+        """The measured path in the fit's `gateway` section (default file: cpu_fit.fit_path()); a fit without one is
+        an error (measure it)."""
+        path = Path(path) if path is not None else fit_path()
         section = json.loads(Path(path).read_text()).get("gateway")
         if not section:
             raise ValueError(f"{path} has no `gateway` section: run `duet bench fleet-calibrate --gateway`")

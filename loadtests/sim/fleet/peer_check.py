@@ -58,19 +58,21 @@ def fleet_requests(bench_requests, rate: float) -> list[ReplayedRequest]:
 
 def simulate(policy: str, requests: list[ReplayedRequest], servers: int, kv_cache_tokens: int) -> dict:
     """One simulated replay: the engines' hit rate (cached over prompt tokens) and TTFT p50."""
-    from loadtests.sim.fleet.cost_models import CPU_FIT, InSituCostModel, LinearCostModel
+    from loadtests.sim.fleet.cost_models import InSituCostModel, LinearCostModel
+    from loadtests.sim.fleet.cpu_fit import fit_path
     from loadtests.sim.fleet.engine import EngineProfile
     from loadtests.sim.fleet.gateway_path import GatewayPath
     from loadtests.sim.fleet.simulator import FleetSim, SimSettings, StackSpec
 
-    fit = json.loads(CPU_FIT.read_text())
-    in_situ = InSituCostModel.from_json(CPU_FIT)
+    fit_file = fit_path()  # one file for every figure of the run
+    fit = json.loads(fit_file.read_text())
+    in_situ = InSituCostModel.from_json(fit_file)
     slowdown = fit["in_situ"]["neighbour_slowdown"] if in_situ else fit.get("neighbour_slowdown", 0.0)
     profile = dataclasses.replace(EngineProfile.for_cost_model("cpu"), kv_cache_tokens=kv_cache_tokens)
     # the front gateway's FIFO and token time; the router sees the servers' live load (it counts in flight)
-    path = GatewayPath.from_json(None)
+    path = GatewayPath.from_json(None, fit_file)
     settings = SimSettings(chain_sessions=False, gateway=path, neighbour_slowdown=slowdown)
-    sim = FleetSim(StackSpec(policy, ("paged",) * servers, policy), requests, in_situ or LinearCostModel.from_json(),
+    sim = FleetSim(StackSpec(policy, ("paged",) * servers, policy), requests, in_situ or LinearCostModel.from_json(fit_file),
                    profile, settings)
     served = [s for s in sim.run() if s.done]
     per_server: dict[str, int] = {}

@@ -125,20 +125,22 @@ def simulated(requests, s: ValidateSettings, served_by_phase: dict[float, list] 
 
 def simulated_served(requests, s: ValidateSettings, poll_phase_s: float | None = None) -> list:
     """One simulated run; the gateway's first poll at `poll_phase_s` (default: the middle of poll_phases())."""
-    from loadtests.sim.fleet.cost_models import CPU_FIT, InSituCostModel, LinearCostModel
+    from loadtests.sim.fleet.cost_models import InSituCostModel, LinearCostModel
+    from loadtests.sim.fleet.cpu_fit import fit_path
     from loadtests.sim.fleet.engine import EngineProfile
     from loadtests.sim.fleet.gateway_path import GatewayPath
     from loadtests.sim.fleet.simulator import FleetSim, SimSettings, StackSpec
 
-    fit = json.loads(CPU_FIT.read_text())
+    fit_file = fit_path()  # one file for every figure of the run
+    fit = json.loads(fit_file.read_text())
     # the steps as the running stack runs them, where fleet-calibrate --in-situ measured that; else the runner alone
-    in_situ = InSituCostModel.from_json(CPU_FIT)
+    in_situ = InSituCostModel.from_json(fit_file)
     slowdown = fit["in_situ"]["neighbour_slowdown"] if in_situ else fit.get("neighbour_slowdown", 0.0)
-    path = GatewayPath.from_json(stack_poll_interval_s())
+    path = GatewayPath.from_json(stack_poll_interval_s(), fit_file)
     phase = poll_phases()[POLL_PHASES // 2] if poll_phase_s is None else poll_phase_s
     settings = SimSettings(chain_sessions=False, gateway=dataclasses.replace(path, poll_phase_s=phase),
                            neighbour_slowdown=slowdown)
-    sim = FleetSim(StackSpec("validate", s.kinds, "duet"), requests, in_situ or LinearCostModel.from_json(),
+    sim = FleetSim(StackSpec("validate", s.kinds, "duet"), requests, in_situ or LinearCostModel.from_json(fit_file),
                    EngineProfile.for_cost_model("cpu"), settings)
     return sim.run()
 
@@ -146,24 +148,35 @@ def simulated_served(requests, s: ValidateSettings, poll_phase_s: float | None =
 def cpu_stack(kinds: tuple[str, ...], trace_dir: Path | None = None, model: str | None = None,
               router: str = "duet"):
     """The local stack --validate runs (a context manager yielding (stack, model dir)): `kinds` on the `cpu`
-    profile's limits and `duet bench compare`'s SmolLM2-shaped checkpoint (or `model`), each worker on its own
-    core (loadtests/stack/pinning.pinned_stack), behind `router`, with its step trace in `trace_dir` when given."""
+    profile's limits, at the cpu fit's dtype and threads, and `duet bench compare`'s SmolLM2-shaped checkpoint (or
+    `model`), each worker on its own core (loadtests/stack/pinning.pinned_stack), behind `router`, with its step
+    trace in `trace_dir` when given."""
+    from loadtests.experiments.compare import gateway_policy
+    from loadtests.stack.pinning import pinned_stack
+
+    checkpoint, limits = stack_limits(model)
+    return pinned_stack(checkpoint, kinds, limits, trace_dir,
+                        gateway_extra=gateway_policy("duet" if router == "duet" else "sglang_cache_aware"))
+
+
+def stack_limits(model: str | None = None):
+    """(checkpoint, EngineLimits) of cpu_stack's workers: the `cpu` profile's KV and batch limits."""
     from duet.launcher import EngineLimits
     from duet.model_dir import read_model_dir
-    from loadtests.experiments.compare import gateway_policy
+    from loadtests.sim.fleet.cpu_fit import fit_path, stack_dtype, stack_threads
     from loadtests.sim.fleet.engine import EngineProfile
-    from loadtests.stack.pinning import pinned_stack
     from loadtests.stack.serving import preset_checkpoint
 
     profile = EngineProfile.for_cost_model("cpu")
     checkpoint = Path(model).expanduser().resolve() if model else preset_checkpoint("smollm2")
-    # the workers compute in the dtype the cpu fit timed, the checkpoint's own (the ModelRunner's default in
-    # loadtests/sim/calibrate/steps.py): `--dtype auto` would pick bf16 on an AMX CPU, steps the fit does not describe
+    # the workers compute in the dtype and thread count the cpu fit timed (cpu_fit.stack_dtype: a fit that does not
+    # record its dtype timed the checkpoint's own): at another dtype the steps are not the ones the fit describes
+    fit = json.loads(fit_path().read_text())
     limits = EngineLimits(kv_cache_tokens=profile.kv_cache_tokens, max_num_seqs=profile.max_num_seqs,
                           max_num_batched_tokens=profile.max_num_batched_tokens, page_size=profile.page_size,
-                          dtype=read_model_dir(str(checkpoint)).config.dtype)
-    return pinned_stack(checkpoint, kinds, limits, trace_dir,
-                        gateway_extra=gateway_policy("duet" if router == "duet" else "sglang_cache_aware"))
+                          dtype=stack_dtype(fit, read_model_dir(str(checkpoint)).config.dtype),
+                          torch_threads=stack_threads(fit))
+    return checkpoint, limits
 
 
 def local(requests, s: ValidateSettings, progress=None, trace_dir: Path | None = None) -> tuple[dict, dict, list]:
@@ -213,6 +226,7 @@ def per_request_rows(sim_served, records) -> list[dict]:
 
 def validate(s: ValidateSettings = ValidateSettings(), progress=None, per_request: Path | None = None) -> dict:
     """The validation's figures; with `per_request`, both sides of every request as JSON lines there."""
+    from loadtests.sim.fleet.cpu_fit import fit_report
     from loadtests.sim.fleet.engine import EngineProfile
     from loadtests.sim.fleet.step_check import step_cost_check
     from loadtests.sim.fleet.workload import MIXES, build
@@ -237,11 +251,15 @@ def validate(s: ValidateSettings = ValidateSettings(), progress=None, per_reques
             "goodput_error": _error(sim["goodput_rps"], real["goodput_rps"]),
             "ttft_p50_error": _error(sim["ttft_p50_s"], real["ttft_p50_s"]),
             "tpot_p50_error": _error(sim["tpot_p50_s"], real["tpot_p50_s"]),
-            "local_steps_vs_cpu_model": steps}
+            "local_steps_vs_cpu_model": steps,
+            # the fit the simulated side used, and whether it is this machine's (else the errors compare two machines)
+            "cost_fit": fit_report()}
 
 
 def format_table(result: dict) -> str:
-    lines = ["| figure | local | simulated | relative error |", "|---|---|---|---|"]
+    from loadtests.sim.fleet.cpu_fit import format_warning
+
+    lines = [*format_warning(result["cost_fit"]), "| figure | local | simulated | relative error |", "|---|---|---|---|"]
     for key, err in (("goodput_rps", "goodput_error"), ("ttft_p50_s", "ttft_p50_error"),
                      ("tpot_p50_s", "tpot_p50_error")):
         lines.append(f"| {key} | {result['local'][key]} | {result['simulated'][key]} | {result[err]} |")
