@@ -219,35 +219,10 @@ static inline __attribute__((always_inline)) void attend_rows(
  * queries are bf16 already; the probabilities' rounding is 2^-9 relative, as in the GPU kernels that keep P in
  * bf16); scores, the running max and sum and the outputs stay fp32. Phase 1 lays out each (chunk, KV head)'s keys
  * as rows ([key][d]) and its values transposed per block ([d][32 keys]), the shapes the tiles load. */
-#if defined(KV_BF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx.h"
+#if defined(KV_BF16) && AMX_BUILT
 #define AMX 1
 #define AKB 32 /* keys per AMX block */
-
-/* Linux lends the tile registers to a process that asks (arch_prctl); oneDNN asks too, but only at its first AMX
- * call, which may come after ours */
-static int amx_permitted(void) {
-    static int permitted = -1;
-    if (permitted < 0) permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-    return permitted;
-}
-
-/* every tile 16 rows of 64 bytes: 16 x 16 fp32 sums, 16 x 32 bf16 operands, or 16 pairs x 16 columns (VNNI) */
-static void amx_configure(void) {
-    struct {
-        uint8_t palette, start_row, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } __attribute__((packed, aligned(64))) cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
-    }
-    _tile_loadconfig(&cfg);
-}
 
 /* one KV head's keys 0 .. len (zeros past it, to whole blocks): kn [key][d], vt per block [d][AKB] */
 static void amx_pack(const kv_t *restrict k_cache, const kv_t *restrict v_cache, const int64_t *restrict at,
@@ -446,7 +421,7 @@ void KV_NAME(paged_extend)(const float *q, const kv_t *k_cache, const kv_t *v_ca
 #endif
         float *qb = scratch, *s = qb + rb * d, *o = s + rb * KB; /* [rb][d], [rb][KB], [rb][d] */
 #if AMX
-        if (amx) amx_configure(); /* per thread: oneDNN's calls on the same threads leave their own shapes */
+        if (amx) amx_configure(16);
 #endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < item0[num_chunks]; item++) {
