@@ -179,7 +179,7 @@ class BF16PackedLinear(nn.Module):
         self.fp32_out = fp32_out  # the LM head on Duet's kernel: logits keep their fp32 sums (no bf16 ties)
         self.weight = nn.Parameter(weight.new_empty(1).expand(weight.shape), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().contiguous(), requires_grad=False)
-        native = cpu_bf16_linear.serves_here()
+        native = cpu_bf16_linear.serves_head_here(self.in_features) if fp32_out else cpu_bf16_linear.serves_here()
         self.register_buffer("panels", cpu_bf16_linear.pack_bf16(weight) if native else None, persistent=False)
         if not native:
             _keep_packed_copy(self.weight, weight)

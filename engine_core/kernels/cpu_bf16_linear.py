@@ -39,6 +39,7 @@ def library() -> ctypes.CDLL | None:
     lib.bf16_linear.restype = ctypes.c_int
     lib.bf16_linear.argtypes = [_P, _I64, _I64, _I64, _P, _P, _P, ctypes.c_int, _I64, ctypes.c_int]
     lib.bf16_linear_vector_path.restype, lib.bf16_linear_vector_path.argtypes = ctypes.c_int, []
+    lib.bf16_linear_amx.restype, lib.bf16_linear_amx.argtypes = ctypes.c_int, []
     return lib
 
 
@@ -49,6 +50,18 @@ def vector_path() -> bool:
 
 def serves_here() -> bool:
     return vector_path() and "amx_bf16" not in _cpu_flags().split()
+
+
+def amx_path() -> bool:
+    """The library runs on AMX tiles (built for a CPU with AMX, lent by the OS), for inputs a multiple of 32 wide."""
+    lib = library()
+    return lib is not None and lib.bf16_linear_amx() == 1
+
+
+def serves_head_here(in_features: int) -> bool:
+    """The LM head takes the kernel for its fp32 logits: wherever the kernel serves the layers, and on AMX, where
+    oneDNN serves them with bf16 outputs."""
+    return serves_here() or (amx_path() and in_features % 32 == 0)
 
 
 def pack_bf16(w: Tensor) -> Tensor:

@@ -127,6 +127,7 @@ def library() -> ctypes.CDLL | None:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = None, argtypes
     lib.paged_vector_floats.restype, lib.paged_vector_floats.argtypes = ctypes.c_int, []
+    lib.paged_extend_amx.restype, lib.paged_extend_amx.argtypes = ctypes.c_int, []
     return lib
 
 
@@ -134,6 +135,12 @@ def vector_floats() -> int:
     """The floats per vector of the built extend kernel's tiles (0 when the kernels are not built)."""
     lib = library()
     return lib.paged_vector_floats() if lib is not None else 0
+
+
+def extend_on_amx() -> bool:
+    """The bf16 extend kernel runs its blocks on AMX tiles (built for a CPU that has them, lent by the OS)."""
+    lib = library()
+    return lib is not None and lib.paged_extend_amx() == 1
 
 
 def native_available() -> bool:

@@ -16,7 +16,7 @@ from torch import Tensor
 from engine_core.kernels.cpu_native import KV_SUFFIX, library
 
 _KEY_BLOCK = 64  # keys per block in the kernel (KB); its scratch holds every chunk's keys in whole blocks
-_ROW_BLOCK = 4  # rows per block (RB)
+_ROW_BLOCK = 16  # rows per block: RB, and 16 on AMX (a tile's height)
 
 
 def paged_extend_native(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, q_start: Tensor,

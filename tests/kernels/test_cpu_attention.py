@@ -154,11 +154,12 @@ def test_native_kernels_can_be_turned_off(native, monkeypatch):
     assert not cpu_native.native_available()
 
 
-# The kernels' paths (AVX-512, AVX2, portable C), built on one machine by turning the wider ones off: (extra flags,
-# the extend tiles' floats per vector, the CPU feature the path needs). The native build takes the widest the CPU
-# has; the narrower ones run anywhere.
-ISAS = {"avx512": ("", 16, "avx512f"), "avx2": ("-mno-avx512f", 8, "avx2"),
-        "portable": ("-mno-avx512f -mno-avx2 -mno-fma", 1, "")}
+# The kernels' paths (AMX tiles for a bf16 cache's extend, AVX-512, AVX2, portable C), built on one machine by
+# turning the wider ones off: (extra flags, the extend tiles' floats per vector, the CPU feature the path needs). The
+# native build takes the widest the CPU has; the narrower ones run anywhere.
+_NO_AMX = "-mno-amx-tile -mno-amx-bf16"
+ISAS = {"amx": ("", 16, "amx_bf16"), "avx512": (_NO_AMX, 16, "avx512f"), "avx2": (f"{_NO_AMX} -mno-avx512f", 8, "avx2"),
+        "portable": (f"{_NO_AMX} -mno-avx512f -mno-avx2 -mno-fma", 1, "")}
 
 
 @pytest.mark.parametrize("isa", list(ISAS))
@@ -170,10 +171,13 @@ def test_native_kernels_match_the_references(native, monkeypatch, paged_kv, tol,
     flags, width, feature = ISAS[isa]
     if feature and feature not in cpu_native._cpu_flags().split():
         pytest.skip(f"this CPU has no {feature}")
+    if isa == "amx" and (dtype != BF16 or not ext):
+        pytest.skip("the tiles serve a bf16 cache's extend rows; the avx512 cases cover the rest of this build")
     monkeypatch.setenv("DUET_NATIVE_CPU_CFLAGS", flags)
     if not cpu_native.native_available():
         pytest.skip("no C compiler on this machine")
     assert cpu_native.vector_floats() == width  # the path under test is the one that was built
+    assert cpu_native.extend_on_amx() == (isa == "amx")
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

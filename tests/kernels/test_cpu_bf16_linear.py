@@ -1,6 +1,6 @@
 """engine_core/kernels/cpu_bf16_linear.py (csrc/bf16_linear.c): the bf16 matmul with bf16 dot products gives the
-exact product of the bf16 rows and weights, rounded to bf16 once, on both of its paths (AVX512_BF16 and portable
-C), at decode and prefill row counts, with shapes the kernel pads (odd K, N not a multiple of its panels)."""
+exact product of the bf16 rows and weights, rounded to bf16 once, on each of its paths (AMX tiles, AVX512_BF16 and
+portable C), at decode and prefill row counts, with shapes the kernel pads (odd K, N not a multiple of its panels)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ import torch
 from engine_core.kernels import cpu_bf16_linear, cpu_native
 from tests.support.native_build import native_builder
 
-# (extra flags, whether the build has the vector loop, the CPU feature it needs)
-PATHS = {"avx512_bf16": ("", True, "avx512_bf16"), "portable": ("-mno-avx512bf16", False, "")}
+# (extra flags, whether the build has the vector loop, the CPU feature it needs); the AMX build takes the tiles for
+# widths that are a multiple of 32 and the vector loop for the others
+_NO_AMX = "-mno-amx-tile -mno-amx-bf16"
+PATHS = {"amx": ("", True, "amx_bf16"), "avx512_bf16": (_NO_AMX, True, "avx512_bf16"),
+         "portable": (f"{_NO_AMX} -mno-avx512bf16", False, "")}
 
 
 @pytest.fixture
@@ -49,6 +52,7 @@ def test_kernel_gives_the_exact_product_of_bf16_rows_and_weights_rounded_once(bu
         torch.set_num_threads(before)
     assert got.shape == (rows, n) and got.dtype == torch.bfloat16
     assert _close_to_the_exact_product(got, want)
+    assert cpu_bf16_linear.amx_path() == (path == "amx")
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -66,7 +70,8 @@ def test_fp32_out_gives_the_fp32_sums_unrounded(built, path):
 
 
 def test_kernel_takes_strided_rows_leading_dims_and_no_bias(built):
-    built("portable" if "avx512_bf16" not in cpu_native._cpu_flags().split() else "avx512_bf16")
+    flags = cpu_native._cpu_flags().split()
+    built("amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "portable")
     gen = torch.Generator().manual_seed(7)
     w = torch.randn(48, 64, generator=gen).bfloat16()
     wide = torch.randn(2, 3, 100, generator=gen).bfloat16()

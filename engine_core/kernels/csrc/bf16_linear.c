@@ -134,6 +134,105 @@ static void run_tile(const int rows, const int panels, const uint16_t *xb, const
 }
 #endif
 
+#include "amx.h"
+#if AMX_BUILT
+/* On AMX the same product on the tile unit, for the LM head (cpu_linear.py: oneDNN's AMX path, which serves the
+ * other layers, rounds its outputs to bf16, and logits must keep their fp32 sums). The packed panels are already
+ * what a tile reads as its right operand: 16 consecutive K pairs of a panel are one [16 pairs][16 columns][2] tile.
+ * Up to 16 rows (a tile's height) x 4 panels (64 columns, four tiles of sums) at a time, K in steps of 32. */
+static inline int width_full(const int panels, const int64_t n, const int64_t n0) {
+    return n - n0 >= panels * PANEL;
+}
+
+static void amx_block(const int rows, const int panels, const uint16_t *xb, const int64_t xs, const int64_t kp,
+                      const uint16_t *panel, const uint16_t *bias, void *y, const int y_f32, const int64_t n,
+                      const int64_t n0) {
+    float sums[4][16 * 16] __attribute__((aligned(64)));
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t k0 = 0; k0 < kp; k0 += 32) {
+        const uint16_t *b = panel + k0 * PANEL;
+        _tile_loadd(4, xb + k0, xs * 2);
+        _tile_loadd(5, b, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        if (panels > 1) {
+            _tile_loadd(6, b + kp * PANEL, 64);
+            _tile_dpbf16ps(1, 4, 6);
+        }
+        if (panels > 2) {
+            _tile_loadd(7, b + 2 * kp * PANEL, 64);
+            _tile_dpbf16ps(2, 4, 7);
+        }
+        if (panels > 3) {
+            _tile_loadd(5, b + 3 * kp * PANEL, 64);
+            _tile_dpbf16ps(3, 4, 5);
+        }
+    }
+    if (y_f32 && !bias && width_full(panels, n, n0)) { /* the sums are the outputs: straight into y's rows */
+        float *out = (float *)y + n0;
+        _tile_stored(0, out, n * 4);
+        if (panels > 1) _tile_stored(1, out + 16, n * 4);
+        if (panels > 2) _tile_stored(2, out + 32, n * 4);
+        if (panels > 3) _tile_stored(3, out + 48, n * 4);
+        return;
+    }
+    _tile_stored(0, sums[0], 64);
+    if (panels > 1) _tile_stored(1, sums[1], 64);
+    if (panels > 2) _tile_stored(2, sums[2], 64);
+    if (panels > 3) _tile_stored(3, sums[3], 64);
+    for (int q = 0; q < panels; q++) {
+        const int64_t c0 = n0 + q * PANEL, left = n - c0;
+        const __mmask16 keep = left >= PANEL ? 0xFFFF : (__mmask16)((1u << left) - 1);
+        const __m512 b = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                                    _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(keep, bias + c0)), 16))
+                              : _mm512_setzero_ps();
+        for (int r = 0; r < rows; r++) {
+            const __m512 out = _mm512_add_ps(_mm512_load_ps(sums[q] + r * 16), b);
+            if (y_f32)
+                _mm512_mask_storeu_ps((float *)y + r * n + c0, keep, out);
+            else
+                _mm256_mask_storeu_epi16((uint16_t *)y + r * n + c0, keep, (__m256i)_mm512_cvtneps_pbh(out));
+        }
+    }
+}
+
+static void amx_linear(const uint16_t *xb, const int64_t m, const int64_t xs, const int64_t kp,
+                       const uint16_t *packed, const uint16_t *bias, void *y, const int y_f32, const int64_t n,
+                       const int num_threads) {
+    const int64_t panels = (n + PANEL - 1) / PANEL, groups = (panels + 3) / 4;
+#pragma omp parallel num_threads(num_threads)
+    {
+        int configured = 0;
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < groups; g++) {
+            const int width = (int)(panels - 4 * g < 4 ? panels - 4 * g : 4);
+            for (int64_t m0 = 0; m0 < m; m0 += 16) {
+                const int rows = (int)(m - m0 < 16 ? m - m0 : 16);
+                if (rows != configured) { /* the tiles' height: the rows left, so no row past the last is read */
+                    amx_configure(rows);
+                    configured = rows;
+                }
+                void *y_rows = y_f32 ? (void *)((float *)y + m0 * n) : (void *)((uint16_t *)y + m0 * n);
+                amx_block(rows, width, xb + m0 * xs, xs, kp, packed + 4 * g * kp * PANEL, bias, y_rows, y_f32, n,
+                          4 * g * PANEL);
+            }
+        }
+        if (configured) _tile_release();
+    }
+}
+#endif
+
+/* 1 where bf16_linear runs on AMX tiles (for widths that are a multiple of 32) */
+int bf16_linear_amx(void) {
+#if AMX_BUILT
+    return amx_permitted();
+#else
+    return 0;
+#endif
+}
+
 /* Returns 0, or -1 when the scratch for odd-width or strided rows could not be allocated (nothing written). */
 int bf16_linear(const uint16_t *x, const int64_t m, const int64_t k, const int64_t x_stride,
                 const uint16_t *packed, const uint16_t *bias, void *y, const int y_f32, const int64_t n,
@@ -152,6 +251,13 @@ int bf16_linear(const uint16_t *x, const int64_t m, const int64_t k, const int64
         xb = copy;
         xs = kp;
     }
+#if AMX_BUILT
+    if (kp % 32 == 0 && amx_permitted()) {
+        amx_linear(xb, m, xs, kp, packed, bias, y, y_f32, n, num_threads);
+        free(copy);
+        return 0;
+    }
+#endif
     const int64_t groups = (panels + PANELS - 1) / PANELS;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t g = 0; g < groups; g++) {

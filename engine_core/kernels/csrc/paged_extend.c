@@ -209,6 +209,144 @@ static inline __attribute__((always_inline)) void attend_rows(
         for (int64_t i = 0; i < d; i++) o[r * d + i] /= sum[r];
 }
 
+/* AMX (Intel Xeon from Sapphire Rapids on), bf16 KV cache, head dims 64 and 128: both matmuls of a block on the
+ * tile unit. The loops above run the block's 2 x rows x keys x d multiply-adds as fp32 vector FMAs; one tile
+ * instruction does 16 x 16 x 32 of them (bf16 operands, fp32 sums), so the softmax between the two matmuls is most
+ * of what is left. It is computed transposed, keys down and the 16 rows across: S^T = K Q^T, then each key's scores
+ * are one vector (its 16 rows), so the running max, the exponentials and the sums are vertical vector operations
+ * with no reduction across lanes, and O^T = V^T P^T. Rows are 16 at a time (a tile's width in fp32), keys 32 (a
+ * tile's depth in bf16). The queries and the probabilities are rounded to bf16 for the tiles (a bf16 model's
+ * queries are bf16 already; the probabilities' rounding is 2^-9 relative, as in the GPU kernels that keep P in
+ * bf16); scores, the running max and sum and the outputs stay fp32. Phase 1 lays out each (chunk, KV head)'s keys
+ * as rows ([key][d]) and its values transposed per block ([d][32 keys]), the shapes the tiles load. */
+#include "amx.h"
+#if defined(KV_BF16) && AMX_BUILT
+#define AMX 1
+#define AKB 32 /* keys per AMX block */
+
+/* one KV head's keys 0 .. len (zeros past it, to whole blocks): kn [key][d], vt per block [d][AKB] */
+static void amx_pack(const kv_t *restrict k_cache, const kv_t *restrict v_cache, const int64_t *restrict at,
+                     const int64_t len, const int64_t d, uint16_t *restrict kn, uint16_t *restrict vt) {
+    const int64_t padded = (len + AKB - 1) / AKB * AKB;
+    for (int64_t j = 0; j < padded; j++) {
+        uint16_t *vj = vt + j / AKB * AKB * d + j % AKB;
+        if (j < len) {
+            memcpy(kn + j * d, k_cache + at[j], d * sizeof(uint16_t));
+            for (int64_t i = 0; i < d; i++) vj[i * AKB] = v_cache[at[j] + i];
+        } else {
+            memset(kn + j * d, 0, d * sizeof(uint16_t));
+            for (int64_t i = 0; i < d; i++) vj[i * AKB] = 0;
+        }
+    }
+}
+
+/* e^x for x <= 0 (to 2e-7 relative; below -87 it is 0): x = (n + f) ln 2, 2^f by its Taylor series */
+static inline __attribute__((always_inline)) __m512 exp_nonpositive(__m512 x) {
+    const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(1.44269504f));
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.5403530e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* attend_rows on the tiles, for 16 rows: q [16][d] fp32 (rows past `rows` zeros), o [16][d] out */
+static void attend_rows_amx(const float *restrict q, const int64_t *restrict last, const int rows,
+                            const uint16_t *restrict kn, const uint16_t *restrict vt, const int64_t len,
+                            const int64_t d, const float scale, float *restrict o) {
+    uint16_t qt[128 * 16] __attribute__((aligned(64))), pt[AKB * 16] __attribute__((aligned(64)));
+    float st[AKB * 16] __attribute__((aligned(64))), pv[128 * 16] __attribute__((aligned(64))),
+        ot[128 * 16] __attribute__((aligned(64)));
+    int32_t last32[16];
+    int64_t reach = 0;
+    for (int r = 0; r < 16; r++) {
+        last32[r] = r < rows ? (int32_t)last[r] : -1;
+        if (r < rows) reach = last[r] > reach ? last[r] : reach;
+    }
+    /* Q^T as B tiles: per 32 dims, [16 dim pairs][16 rows][2] */
+    for (int64_t i = 0; i < d; i++)
+        for (int r = 0; r < 16; r++) {
+            const float x = q[r * d + i];
+            uint32_t u;
+            memcpy(&u, &x, 4);
+            qt[i / 32 * 512 + (i % 32) / 2 * 32 + r * 2 + i % 2] = (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+        }
+    /* interleaves two rows of 16 bf16 (a in 0-15, b in 16-31) as a0 b0 a1 b1 ...: the VNNI pairs of P^T */
+    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i last_v = _mm512_loadu_si512(last32);
+    const __m512 scale_v = _mm512_set1_ps(scale);
+    __m512 mx = _mm512_set1_ps(-FLT_MAX), sum = _mm512_setzero_ps();
+    memset(ot, 0, sizeof(float) * 16 * d);
+    for (int64_t k0 = 0; k0 <= reach; k0 += AKB) {
+        const uint16_t *kb = kn + k0 * d, *vb = vt + k0 * d;
+        _tile_zero(0);
+        _tile_zero(1);
+        for (int64_t i = 0; i < d; i += 32) {
+            _tile_loadd(2, kb + i, d * 2);
+            _tile_loadd(3, kb + 16 * d + i, d * 2);
+            _tile_loadd(4, qt + i / 32 * 512, 64);
+            _tile_dpbf16ps(0, 2, 4);
+            _tile_dpbf16ps(1, 3, 4);
+        }
+        _tile_stored(0, st, 64);
+        _tile_stored(1, st + 256, 64);
+        /* online softmax down the keys: key j counts for the rows whose position reaches it */
+        __mmask16 seen[AKB];
+        __m512 m = mx;
+        for (int j = 0; j < AKB; j++) {
+            seen[j] = k0 + j < len ? _mm512_cmp_epi32_mask(last_v, _mm512_set1_epi32((int32_t)(k0 + j)), _MM_CMPINT_GE)
+                                   : 0;
+            m = _mm512_mask_max_ps(m, seen[j], m, _mm512_mul_ps(_mm512_load_ps(st + 16 * j), scale_v));
+        }
+        const __m512 correction = exp_nonpositive(_mm512_sub_ps(mx, m));
+        __m512 add = _mm512_setzero_ps();
+        for (int j = 0; j < AKB; j += 2) {
+            const __m512 a = _mm512_maskz_mov_ps(seen[j], exp_nonpositive(_mm512_fmsub_ps(_mm512_load_ps(st + 16 * j),
+                                                                                           scale_v, m)));
+            const __m512 b = _mm512_maskz_mov_ps(
+                seen[j + 1], exp_nonpositive(_mm512_fmsub_ps(_mm512_load_ps(st + 16 * (j + 1)), scale_v, m)));
+            add = _mm512_add_ps(add, _mm512_add_ps(a, b));
+            _mm512_store_si512(pt + 16 * j, _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(b, a)));
+        }
+        sum = _mm512_fmadd_ps(sum, correction, add);
+        mx = m;
+        /* O^T = V^T P^T, 64 output dims (four tiles of sums) at a time */
+        _tile_loadd(2, pt, 64);
+        for (int64_t c = 0; c < d; c += 64) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(3);
+            _tile_zero(4);
+            _tile_loadd(5, vb + c * AKB, AKB * 2);
+            _tile_loadd(6, vb + (c + 16) * AKB, AKB * 2);
+            _tile_loadd(7, vb + (c + 32) * AKB, AKB * 2);
+            _tile_dpbf16ps(0, 5, 2);
+            _tile_dpbf16ps(1, 6, 2);
+            _tile_dpbf16ps(3, 7, 2);
+            _tile_loadd(5, vb + (c + 48) * AKB, AKB * 2);
+            _tile_dpbf16ps(4, 5, 2);
+            _tile_stored(0, pv + c * 16, 64);
+            _tile_stored(1, pv + (c + 16) * 16, 64);
+            _tile_stored(3, pv + (c + 32) * 16, 64);
+            _tile_stored(4, pv + (c + 48) * 16, 64);
+        }
+        for (int64_t i = 0; i < d; i++)
+            _mm512_store_ps(ot + 16 * i, _mm512_fmadd_ps(_mm512_load_ps(ot + 16 * i), correction, _mm512_load_ps(pv + 16 * i)));
+    }
+    const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), sum);
+    for (int64_t i = 0; i < d; i++) _mm512_store_ps(ot + 16 * i, _mm512_mul_ps(_mm512_load_ps(ot + 16 * i), inv));
+    for (int r = 0; r < rows; r++)
+        for (int64_t i = 0; i < d; i++) o[r * d + i] = ot[16 * i + r];
+}
+#else
+#define AMX 0
+#endif
+
 #ifndef KV_BF16 /* once in the library */
 /* the vector width (floats) of this build's tiles: 16 (AVX-512), 8 (AVX2) or 1 (portable C) */
 int paged_vector_floats(void) {
@@ -222,13 +360,29 @@ int paged_vector_floats(void) {
 }
 #endif
 
+/* 1 where this build's bf16 extend kernel runs its blocks on AMX tiles (the CPU has them and the OS lends them) */
+#ifdef KV_BF16
+int paged_extend_amx(void) {
+#if AMX
+    return amx_permitted();
+#else
+    return 0;
+#endif
+}
+#endif
+
 void KV_NAME(paged_extend)(const float *q, const kv_t *k_cache, const kv_t *v_cache, const int32_t *block_tables,
                       int64_t bt_stride, const int32_t *q_start, const int32_t *new_lens,
                       const int32_t *prefix_lens, int64_t num_chunks, float *out, int64_t num_q_heads,
                       int64_t num_kv_heads, int64_t head_dim, int64_t page_size, float scale, int64_t *key_at,
                       float *kt_scratch, float *row_scratch, int64_t row_scratch_stride, int64_t num_threads) {
     const int64_t group = num_q_heads / num_kv_heads, token_stride = num_kv_heads * head_dim, d = head_dim;
-    const int rb = VECTOR && d == 128 ? 2 : RB; /* rows an item takes */
+#if AMX
+    const int amx = (d == 64 || d == 128) && amx_permitted();
+#else
+    const int amx = 0;
+#endif
+    const int rb = amx ? 16 : VECTOR && d == 128 ? 2 : RB; /* rows an item takes */
     /* per chunk: where its key offsets and transposed keys start, and its first row block in the item list */
     int64_t at0[num_chunks + 1], kt0[num_chunks + 1], item0[num_chunks + 1];
     at0[0] = kt0[0] = item0[0] = 0;
@@ -248,6 +402,13 @@ void KV_NAME(paged_extend)(const float *q, const kv_t *k_cache, const kv_t *v_ca
             for (int64_t j = 0; j < len; j++) at[j] = ((int64_t)pages[j / page_size] * page_size + j % page_size) * token_stride;
             for (int64_t g = 0; g < num_kv_heads; g++) {
                 float *kt = kt_scratch + kt0[c] + g * blocks * d * KB;
+#if AMX
+                if (amx) { /* the tiles' layouts of K and V (as many bytes as the fp32 keys of the other paths) */
+                    uint16_t *kn = (uint16_t *)kt;
+                    amx_pack(k_cache + g * d, v_cache + g * d, at, len, d, kn, kn + (len + AKB - 1) / AKB * AKB * d);
+                    continue;
+                }
+#endif
                 for (int64_t j = 0; j < blocks * KB; j++)
                     for (int64_t i = 0; i < d; i++)
                         kt[(j / KB) * d * KB + i * KB + j % KB] = j < len ? kv_float(k_cache[at[j] + g * d + i]) : 0.0f;
@@ -258,7 +419,10 @@ void KV_NAME(paged_extend)(const float *q, const kv_t *k_cache, const kv_t *v_ca
 #else
         float *scratch = row_scratch;
 #endif
-        float *qb = scratch, *s = qb + RB * d, *o = s + RB * KB; /* [rb][d], [rb][KB], [rb][d] */
+        float *qb = scratch, *s = qb + rb * d, *o = s + rb * KB; /* [rb][d], [rb][KB], [rb][d] */
+#if AMX
+        if (amx) amx_configure(16);
+#endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < item0[num_chunks]; item++) {
             int64_t c = 0;
@@ -266,9 +430,9 @@ void KV_NAME(paged_extend)(const float *q, const kv_t *k_cache, const kv_t *v_ca
             const int64_t per_head = (item0[c + 1] - item0[c]) / num_kv_heads;
             const int64_t g = (item - item0[c]) / per_head, first = ((item - item0[c]) % per_head) * rb;
             const int64_t len = prefix_lens[c] + new_lens[c], blocks = (len + KB - 1) / KB;
-            int64_t last[RB], row_of[RB];
+            int64_t last[16], row_of[16];
             int rows = 0;
-            memset(qb, 0, sizeof(float) * RB * d);
+            memset(qb, 0, sizeof(float) * rb * d);
             for (int64_t m = first; m < first + rb && m < new_lens[c] * group; m++, rows++) {
                 const int64_t t = m / group, row = (q_start[c] + t) * num_q_heads + g * group + m % group;
                 memcpy(qb + rows * d, q + row * d, sizeof(float) * d);
@@ -278,6 +442,12 @@ void KV_NAME(paged_extend)(const float *q, const kv_t *k_cache, const kv_t *v_ca
             const float *kt = kt_scratch + kt0[c] + g * blocks * d * KB;
             const kv_t *vg = v_cache + g * d;
             const int64_t *at = key_at + at0[c];
+#if AMX
+            if (amx) {
+                const uint16_t *kn = (const uint16_t *)kt;
+                attend_rows_amx(qb, last, rows, kn, kn + (len + AKB - 1) / AKB * AKB * d, len, d, scale, o);
+            } else
+#endif
             if (VECTOR && d == 64) /* constant sizes: the tiles unroll and stay in registers */
                 attend_rows(qb, last, rows, 4, 1, kt, vg, at, len, 64, scale, s, o);
             else if (VECTOR && d == 128)
@@ -286,5 +456,8 @@ void KV_NAME(paged_extend)(const float *q, const kv_t *k_cache, const kv_t *v_ca
                 attend_rows(qb, last, rows, RB, 0, kt, vg, at, len, d, scale, s, o);
             for (int r = 0; r < rows; r++) memcpy(out + row_of[r] * d, o + r * d, sizeof(float) * d);
         }
+#if AMX
+        if (amx) _tile_release();
+#endif
     }
 }
