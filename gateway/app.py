@@ -89,6 +89,7 @@ class Gateway:
                            max_step_s=t.first_token_s or t.stall_s)
         self.breakers = CircuitBreakers(t.breaker_failures, t.breaker_open_s)
         self.pool_tracker = PoolTracker(self.metrics, config.pool_planner)
+        self.fleet.on_gone.append(self.pool_tracker.forget)
         self.decisions = DecisionLog()
         self.router = Router.for_gateway(config, self.fleet, index, self.pool_tracker, self.breakers,
                                          self.decisions, self.metrics)

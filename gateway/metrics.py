@@ -4,6 +4,11 @@ Each app owns its own registry, so several gateways in one test process do not c
 Latencies are histograms labelled by model, engine kind, canary variant and traffic class
 (gateway/serving/request_class.py); route decisions are counted by reason (the names of
 gateway.routing.route_types.REASONS).
+
+Series labelled by worker live as long as the worker is in the fleet: `forget_worker` (called when one leaves,
+gateway/backends/fleet.py) removes every one of them, so that workers coming and going under new ids
+(autoscaling, rolling restarts) do not grow /metrics without bound or leave ghosts on dashboards. A worker
+still in the fleet but failing its health checks stays, as `duet_worker_healthy` 0.
 """
 
 from __future__ import annotations
@@ -92,5 +97,20 @@ class GatewayMetrics:
                                          "(max_queue_wait_s, the tenant's fair share of it) or the "
                                          "client's timeout", ("model", "band"), registry=r)
 
+    def forget_worker(self, worker_id: str, engine: str) -> None:
+        """The worker left the fleet: its series go (`engine`: the engine kind `duet_worker_healthy` named it with)."""
+        _remove(self.worker_healthy, worker_id, engine)
+        for metric in (self.worker_running, self.worker_kv_usage, self.route_ttft_correction,
+                       self.route_tpot_correction, self.retries, self.stream_errors, self.stream_timeouts,
+                       self.breaker_opened):
+            _remove(metric, worker_id)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _remove(metric, *labels: str) -> None:
+    try:
+        metric.remove(*labels)
+    except KeyError:  # never set for these labels (older prometheus_client releases raise, newer ignore it)
+        pass

@@ -62,6 +62,8 @@ def main(args: argparse.Namespace) -> int:
     except (ModelDirError, TokenizerError) as e:
         print(f"duet gateway: cannot load a model of {args.config}: {e}", file=sys.stderr)
         return 2
+    # loop "auto" (uvicorn's default): uvloop, a dependency, where installed; asyncio's own loop cost the gateway
+    # about a tenth more CPU per streamed request (docs/benchmarks.md)
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=5)
     return 0

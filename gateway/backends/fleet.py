@@ -133,13 +133,15 @@ class Fleet:
         if w.watch_task is not None:
             w.watch_task.cancel()
         self._index.remove_worker(w.worker_id)
-        self._metrics.worker_healthy.labels(w.worker_id, w.info.engine_kind if w.info else "").set(0)
-        self._gone(w.worker_id)
+        self._gone(w)
         await w.client.close()
 
-    def _gone(self, worker_id: str) -> None:
+    def _gone(self, w: WorkerHandle) -> None:
+        """`w` (its id and engine kind as they were) left the fleet: its metric series and what the
+        `on_gone` callbacks learned of it go."""
+        self._metrics.forget_worker(w.worker_id, w.info.engine_kind if w.info else "")
         for callback in self.on_gone:
-            callback(worker_id)
+            callback(w.worker_id)
 
     def get(self, worker_id: str) -> WorkerHandle | None:
         return self._by_id.get(worker_id)
@@ -208,7 +210,9 @@ class Fleet:
                     if w.info is not None:
                         self._by_id.pop(w.worker_id, None)
                         self._index.remove_worker(w.worker_id)
-                        self._gone(w.worker_id)
+                        self._gone(w)
+                    else:  # the polls before its first answer named it by address, with no engine kind
+                        self._metrics.forget_worker(w.address, "")
                     if w.watch_task is not None:
                         w.watch_task.cancel()
                     w.info = info
@@ -222,6 +226,8 @@ class Fleet:
             ok = False
         w.healthy = ok
         self._log_change(w, ok)
+        if self._workers.get(w.address) is not w:
+            return  # it left the fleet while this poll waited on it: its series are gone and stay gone
         engine = w.info.engine_kind if w.info else ""
         self._metrics.worker_healthy.labels(w.worker_id, engine).set(1 if ok else 0)
         if w.load is not None:

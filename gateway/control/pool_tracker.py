@@ -128,6 +128,12 @@ class PoolTracker:
             seconds = sum(s for _, s in samples)
         return tokens / seconds
 
+    def forget(self, worker_id: str) -> None:
+        """The worker left the fleet (gateway/backends/fleet.py `on_gone`): its observed rate goes, so that
+        workers coming and going under new ids do not grow the table (its queued tokens go to zero as its
+        requests end)."""
+        self._waited.pop(worker_id, None)
+
     def prefill_done(self, request_id: str) -> None:
         self._sent.pop(request_id, None)
         entry = self._prefill.pop(request_id, None)

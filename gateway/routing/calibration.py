@@ -17,8 +17,9 @@ never the corrected one, so the correction converges to the ratio instead of cha
 request's arrival (what the client felt), so a wait in flow control's queue before routing counts too: a long
 admission queue reads as a slower worker. The corrections are the prediction error per
 worker on the gateway's /metrics (`duet_route_ttft_correction`, `duet_route_tpot_correction`). A worker that
-leaves the fleet is forgotten, gauges included (gateway/serving/router.py `forget`, called by the fleet's
-`on_gone`): one that comes back, or a new worker under its id, starts at 1.
+leaves the fleet is forgotten (gateway/serving/router.py `forget`, called by the fleet's `on_gone`; its gauges
+go with its other series, gateway/metrics.py `forget_worker`): one that comes back, or a new worker under its id,
+starts at 1.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ simulators (loadtests/sim/fleet, loadtests/sim/routing) call, so that the bookke
     observe()    after a request's answer ended: the TTFT and TPOT it saw against the model's prediction for
                  it on its worker, which that worker's correction learns (gateway/routing/calibration.py);
                  then `on_observe` (the gateway's per-worker correction gauges)
-    forget()     a worker left the fleet (gateway/backends/fleet.py `on_gone`): its correction and, through
-                 `on_forget`, its gauges go
+    forget()     a worker left the fleet (gateway/backends/fleet.py `on_gone`): its correction goes (its
+                 gauges go with the worker's other series, GatewayMetrics.forget_worker)
     block_size() the tokens per hashed block of a model's prompts
 
 `Router.for_gateway` assembles the gateway's; a simulator passes its own views, clock and tables.
@@ -55,14 +55,12 @@ class Router:
                  block_size: Callable[[str], int] = lambda model_id: HASH_BLOCK_TOKENS,
                  on_record: Callable[[str, RouteRequest, RouteDecision], None] | None = None,
                  calibration: LatencyCalibration | None = None,
-                 on_observe: Callable[[str, Correction], None] | None = None,
-                 on_forget: Callable[[str], None] | None = None) -> None:
+                 on_observe: Callable[[str, Correction], None] | None = None) -> None:
         """`engine_block_tokens(worker_id)`: the tokens per KV block of an external engine that caches whole
         blocks only (0: the worker caches every block the gateway hashes)."""
         self._views = views
         self.calibration = calibration if calibration is not None else LatencyCalibration()
         self._on_observe = on_observe
-        self._on_forget = on_forget
         self.index = index
         self.policy = policy
         self.seen = seen if seen is not None else SeenBlocks()
@@ -110,20 +108,13 @@ class Router:
         # Duet's policy, or the one the config names (a benchmark baseline: config.load_routing_policy)
         policy = route if config.routing_policy is None else load_routing_policy(config.routing_policy)()
         def on_observe(worker_id: str, correction: Correction) -> None:
+            if fleet.get(worker_id) is None:
+                return  # a request that ended after its worker left: no gauge for a worker that is gone
             metrics.route_ttft_correction.labels(worker_id).set(correction.ttft)
             metrics.route_tpot_correction.labels(worker_id).set(correction.tpot)
 
-        def on_forget(worker_id: str) -> None:
-            # the label goes with the worker: under churn (registry workers coming and going with new ids)
-            # a gauge kept per departed worker would grow /metrics without bound
-            for gauge in (metrics.route_ttft_correction, metrics.route_tpot_correction):
-                try:
-                    gauge.remove(worker_id)
-                except KeyError:  # never observed there
-                    pass
-
         router = cls(views, index, policy=policy, pool_tracker=pool_tracker, engine_block_tokens=engine_block_tokens,
-                     block_size=block_size, on_record=on_record, on_observe=on_observe, on_forget=on_forget)
+                     block_size=block_size, on_record=on_record, on_observe=on_observe)
         fleet.on_gone.append(router.forget)
         return router
 
@@ -160,10 +151,8 @@ class Router:
 
     def forget(self, worker_id: str) -> None:
         """The worker left the fleet: its learned correction goes (one that comes back starts at 1 again, as
-        a new worker), then `on_forget` (the gateway drops its correction gauges)."""
+        a new worker)."""
         self.calibration.forget(worker_id)
-        if self._on_forget is not None:
-            self._on_forget(worker_id)
 
     def _cacheable(self, worker_id: str, hashes: tuple, block_tokens: int) -> tuple:
         """The blocks the worker will cache of a prompt: an external engine whose KV block holds several of

@@ -178,6 +178,53 @@ def test_workers_registered_in_redis_are_discovered_and_dropped_when_gone(tmp_pa
         sim.kill()
 
 
+def _worker_series(metrics_page: str, worker: str) -> dict[str, float]:
+    """The page's samples labelled with this worker: `name{labels}` -> value."""
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in metrics_page.splitlines()
+            if not line.startswith("#") and f'worker="{worker}"' in line}
+
+
+def test_a_worker_that_leaves_takes_its_series_off_metrics_and_one_that_fails_stays_at_0(tmp_path, clean_redis_url):
+    # under autoscaling or rolling restarts workers come and go under new ids: a departed one's series must go,
+    # or /metrics grows without bound and dashboards show ghosts; a configured worker that fails stays, as 0
+    static = start_sims([Sim("prefix", worker_id="static")], tmp_path)[0]
+    gw = GatewayThread(gateway_config([static], redis=clean_redis_url)).start()
+    churner = start_sims([Sim("paged", worker_id="churner", redis=clean_redis_url)], tmp_path)[0]
+
+    def page() -> str:
+        return httpx.get(gw.url + "/metrics").text
+
+    def polled(worker: str, engine: str) -> set[str]:  # the series the fleet's polls set for a worker
+        return {f'duet_worker_healthy{{engine="{engine}",worker="{worker}"}}',
+                f'duet_worker_num_requests_running{{worker="{worker}"}}',
+                f'duet_worker_kv_cache_usage_perc{{worker="{worker}"}}'}
+
+    try:
+        assert _wait(lambda: set(_worker_series(page(), "churner")) >= polled("churner", "paged"), 10), page()
+        text = page()
+        assert _worker_series(text, "churner")['duet_worker_healthy{engine="paged",worker="churner"}'] == 1.0
+        assert churner.address not in text  # the polls named it by its id, not its address
+        static_series = _worker_series(text, "static")
+        assert set(static_series) >= polled("static", "prefix")
+
+        churner.kill()  # no more heartbeats: its registration lapses and it leaves the fleet
+        assert _wait(lambda: gw.gateway.fleet.get("churner") is None, 20), "the killed worker never left the fleet"
+        text = page()
+        assert _worker_series(text, "churner") == {}
+        assert churner.address not in text
+        assert set(_worker_series(text, "static")) == set(static_series)
+        assert _worker_series(text, "static")['duet_worker_healthy{engine="prefix",worker="static"}'] == 1.0
+
+        static.kill()  # configured, so it stays in the fleet: failing, it shows as 0
+        healthy = 'duet_worker_healthy{engine="prefix",worker="static"}'
+        assert _wait(lambda: _worker_series(page(), "static").get(healthy) == 0.0, 10), page()
+        assert set(_worker_series(page(), "static")) == set(static_series)
+    finally:
+        gw.stop()
+        static.kill()
+        churner.kill()
+
+
 def test_kv_events_feed_the_index_and_a_repeated_prompt_goes_where_it_is_cached(tmp_path):
     sims = start_sims([Sim("prefix"), Sim("prefix")], tmp_path)
     gw = GatewayThread(gateway_config(sims)).start()
