@@ -1,13 +1,14 @@
 """The native CPU extend (prefill) attention (engine_core/kernels/csrc/paged_extend.c) against torch's SDPA path.
 
     python -m loadtests.profiles.extend_attention_bench [--threads 1] [--chunks 0:512,0:512,0:512,0:512]
-                                                        [--repeats 7]
+                                                        [--repeats 7] [--dtype float32|bfloat16]
 
 SmolLM2-135M's attention shape (9 query heads over 3 KV heads of 64, page 16), one layer of one prefill step:
 `--chunks` lists each chunk as prefix:new (tokens cached before it, tokens it adds), 4 fresh prompts of 512 by
 default. Prints the median and fastest ms per layer of each way: `native` (the kernel as built here; its tile
-width says which path: 16 AVX-512, 8 AVX2, 1 portable C; DUET_NATIVE_CPU_CFLAGS narrows it) and `torch` (pages
-gathered, then torch's scaled_dot_product_attention), rounds interleaved.
+width says which path: 16 AVX-512, 8 AVX2, 1 portable C; over a bf16 cache on an AMX CPU, "amx" says the tiles;
+DUET_NATIVE_CPU_CFLAGS narrows it) and `torch` (pages gathered, then torch's scaled_dot_product_attention), rounds
+interleaved. `--dtype` is the KV cache's (and the queries'), as a worker's `--dtype` makes it.
 """
 
 from __future__ import annotations
@@ -30,20 +31,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--chunks", default="0:512,0:512,0:512,0:512", help="prefix:new per chunk")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the KV cache's dtype")
     args = parser.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
     torch.set_num_threads(args.threads)
     chunks = [tuple(int(x) for x in c.split(":")) for c in args.chunks.split(",")]
     pages = [-(-(p + n) // PAGE) for p, n in chunks]
     gen = torch.Generator().manual_seed(0)
-    k_cache, v_cache = (torch.randn(sum(pages), PAGE, HK, D, generator=gen) for _ in range(2))
+    k_cache, v_cache = (torch.randn(sum(pages), PAGE, HK, D, generator=gen).to(dtype) for _ in range(2))
     tables = torch.zeros(len(chunks), max(pages), dtype=torch.int32)
     first = 0
     for i, n in enumerate(pages):
         tables[i, :n] = torch.arange(first, first + n)
         first += n
     tokens = sum(n for _, n in chunks)
-    q = torch.randn(tokens, HQ, D, generator=gen)
-    k, v = (torch.randn(tokens, HK, D, generator=gen) for _ in range(2))
+    q = torch.randn(tokens, HQ, D, generator=gen).to(dtype)
+    k, v = (torch.randn(tokens, HK, D, generator=gen).to(dtype) for _ in range(2))
     cu = torch.tensor([0, *torch.tensor([n for _, n in chunks]).cumsum(0).tolist()], dtype=torch.int32)
     prefix = torch.tensor([p for p, _ in chunks], dtype=torch.int32)
     no_decode = torch.zeros(0, dtype=torch.int32)
@@ -59,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                 start = time.perf_counter()
                 paged_attention_planned(q, k, v, k_cache, v_cache, plan, D**-0.5)
                 times[name].append((time.perf_counter() - start) * 1000)
-    print(f"chunks {args.chunks}, {args.threads} thread(s), native tile width {cpu_native.vector_floats()}; "
+    tiles = " (amx)" if dtype == torch.bfloat16 and cpu_native.extend_on_amx() else ""
+    print(f"chunks {args.chunks}, {args.threads} thread(s), {args.dtype}, native tile width {cpu_native.vector_floats()}{tiles}; "
           f"ms per layer, median / fastest of {args.repeats}")
     for name, ts in times.items():
         print(f"{name:6s} {statistics.median(ts):8.2f} / {min(ts):8.2f}")
