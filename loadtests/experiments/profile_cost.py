@@ -3,8 +3,8 @@
 
 `duet gateway` processes over the same two sim workers (20 ms a token, as the gateway bench), one per variant
 (`--variants`, default `off,on`): `off` the profile and the capture off, `on` both on (capture at sample rate 1:
-every request), `profile` the profile alone, `capture` the capture alone, `off2` a second `off` (an A/A: what two
-identical processes differ by, the harness's own noise). Each round sends the gateway bench's burst
+every request), `profile` the profile alone, `capture` the capture alone, `off2` a second `off` and `on2` a second
+`on` (A/As: what two identical processes differ by, the harness's own noise). Each round sends the gateway bench's burst
 (loadtests/experiments/gateway_bench.py: 1,000 concurrent streaming chats of 16 tokens) to each gateway in turn,
 the order rotating from round to round, and reads the gateway process's CPU seconds (user + system,
 /proc/PID/stat) around it: CPU ms per request per variant, and each variant's overhead over `off` as a share (of
@@ -40,6 +40,7 @@ VARIANTS = {  # name -> the gateway config's extra sections
     "profile": {},
     "capture": {"profile": {"enabled": False}, "capture": CAPTURE_ON},
     "off2": {"profile": {"enabled": False}},
+    "on2": {"capture": CAPTURE_ON},
 }
 
 
