@@ -21,6 +21,7 @@ The module imports no torch and nothing from loadtests/ (`duet up` uses it).
 from __future__ import annotations
 
 import json
+import random
 import socket
 import sys
 import time
@@ -38,12 +39,35 @@ from duet.contract import PAGED, SIM, WORKER_KINDS
 from duet.engine_config import ENGINE_DEFAULTS
 from duet.supervisor import Event, RestartPolicy, Supervisor
 
+_LISTEN_FLOOR = 20000  # below: well-known and registered service ports
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (the kernel's pick; another process may take it before us)."""
-    with socket.socket() as s:
+    """A port nothing listens on right now, below the kernel's ephemeral range where there is room. A port the
+    kernel picks (bind to 0) comes from that range, from which every outgoing connection also takes its local port,
+    so a listener started moments later could find its port taken by a connection of the very stack it belongs to
+    (a test run saw a gateway fail with "address already in use" that way). Another process may still bind the
+    port before us."""
+    top = _ephemeral_floor() - 1
+    pick = random.SystemRandom()  # not the random module's state, which tests seed
+    for _ in range(64 if top - _LISTEN_FLOOR >= 1000 else 0):
+        with socket.socket() as s:
+            try:
+                s.bind((host, pick.randint(_LISTEN_FLOOR, top)))
+            except OSError:
+                continue  # in use
+            return s.getsockname()[1]
+    with socket.socket() as s:  # no room below the ephemeral range, or all tries taken: the kernel's pick
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands outgoing connections (Linux's default when it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def duet_argv(*args: str) -> list[str]:
