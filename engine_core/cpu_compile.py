@@ -1,20 +1,22 @@
-"""torch.compile (inductor, CPU) of the decoder layers' elementwise work, once per worker at load.
+"""torch.compile (inductor, CPU) of the whole decoder as one graph, once per worker at load.
 
-Each DecoderLayer runs as two regions around attention (engine_core/model.py): `pre_attention` (residual add +
-input RMSNorm, qkv matmul, split, rope) and `post_attention` (o_proj + residual add + RMSNorm, gate/up matmul,
-SiLU-mul, down matmul). Both take only tensors, so one compiled graph serves every layer (the weights are graph
-inputs, not constants) and inductor fuses each run of elementwise ops into one C++ loop: add+norm, split+rope,
-SiLU-mul; the matmuls stay MKL calls. Attention (page indexing, the native decode kernel) stays eager between them.
+`DecoderModel.decoder` (engine_core/model.py) runs every layer and the final norm; it takes only tensors, and
+attention inside it is one opaque op (`duet::paged_attention`, engine_core/attention_op.py) that finds the step's
+page tables and caches itself. So one graph covers the decoder: inductor fuses each run of elementwise ops into
+one C++ loop (add+norm, split+rope, SiLU-mul) and its C++ wrapper calls the matmul and attention ops in order,
+with no Python between them. Compiled per region instead (two around each layer's attention, as before), a
+16-sequence decode step entered dynamo 60 times and ran attention's Python in between: about a third of the bf16
+step on two threads (docs/benchmarks.md, the decode step's profile).
 
-The token dimension is dynamic (`dynamic=True`): torch specialises a size of 1, so the warm-up at load runs both
-regions at 1 token and at 2 (the generic graph every larger batch takes), with and without the first layer's
-`residual=None`: 6 graphs, compiled before the worker serves. Inductor's FX graph cache lives under Duet's cache
-dir (`<cache>/inductor`, unless TORCHINDUCTOR_CACHE_DIR is set), so a restart re-traces but does not re-compile.
+The token dimension is dynamic (`dynamic=True`): torch specialises a size of 1, so the warm-up at load runs one
+token and two (the generic graph every larger batch takes) over a scratch cache: 2 graphs, compiled before the
+worker serves. Inductor's FX graph cache lives under Duet's cache dir (`<cache>/inductor`, unless
+TORCHINDUCTOR_CACHE_DIR is set), so a restart re-traces but does not re-compile.
 
 It applies on the CPU to single-rank models, unquantized or int8 on Duet's own kernel (`duet::int8_linear`, one
 opaque op for any row count); a CUDA model keeps its Triton kernels; torch's int8 kernel, used on CPUs without
 AVX512_BF16, branches on the row count, which would compile again mid-serving; tensor parallelism's all-reduce sits
-inside post_attention. `--compile/--no-compile` (None: on unless DUET_COMPILE=0, which the tests set); with no
+inside the layers. `--compile/--no-compile` (None: on unless DUET_COMPILE=0, which the tests set); with no
 C++ compiler, or when compiling raises, the model stays eager and one line is logged.
 """
 
@@ -29,8 +31,6 @@ import torch
 from torch import nn
 
 log = logging.getLogger(__name__)
-
-_REGIONS = ("pre_attention", "post_attention")
 
 
 def compile_requested(requested: bool | None, environ=os.environ) -> bool:
@@ -66,7 +66,7 @@ def inductor_cache_dir() -> str:
 
 
 def compile_decoder(model: nn.Module, requested: bool | None = None, quantization: str = "none") -> bool:
-    """Compile every layer's two regions and warm them up; True when the model now runs compiled."""
+    """Compile the decoder and warm it up; True when the model now runs compiled."""
     weight = model.embed_tokens.weight
     if not compile_requested(requested) or weight.device.type != "cpu":
         return False  # off, or not the CPU: nothing to say
@@ -79,9 +79,7 @@ def compile_decoder(model: nn.Module, requested: bool | None = None, quantizatio
         return False
     cache = inductor_cache_dir()
     start, hits, misses = time.perf_counter(), _cache_count("hit"), _cache_count("miss")
-    for layer in model.layers:
-        for name in _REGIONS:
-            setattr(layer, name, torch.compile(getattr(layer, name), dynamic=True))
+    model.decoder = torch.compile(model.decoder, dynamic=True, options={"cpp_wrapper": True})
     try:
         warm_up(model)
     except Exception as exc:  # noqa: BLE001 - dynamo, inductor or the C++ build: serve eager rather than not at all
@@ -111,27 +109,25 @@ def _cache_count(kind: str) -> int:
 
 
 def is_compiled(model: nn.Module) -> bool:
-    return any(name in vars(layer) for layer in model.layers for name in _REGIONS)
+    return "decoder" in vars(model)
 
 
 def uncompile(model: nn.Module) -> None:
-    """Back to the eager methods (the compiled ones are instance attributes over the class's)."""
-    for layer in model.layers:
-        for name in _REGIONS:
-            vars(layer).pop(name, None)
+    """Back to the eager method (the compiled one is an instance attribute over the class's)."""
+    vars(model).pop("decoder", None)
 
 
 @torch.inference_mode()
 def warm_up(model: nn.Module) -> None:
-    """Run both regions of the first two layers at 1 token and at 2, the first with residual=None: every graph
-    serving will need, compiled now (all layers share them)."""
+    """Run the model on one token and on two, over a scratch one-page cache: both graphs serving will need,
+    compiled now."""
+    from engine_core.forward_batch import SeqChunk, build_forward_batch
+
     weight = model.embed_tokens.weight
     c = model.config
-    q_size = c.num_attention_heads * c.head_dim
+    page_size = 16
+    shape = (1, page_size, c.num_key_value_heads, c.head_dim)
+    caches = [torch.zeros(shape, dtype=weight.dtype) for _ in model.layers]
     for tokens in (1, 2):
-        hidden = torch.zeros(tokens, c.hidden_size, dtype=weight.dtype)
-        positions = torch.arange(tokens)
-        residual = None
-        for layer in model.layers[:2]:
-            *_, residual = layer.pre_attention(hidden, residual, positions, model.rope_cache)
-            hidden, residual = layer.post_attention(torch.zeros(tokens, q_size, dtype=weight.dtype), residual)
+        batch = build_forward_batch([SeqChunk([0] * tokens, 0, [0])], page_size, weight.device)
+        model(batch.input_ids, batch.positions, batch, caches, caches)

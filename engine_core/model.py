@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from engine_core import kernels
+from engine_core import attention_op, kernels
 from engine_core.forward_batch import ForwardBatch
 
 
@@ -102,10 +102,6 @@ class Attention(nn.Module):
         kernels.store_kv(k, v, k_cache, v_cache, step.batch.slot_mapping)
         return paged_attention(q, k, v, k_cache, v_cache, step, self.scale).reshape(q.shape[0], self.q_size)
 
-    def forward(self, hidden: Tensor, step: StepInputs, k_cache: Tensor, v_cache: Tensor) -> Tensor:
-        q, k, v = self.project(hidden, step.positions, step.rope_cache)
-        return self.o_proj(self.attend(q, k, v, step, k_cache, v_cache))
-
 
 class MLP(nn.Module):
     def __init__(self, config):
@@ -125,13 +121,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    # The layer runs as two regions around attention: pre_attention and post_attention hold every elementwise op
-    # (norms, residual adds, rope, SiLU-mul) with the matmuls between them, and take only tensors, so
-    # engine_core.cpu_compile can compile each once for every layer; attention (custom kernels, page indexing) stays
-    # eager between them.
-    def forward(self, hidden, residual, step: StepInputs, k_cache, v_cache):
-        q, k, v, residual = self.pre_attention(hidden, residual, step.positions, step.rope_cache)
-        out = self.self_attn.attend(q, k, v, step, k_cache, v_cache)
+    # The layer is two regions of tensor work (norms, residual adds, rope, SiLU-mul and the matmuls) around one
+    # opaque attention op, which finds the step's batch and caches itself (engine_core/attention_op.py): so the
+    # whole decoder compiles as one graph (engine_core/cpu_compile.py).
+    def forward(self, hidden: Tensor, residual: Tensor | None, positions: Tensor, rope_cache: Tensor,
+                index: int) -> tuple[Tensor, Tensor]:
+        """(hidden, residual) after this layer, `index` its place in the model (its caches in the step)."""
+        q, k, v, residual = self.pre_attention(hidden, residual, positions, rope_cache)
+        out = torch.ops.duet.paged_attention(q, k, v, index)
         return self.post_attention(out, residual)
 
     def pre_attention(self, hidden: Tensor, residual: Tensor | None, positions: Tensor, rope_cache: Tensor):
@@ -183,10 +180,15 @@ class DecoderModel(nn.Module):
                 batch.num_decode_tokens, batch.decode_block_tables, batch.decode_context_lens,
                 batch.extend_block_tables, batch.cu_seqlens_q, batch.prefix_lens, k_caches[0].shape[1], native)
         step = StepInputs(positions, batch, self.rope_cache, plan)
-        hidden = self.embed_tokens(input_ids)
+        with attention_op.step([layer.self_attn for layer in self.layers], step, k_caches, v_caches):
+            return self.decoder(self.embed_tokens(input_ids), positions)
+
+    def decoder(self, hidden: Tensor, positions: Tensor) -> Tensor:
+        """Every layer and the final norm over the embedded tokens, within attention_op.step(): the region
+        engine_core.cpu_compile compiles as one graph (it takes only tensors)."""
         residual = None
-        for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches):
-            hidden, residual = layer(hidden, residual, step, k_cache, v_cache)
+        for index, layer in enumerate(self.layers):
+            hidden, residual = layer(hidden, residual, positions, self.rope_cache, index)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
