@@ -17,7 +17,8 @@ them after it: a process's own luck (heap layout, hash seed, the core it lands o
 its variant, and the paired ratios average it out over rounds. Two quiet runs with one process per variant for
 all rounds (`--same-processes`, the order rotated) differed by 2 points between two identical `off` processes,
 as much as `on` and `off` did (docs/benchmarks.md). Each round's gateways start and warm up before any of them is
-measured, so one's start-up never lands in another's burst.
+measured, so one's start-up never lands in another's burst. A fresh `on` gateway's profile holds one burst: a cost
+that grows with the profile's ring (as its rows' GC walk did before 2026-12-07) shows with `--same-processes` only.
 
 `finished_us` is the in-process time of the one call a finished request makes (`Workload.finished`) for a
 chat of the burst's shape and for a 1,100-token prompt sharing a 1,000-token system prompt; `flush_us` the
