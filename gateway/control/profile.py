@@ -47,7 +47,11 @@ TURN_BOUNDS = (1, 2, 3, 5, 10, 20)
 
 
 class Finished(NamedTuple):
-    """One profiled request (a tuple: cheap to build on the request path)."""
+    """One profiled request's fields. The ring keeps each as a plain tuple in this order (`record`), and only a
+    snapshot's sample is made into `Finished`: Python's cyclic GC stops tracking a plain tuple of strings and
+    numbers at its first collection, but never a tuple subclass, so 50,000 `Finished` in the ring were 50,000
+    more objects every full collection walked (in a gateway at 1,000 streams, ~4 full collections per 1,000
+    requests, each walking ~90,000 objects of its own: docs/benchmarks.md)."""
 
     start: float  # clock() at arrival
     end: float  # clock() at its last byte
@@ -62,6 +66,9 @@ class Finished(NamedTuple):
     traffic_class: str
     engine: str
     cached_tokens: int
+
+
+_START, _END, _MODEL = (Finished._fields.index(f) for f in ("start", "end", "model"))
 
 
 class BlockOwners:
@@ -116,7 +123,7 @@ class WorkloadProfile:
             raise ValueError("WorkloadProfile needs max_window_s > 0 and max_requests >= 1")
         self.max_window_s = max_window_s
         self.clock = clock
-        self._requests: deque[Finished] = deque(maxlen=max_requests)
+        self._requests: deque[tuple] = deque(maxlen=max_requests)  # Finished's fields, plain tuples
         self._owners = BlockOwners(max_blocks)
         self._anonymous = itertools.count()  # the owner of a session-less request's blocks: itself alone
         self._snapshots: dict[float, tuple[float, dict]] = {}  # window_s -> (made at, snapshot)
@@ -127,19 +134,20 @@ class WorkloadProfile:
         owner = session if session else next(self._anonymous)
         within, cross = self._owners.classify(hashes, owner)  # hashes differ per model: no clash
         now = self.clock()
-        self._requests.append(Finished(now - duration_s, now, model, session or "", turns, prompt_tokens,
-                                       output_tokens, len(hashes), within, cross, traffic_class, engine,
-                                       cached_tokens))
+        self._requests.append((now - duration_s, now, model, session or "", turns, prompt_tokens,  # Finished's
+                               output_tokens, len(hashes), within, cross, traffic_class, engine,  # order
+                               cached_tokens))
         horizon = now - self.max_window_s
         ring = self._requests
-        while ring[0].end < horizon:
+        while ring[0][_END] < horizon:
             ring.popleft()
 
-    def recent(self, window_s: float) -> list[Finished]:
+    def recent(self, window_s: float) -> list[tuple]:
+        """The requests that ended in the last `window_s` seconds, oldest first (plain tuples in Finished's order)."""
         horizon = self.clock() - min(window_s, self.max_window_s)
         out = []
         for r in reversed(self._requests):
-            if r.end < horizon:
+            if r[_END] < horizon:
                 break
             out.append(r)
         out.reverse()
@@ -153,9 +161,9 @@ class WorkloadProfile:
         if made is not None and now - made[0] < SNAPSHOT_TTL_S:
             return made[1]
         recent = self.recent(window_s)
-        groups: dict[str, list[Finished]] = {ALL: recent}
+        groups: dict[str, list[tuple]] = {ALL: recent}
         for r in recent:
-            groups.setdefault(r.model, []).append(r)
+            groups.setdefault(r[_MODEL], []).append(r)
         models = {}
         for name, rs in sorted(groups.items()):
             if name != ALL and len(rs) == len(recent):  # the one model: its profile is the overall one
@@ -168,14 +176,14 @@ class WorkloadProfile:
         return snap
 
 
-def peak_concurrency(requests: list[Finished]) -> int:
+def peak_concurrency(requests: Sequence[tuple]) -> int:
     """The most of `requests` in flight at once (a request ending as another starts is not beside it). They are
     in order of their ends (the ring's), so one sort of the starts and one walk over both: at the j-th start,
     j + 1 have started and those ending by then have left. Only finished requests are seen. (A binary search per
     start took twice as long: 32 against 15 ms for 50,000 requests, and /metrics scrapes run it.)"""
-    ends = [r.end for r in requests]
+    ends = [r[_END] for r in requests]
     gone, best, n = 0, 0, len(ends)
-    for j, start in enumerate(sorted(r.start for r in requests)):
+    for j, start in enumerate(sorted(r[_START] for r in requests)):
         while gone < n and ends[gone] <= start:
             gone += 1
         if j - gone >= best:
@@ -199,9 +207,10 @@ def _quantiles(values: list[int]) -> dict:
     return {"mean": round(sum(s) / len(s), 1), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
 
 
-def summarize(requests: list[Finished], window_s: float, total: int, peak: int | None = None) -> dict:
-    """The profile of `requests`, a sample (every k-th) of the `total` that ended in the window; `peak`: the
-    window's peak concurrency over every request (None: the sample's own)."""
+def summarize(requests: Sequence[tuple], window_s: float, total: int, peak: int | None = None) -> dict:
+    """The profile of `requests` (Finished's fields), a sample (every k-th) of the `total` that ended in the
+    window; `peak`: the window's peak concurrency over every request (None: the sample's own)."""
+    requests = [Finished._make(r) for r in requests]  # at most SAMPLE of them
     n = len(requests)
     blocks = sum(r.blocks for r in requests)
     within = sum(r.within_session for r in requests)

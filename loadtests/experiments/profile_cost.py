@@ -1,20 +1,29 @@
 """What the workload profile and the traffic capture cost the gateway per request:
-`python -m loadtests.experiments.profile_cost [--rounds 3] [--json]`.
+`python -m loadtests.experiments.profile_cost [--rounds 3] [--variants off,on] [--json]`.
 
 `duet gateway` processes over the same two sim workers (20 ms a token, as the gateway bench), one per variant
 (`--variants`, default `off,on`): `off` the profile and the capture off, `on` both on (capture at sample rate 1:
 every request), `profile` the profile alone, `capture` the capture alone, `off2` a second `off` and `on2` a second
-`on` (A/As: what two identical processes differ by, the harness's own noise). Each round sends the gateway bench's burst
-(loadtests/experiments/gateway_bench.py: 1,000 concurrent streaming chats of 16 tokens) to each gateway in turn,
-the order rotating from round to round, and reads the gateway process's CPU seconds (user + system,
-/proc/PID/stat) around it: CPU ms per request per variant, and each variant's overhead over `off` as a share (of
-the medians, and the median of the per-round ratios). Rotating the order spreads a neighbour's load on a shared
-machine over every variant alike; the per-round figures are in the output. `--scrape-s S` scrapes each gateway's
-/metrics every S seconds during its burst (as Prometheus would; 0, the default: never).
+`on` (A/As: what two identical processes differ by, the harness's own noise). Each round sends the gateway bench's
+burst (loadtests/experiments/gateway_bench.py: 1,000 concurrent streaming chats of 16 tokens) to each variant's
+gateway in turn and reads the gateway process's CPU seconds (user + system, /proc/PID/stat) around it: CPU ms per
+request per variant, and each variant's overhead over `off` as a share (of the medians, and the per-round paired
+ratios' median, quartiles and range). `ab_vs_aa` sets each A/B's median overhead beside the A/As' (text output:
+the first lines). `--scrape-s S` scrapes each gateway's /metrics every S seconds during its burst (as Prometheus
+would; 0, the default: never).
+
+Every round starts fresh gateway processes for every variant (the round's order shuffled, `--seed`) and stops
+them after it: a process's own luck (heap layout, hash seed, the core it lands on) then falls on one round of
+its variant, and the paired ratios average it out over rounds. Two quiet runs with one process per variant for
+all rounds (`--same-processes`, the order rotated) differed by 2 points between two identical `off` processes,
+as much as `on` and `off` did (docs/benchmarks.md). Each round's gateways start and warm up before any of them is
+measured, so one's start-up never lands in another's burst. A fresh `on` gateway's profile holds one burst: a cost
+that grows with the profile's ring (as its rows' GC walk did before 2026-12-07) shows with `--same-processes` only.
 
 `finished_us` is the in-process time of the one call a finished request makes (`Workload.finished`) for a
 chat of the burst's shape and for a 1,100-token prompt sharing a 1,000-token system prompt; `flush_us` the
-capture's flush of those requests (their hashing and serializing, gateway/control/capture.py) per request.
+capture's flush of those requests per request (their lines pushed to the state store: the hashing and the
+serializing are done in `finished`, gateway/control/capture.py).
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from duet.launcher import Launcher, SimOptions, WorkerSpec, free_port, gateway_c
 from loadtests.experiments.gateway_bench import SIM_MS_PER_TOKEN, _wait_port, print_result, streams_burst
 
 STREAMS, MAX_TOKENS = 1000, 16
+WARMUP_STREAMS = 50
 CAPTURE_ON = {"enabled": True, "max_records": 100_000}
 VARIANTS = {  # name -> the gateway config's extra sections
     "off": {"profile": {"enabled": False}},
@@ -59,15 +69,16 @@ async def _scrape(port: int, every_s: float) -> None:
         w.close()
 
 
-async def _burst_cpu_ms(pid: int, port: int, model: str, scrape_s: float = 0.0) -> tuple[float, int]:
+async def _burst_cpu_ms(pid: int, port: int, model: str, scrape_s: float = 0.0,
+                        streams: int = STREAMS) -> tuple[float, int]:
     before = cpu_seconds(pid)
     scraper = asyncio.create_task(_scrape(port, scrape_s)) if scrape_s > 0 else None
     try:
-        errors, _ = await streams_burst(port, model, STREAMS, MAX_TOKENS)
+        errors, _ = await streams_burst(port, model, streams, MAX_TOKENS)
     finally:
         if scraper is not None:
             scraper.cancel()
-    return (cpu_seconds(pid) - before) * 1000 / STREAMS, errors
+    return (cpu_seconds(pid) - before) * 1000 / streams, errors
 
 
 def finished_us(samples: int = 2000) -> tuple[dict, dict]:
@@ -101,7 +112,72 @@ def finished_us(samples: int = 2000) -> tuple[dict, dict]:
     return out, flush
 
 
-async def run(rounds: int, variants: tuple[str, ...] = ("off", "on"), scrape_s: float = 0.0) -> dict:
+def _quartiles(values: list[float]) -> list[float]:
+    """[q1, median, q3] (the `inclusive` method: within the values' range even for a few rounds)."""
+    if len(values) == 1:
+        return [values[0]] * 3
+    return statistics.quantiles(values, n=4, method="inclusive")
+
+
+def summarize(per_round: list[dict], variants: tuple[str, ...]) -> dict:
+    """The per-variant medians, and for each variant beside `off` the per-round paired ratios' median and spread:
+    their quartiles, range and how many rounds were above 1 (`{name}_round_ratio_*`). `ab_vs_aa` puts each
+    variant's median overhead beside the A/As' (`off2`: two `off` gateways; `on2` against `on`), the harness's
+    own noise on the same rounds."""
+    out: dict = {}
+    med = {name: statistics.median(r[f"{name}_cpu_ms_per_request"] for r in per_round) for name in variants}
+    for name in variants:
+        out[f"{name}_cpu_ms_per_request"] = round(med[name], 4)
+    if "off" not in variants:
+        return out
+    ab_vs_aa = {}
+    for name in variants:
+        if name == "off":
+            continue
+        out[f"{name}_overhead_share"] = round((med[name] - med["off"]) / med["off"], 4)
+        ratios = [r[f"{name}_ratio_to_off"] for r in per_round]
+        q1, q2, q3 = _quartiles(ratios)
+        out[f"{name}_round_ratio_median"] = round(q2, 4)
+        out[f"{name}_round_ratio_quartiles"] = [round(q1, 4), round(q3, 4)]
+        out[f"{name}_round_ratio_range"] = [round(min(ratios), 4), round(max(ratios), 4)]
+        out[f"{name}_rounds_above_1"] = sum(1 for x in ratios if x > 1)
+        ab_vs_aa[name] = {"overhead_median": round(q2 - 1, 4), "iqr": round(q3 - q1, 4),
+                          "range": round(max(ratios) - min(ratios), 4)}
+    if "on" in variants:
+        out["overhead_share"] = out["on_overhead_share"]  # the figure the earlier runs printed
+    if "on2" in variants and "on" in variants:  # the A/A of two `on` gateways, paired within the round
+        ratios = [r["on2_cpu_ms_per_request"] / r["on_cpu_ms_per_request"] for r in per_round]
+        q1, q2, q3 = _quartiles(ratios)
+        ab_vs_aa["on2/on"] = {"overhead_median": round(q2 - 1, 4), "iqr": round(q3 - q1, 4),
+                              "range": round(max(ratios) - min(ratios), 4)}
+    out["ab_vs_aa"] = ab_vs_aa
+    return out
+
+
+async def _start_gateways(launcher: Launcher, model_dir: Path, workers: list[str], variants: tuple[str, ...],
+                          tag: str, model: str) -> dict[str, tuple[int, int]]:
+    """One gateway per variant (names `gw-{variant}{tag}`), listening, through their first health polls and
+    warmed up (imports, connections, first compiles): {variant: (pid, port)}."""
+    gateways = {}
+    for name in variants:
+        port = free_port()
+        pid = launcher.start_gateway(f"gw-{name}{tag}", gateway_config(model_dir, workers, port=port,
+                                                                       poll_interval_s=1.0, **VARIANTS[name]))
+        gateways[name] = (pid, port)
+    for _, port in gateways.values():
+        await _wait_port(launcher, port)
+    await asyncio.sleep(2.0)  # the first health polls
+    for _, port in gateways.values():
+        await streams_burst(port, model, WARMUP_STREAMS, MAX_TOKENS)
+    return gateways
+
+
+async def run(rounds: int, variants: tuple[str, ...] = ("off", "on"), scrape_s: float = 0.0,
+              fresh: bool = True, streams: int = STREAMS, seed: int = 0) -> dict:
+    """`rounds` rounds of one burst per variant. `fresh` (the default): every round starts new gateway processes
+    for every variant and stops them after it, so a process's own luck (heap layout, hash seed, core) falls
+    on one round of a variant, not on all of them; the round's order is shuffled (seeded by `seed`). Not
+    `fresh`: one gateway per variant for every round, the order rotating (the harness before 2026-12-07)."""
     from duet.model_make import default_model_dir
 
     model_dir = default_model_dir()
@@ -109,6 +185,7 @@ async def run(rounds: int, variants: tuple[str, ...] = ("off", "on"), scrape_s: 
     load_before = os.getloadavg()
     launcher = Launcher(Path(tempfile.mkdtemp(prefix="duet-profilecost-")))
     sim_ports = [free_port(), free_port()]
+    rng = random.Random(seed)
     try:
         for i, p in enumerate(sim_ports):
             launcher.start_worker(f"sim{i}", WorkerSpec("sim", model_dir, p, sim=SimOptions(
@@ -116,63 +193,86 @@ async def run(rounds: int, variants: tuple[str, ...] = ("off", "on"), scrape_s: 
         for p in sim_ports:
             await _wait_port(launcher, p)
         workers = [f"127.0.0.1:{p}" for p in sim_ports]
-        gateways = {}
-        for name in variants:
-            extra = VARIANTS[name]
-            port = free_port()
-            pid = launcher.start_gateway(f"gw-{name}", gateway_config(model_dir, workers, port=port,
-                                                                     poll_interval_s=1.0, **extra))
-            gateways[name] = (pid, port)
-        for _, port in gateways.values():
-            await _wait_port(launcher, port)
-        await asyncio.sleep(2.0)  # the first health polls
-        for pid, port in gateways.values():  # warm-up: imports, connections, first compiles
-            await streams_burst(port, model, 50, MAX_TOKENS)
+        gateways = None if fresh else await _start_gateways(launcher, model_dir, workers, variants, "", model)
         per_round: list[dict] = []
         for r in range(rounds):
-            row = {}
-            k = r % len(variants)  # rotate the order: each variant goes first as often as the others
-            for name in variants[k:] + variants[:k]:
+            if fresh:
+                gateways = await _start_gateways(launcher, model_dir, workers, variants, f"-r{r + 1}", model)
+                order = list(variants)
+                rng.shuffle(order)
+            else:
+                k = r % len(variants)  # rotate the order: each variant goes first as often as the others
+                order = list(variants[k:] + variants[:k])
+            row: dict = {"order": order}
+            for name in order:
                 pid, port = gateways[name]
-                ms, row[f"{name}_errors"] = await _burst_cpu_ms(pid, port, model, scrape_s)
+                ms, row[f"{name}_errors"] = await _burst_cpu_ms(pid, port, model, scrape_s, streams)
                 row[f"{name}_cpu_ms_per_request"] = round(ms, 4)
+                row[f"{name}_pid"] = pid
+            if "off" in variants:
+                for name in variants:
+                    if name != "off":
+                        row[f"{name}_ratio_to_off"] = round(row[f"{name}_cpu_ms_per_request"]
+                                                            / row["off_cpu_ms_per_request"], 4)
+            if fresh:
+                for name in variants:
+                    launcher.supervisor.stop(f"gw-{name}-r{r + 1}")
             per_round.append(row)
             print(f"round {r + 1}: {row}", file=sys.stderr, flush=True)
-        out = {"streams": STREAMS, "max_tokens": MAX_TOKENS, "variants": list(variants), "scrape_s": scrape_s,
-               "rounds": per_round, "cpu_count": os.cpu_count(),
+        out = {"streams": streams, "max_tokens": MAX_TOKENS, "variants": list(variants), "scrape_s": scrape_s,
+               "fresh_gateways_per_round": fresh, "seed": seed, "rounds": per_round, "cpu_count": os.cpu_count(),
                "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
-        med = {name: statistics.median(r[f"{name}_cpu_ms_per_request"] for r in per_round) for name in variants}
-        for name in variants:
-            out[f"{name}_cpu_ms_per_request"] = round(med[name], 4)
-        if "off" in variants:
-            for name in variants:
-                if name == "off":
-                    continue
-                out[f"{name}_overhead_share"] = round((med[name] - med["off"]) / med["off"], 4)
-                ratios = [r[f"{name}_cpu_ms_per_request"] / r["off_cpu_ms_per_request"] for r in per_round]
-                out[f"{name}_round_ratio_median"] = round(statistics.median(ratios), 4)
-            if "on" in variants:
-                out["overhead_share"] = out["on_overhead_share"]  # the figure the earlier runs printed
+        out.update(summarize(per_round, variants))
         return out
     finally:
         launcher.shutdown()
 
 
+def print_text(result: dict) -> None:
+    """The per-variant figures, each A/B beside the A/As (`ab_vs_aa`), then every other field."""
+    for name in result["variants"]:
+        line = f"{name:8s} {result[f'{name}_cpu_ms_per_request']:.4f} ms/request"
+        if f"{name}_round_ratio_median" in result:
+            q1, q3 = result[f"{name}_round_ratio_quartiles"]
+            lo, hi = result[f"{name}_round_ratio_range"]
+            line += (f"   per-round ratio to off: median {result[f'{name}_round_ratio_median']:.4f}, "
+                     f"quartiles {q1:.4f}-{q3:.4f}, range {lo:.4f}-{hi:.4f}, "
+                     f"{result[f'{name}_rounds_above_1']} of {len(result['rounds'])} rounds above 1")
+        print(line)
+    aa = {k: v for k, v in result.get("ab_vs_aa", {}).items() if k in ("off2", "on2/on")}
+    for name, v in result.get("ab_vs_aa", {}).items():
+        if name in aa:
+            continue
+        beside = "; ".join(f"A/A {k}: {a['overhead_median']:+.2%} (IQR {a['iqr']:.2%})" for k, a in aa.items())
+        print(f"A/B {name}: {v['overhead_median']:+.2%} (IQR {v['iqr']:.2%})" + (f"   beside {beside}" if beside
+                                                                                 else "   (no A/A: add off2)"))
+    print_result({k: v for k, v in result.items() if k != "rounds"}, False)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadtests.experiments.profile_cost")
-    ap.add_argument("--rounds", type=int, default=3, help="bursts per gateway, alternating (default 3)")
+    ap.add_argument("--rounds", type=int, default=3, help="bursts per variant (default 3)")
     ap.add_argument("--variants", default="off,on",
                     help=f"gateways to compare, comma-separated, from {', '.join(VARIANTS)} (default off,on)")
     ap.add_argument("--scrape-s", type=float, default=0.0, help="scrape /metrics this often during a burst (0: never)")
+    ap.add_argument("--same-processes", action="store_true",
+                    help="one gateway per variant for every round, the order rotated (the harness before "
+                         "2026-12-07); default: fresh gateways every round, the order shuffled")
+    ap.add_argument("--seed", type=int, default=0, help="the shuffled orders' seed (default 0)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     variants = tuple(v for v in args.variants.split(",") if v)
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or len(set(variants)) != len(variants) or not variants:
         ap.error(f"--variants: names from {', '.join(VARIANTS)}, each once (got {args.variants!r})")
-    result = asyncio.run(run(args.rounds, variants, args.scrape_s))
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
+    result = asyncio.run(run(args.rounds, variants, args.scrape_s, fresh=not args.same_processes, seed=args.seed))
     result["finished_us"], result["flush_us"] = finished_us()
-    print_result(result, args.json)
+    if args.json:
+        print_result(result, True)
+    else:
+        print_text(result)
     return 0
 
 
