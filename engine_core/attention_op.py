@@ -1,14 +1,15 @@
-"""Attention as one opaque op, `duet::paged_attention(q, k, v, layer)`, that finds its step in a context.
+"""Attention as one opaque op, `duet::paged_attention`, that finds its step's batch in a context.
 
-    with attention_op.step(attentions, inputs, k_caches, v_caches):   # once per forward (engine_core/model.py)
-        out = torch.ops.duet.paged_attention(q, k, v, layer)            # in every layer: [T, Hq * D]
+    with attention_op.step(AttentionStep(batch, plan)):          # once per forward (engine_core/model.py)
+        out = torch.ops.duet.paged_attention(q, k, v, k_cache, v_cache, scale)   # each layer: [T, Hq * D]
 
 Why: the decoder compiles into one graph (engine_core/cpu_compile.py), and a graph can only take tensors whose
-shapes it guards. Attention's inputs are not such tensors: the batch's page tables and planned indices change
-every step, and the caches are written in place. So attention is one op the graph calls but does not look into;
-the op stores the layer's new K/V and attends through the step the forward entered here (vLLM's compiled models
-find their attention metadata and caches the same way). The op is registered without declared mutations: only
-the op itself reads or writes a layer's cache within a forward, so no other op's order depends on those writes.
+shapes it guards. The batch's page tables and planned indices are not such tensors: their shapes change every
+step. So attention is one op the graph calls but does not look into; it stores the layer's new K/V in the
+caches and attends through the batch the forward entered here (vLLM's compiled models find their attention
+metadata the same way). The op writes the caches without declaring it: only the op itself reads or writes a
+layer's cache within a forward, so no other op's order depends on the writes, and a declared mutation would
+have the compiler guard the caches' copies.
 
 Registered with torch.library's low-level API (engine_core/cpu_linear.py says why), for every device: CUDA graphs
 capture the same op.
@@ -17,51 +18,77 @@ capture the same op.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from engine_core.model import Attention, StepInputs
+from engine_core import kernels
+from engine_core.forward_batch import ForwardBatch
 
 
-class _Step(NamedTuple):
-    attentions: Sequence[Attention]  # each layer's attention module (its scale, head counts)
-    inputs: StepInputs
-    k_caches: Sequence[Tensor]
-    v_caches: Sequence[Tensor]
+class AttentionStep(NamedTuple):
+    """What attention needs of one forward besides each layer's q/k/v and caches."""
+
+    batch: ForwardBatch
+    plan: kernels.AttentionPlan | None  # the torch backend's attention indices, planned once per step
 
 
 _current = threading.local()  # a worker's steps run on one thread; a thread-local keeps tests' models apart
 
 
 @contextmanager
-def step(attentions: Sequence[Attention], inputs: StepInputs, k_caches: Sequence[Tensor],
-         v_caches: Sequence[Tensor]) -> Iterator[None]:
-    """Within it, `duet::paged_attention` of layer i attends over k_caches[i] / v_caches[i] for `inputs`' batch."""
+def step(attention_step: AttentionStep) -> Iterator[None]:
+    """Within it, `duet::paged_attention` attends over `attention_step`'s batch."""
     before = getattr(_current, "step", None)
-    _current.step = _Step(attentions, inputs, k_caches, v_caches)
+    _current.step = attention_step
     try:
         yield
     finally:
         _current.step = before
 
 
-def _paged_attention(q: Tensor, k: Tensor, v: Tensor, layer: int) -> Tensor:
+def paged_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, step: AttentionStep,
+                    scale: float) -> Tensor:
+    """Attention of every token in the batch over its sequence's pages (its own K/V already stored).
+
+    The batch puts single-token (decode) chunks first: on the Triton backend those rows use the paged decode
+    kernel, the rest (prefill chunks) the extend kernel; on the torch backend one planned path does both.
+    q: [T, Hq, D], k/v: [T, Hk, D] (the new tokens') -> out [T, Hq, D].
+    """
+    if step.plan is not None:
+        return kernels.paged_attention_planned(q, k, v, k_cache, v_cache, step.plan, scale)
+    batch = step.batch
+    nd = batch.num_decode_tokens
+    if nd == q.shape[0]:
+        return kernels.paged_decode_attention(q, k_cache, v_cache, batch.decode_block_tables,
+                                              batch.decode_context_lens, scale)
+    extend = kernels.extend_attention(q[nd:], k_cache, v_cache, batch.extend_block_tables, batch.cu_seqlens_q,
+                                      batch.prefix_lens, scale, max_seqlen_q=batch.max_seqlen_q)
+    if nd == 0:
+        return extend
+    decode = kernels.paged_decode_attention(q[:nd], k_cache, v_cache, batch.decode_block_tables,
+                                            batch.decode_context_lens, scale)
+    return torch.cat((decode, extend), dim=0)
+
+
+def _store_and_attend(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, scale: float) -> Tensor:
     s = getattr(_current, "step", None)
     if s is None:
-        raise RuntimeError("duet::paged_attention called outside attention_op.step(): no batch or caches to use")
-    return s.attentions[layer].attend(q, k, v, s.inputs, s.k_caches[layer], s.v_caches[layer])
+        raise RuntimeError("duet::paged_attention called outside attention_op.step(): no batch to attend over")
+    kernels.store_kv(k, v, k_cache, v_cache, s.batch.slot_mapping)
+    return paged_attention(q, k, v, k_cache, v_cache, s, scale).reshape(q.shape[0], -1)
 
 
 _LIBRARY = torch.library.Library("duet", "FRAGMENT")
-_LIBRARY.define("paged_attention(Tensor q, Tensor k, Tensor v, int layer) -> Tensor")
-_LIBRARY.impl("paged_attention", _paged_attention, "CompositeExplicitAutograd")
+_LIBRARY.define("paged_attention(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, float scale) "
+                "-> Tensor")
+_LIBRARY.impl("paged_attention", _store_and_attend, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("duet::paged_attention")
-def _paged_attention_shape(q: Tensor, k: Tensor, v: Tensor, layer: int) -> Tensor:
+def _paged_attention_shape(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
+                           scale: float) -> Tensor:
     return q.new_empty((q.shape[0], q.shape[1] * q.shape[2]))

@@ -2,16 +2,18 @@
 
 `DecoderModel.decoder` (engine_core/model.py) runs every layer and the final norm; it takes only tensors, and
 attention inside it is one opaque op (`duet::paged_attention`, engine_core/attention_op.py) that finds the step's
-page tables and caches itself. So one graph covers the decoder: inductor fuses each run of elementwise ops into
-one C++ loop (add+norm, split+rope, SiLU-mul) and its C++ wrapper calls the matmul and attention ops in order,
-with no Python between them. Compiled per region instead (two around each layer's attention, as before), a
-16-sequence decode step entered dynamo 60 times and ran attention's Python in between: about a third of the bf16
-step on two threads (docs/benchmarks.md, the decode step's profile).
+page tables itself. So one graph covers the decoder, entered once a step: inductor fuses each run of elementwise
+ops into one C++ loop (add+norm, split+rope, SiLU-mul) around the matmul and attention ops. The layer's forward
+is a nested compile region (`torch.compiler.nested_compile_region`): traced and compiled once, called per layer.
+Compiled per region instead (two around each layer's attention, as before), a 16-sequence decode step entered
+dynamo 60 times and ran attention's Python between them.
 
-The token dimension is dynamic (`dynamic=True`): torch specialises a size of 1, so the warm-up at load runs one
-token and two (the generic graph every larger batch takes) over a scratch cache: 2 graphs, compiled before the
-worker serves. Inductor's FX graph cache lives under Duet's cache dir (`<cache>/inductor`, unless
-TORCHINDUCTOR_CACHE_DIR is set), so a restart re-traces but does not re-compile.
+Shapes: the graph is specialised to the first call's and made dynamic in the token dimension by the second
+(torch's automatic dynamic shapes), so the warm-up at load runs one token and then two, on the pool's own caches
+(their shapes are the graph's too): 2 graphs, compiled before the worker serves. Inductor's FX graph cache lives
+under Duet's cache dir (`<cache>/inductor`, unless TORCHINDUCTOR_CACHE_DIR is set), so a restart re-traces but
+does not re-compile. (Inductor's C++ wrapper would take the Python out of the graph's calls too, but it cannot
+call a nested region, and without regions the 30 layers' kernels compile one by one: minutes at load.)
 
 It applies on the CPU to single-rank models, unquantized or int8 on Duet's own kernel (`duet::int8_linear`, one
 opaque op for any row count); a CUDA model keeps its Triton kernels; torch's int8 kernel, used on CPUs without
@@ -65,8 +67,8 @@ def inductor_cache_dir() -> str:
     return path
 
 
-def compile_decoder(model: nn.Module, requested: bool | None = None, quantization: str = "none") -> bool:
-    """Compile the decoder and warm it up; True when the model now runs compiled."""
+def compile_decoder(model: nn.Module, kv_pool, requested: bool | None = None, quantization: str = "none") -> bool:
+    """Compile the decoder and warm it up on `kv_pool`'s caches; True when the model now runs compiled."""
     weight = model.embed_tokens.weight
     if not compile_requested(requested) or weight.device.type != "cpu":
         return False  # off, or not the CPU: nothing to say
@@ -79,9 +81,9 @@ def compile_decoder(model: nn.Module, requested: bool | None = None, quantizatio
         return False
     cache = inductor_cache_dir()
     start, hits, misses = time.perf_counter(), _cache_count("hit"), _cache_count("miss")
-    model.decoder = torch.compile(model.decoder, dynamic=True, options={"cpp_wrapper": True})
+    model.decoder = torch.compile(model.decoder)
     try:
-        warm_up(model)
+        warm_up(model, kv_pool)
     except Exception as exc:  # noqa: BLE001 - dynamo, inductor or the C++ build: serve eager rather than not at all
         uncompile(model)
         log.warning("--compile: compiling failed (%s: %s); the decoder runs eager",
@@ -118,16 +120,11 @@ def uncompile(model: nn.Module) -> None:
 
 
 @torch.inference_mode()
-def warm_up(model: nn.Module) -> None:
-    """Run the model on one token and on two, over a scratch one-page cache: both graphs serving will need,
-    compiled now."""
+def warm_up(model: nn.Module, kv_pool) -> None:
+    """Run the model on one token and on two: both graphs serving will need, compiled now. The tokens' K/V go to
+    the pool's first page, which no sequence holds yet (whoever takes it overwrites them before reading)."""
     from engine_core.forward_batch import SeqChunk, build_forward_batch
 
-    weight = model.embed_tokens.weight
-    c = model.config
-    page_size = 16
-    shape = (1, page_size, c.num_key_value_heads, c.head_dim)
-    caches = [torch.zeros(shape, dtype=weight.dtype) for _ in model.layers]
     for tokens in (1, 2):
-        batch = build_forward_batch([SeqChunk([0] * tokens, 0, [0])], page_size, weight.device)
-        model(batch.input_ids, batch.positions, batch, caches, caches)
+        batch = build_forward_batch([SeqChunk([0] * tokens, 0, [0])], kv_pool.page_size, kv_pool.device)
+        model(batch.input_ids, batch.positions, batch, kv_pool.k_caches, kv_pool.v_caches)

@@ -11,8 +11,6 @@ gate/up in `gate_up_proj` [2 I, H], so each layer runs two input matmuls instead
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch import Tensor, nn
 
@@ -30,39 +28,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
-
-
-class StepInputs(NamedTuple):
-    """What every layer of one forward needs besides its hidden states and its caches."""
-
-    positions: Tensor  # [T] int64
-    batch: ForwardBatch
-    rope_cache: Tensor
-    attn_plan: kernels.AttentionPlan | None  # the torch backend's attention indices, planned once per step
-
-
-def paged_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInputs,
-                    scale: float) -> Tensor:
-    """Attention of every token in the batch over its sequence's pages (its own K/V already stored).
-
-    The batch puts single-token (decode) chunks first: on the Triton backend those rows use the paged decode
-    kernel, the rest (prefill chunks) the extend kernel; on the torch backend one planned path does both.
-    q: [T, Hq, D], k/v: [T, Hk, D] (the new tokens') -> out [T, Hq, D].
-    """
-    if step.attn_plan is not None:
-        return kernels.paged_attention_planned(q, k, v, k_cache, v_cache, step.attn_plan, scale)
-    batch = step.batch
-    nd = batch.num_decode_tokens
-    if nd == q.shape[0]:
-        return kernels.paged_decode_attention(q, k_cache, v_cache, batch.decode_block_tables,
-                                              batch.decode_context_lens, scale)
-    extend = kernels.extend_attention(q[nd:], k_cache, v_cache, batch.extend_block_tables, batch.cu_seqlens_q,
-                                      batch.prefix_lens, scale, max_seqlen_q=batch.max_seqlen_q)
-    if nd == 0:
-        return extend
-    decode = kernels.paged_decode_attention(q[:nd], k_cache, v_cache, batch.decode_block_tables,
-                                            batch.decode_context_lens, scale)
-    return torch.cat((decode, extend), dim=0)
 
 
 class Attention(nn.Module):
@@ -97,10 +62,9 @@ class Attention(nn.Module):
         q, k = kernels.apply_rope(q, k, positions, rope_cache)
         return q, k, v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, step: StepInputs, k_cache: Tensor, v_cache: Tensor) -> Tensor:
-        """Stores k/v in their page slots, then attends: out [T, Hq * D] (before o_proj)."""
-        kernels.store_kv(k, v, k_cache, v_cache, step.batch.slot_mapping)
-        return paged_attention(q, k, v, k_cache, v_cache, step, self.scale).reshape(q.shape[0], self.q_size)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        """Stores k/v in their page slots, then attends over the step's pages: out [T, Hq * D] (before o_proj)."""
+        return torch.ops.duet.paged_attention(q, k, v, k_cache, v_cache, self.scale)
 
 
 class MLP(nn.Module):
@@ -121,15 +85,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    # The layer is two regions of tensor work (norms, residual adds, rope, SiLU-mul and the matmuls) around one
-    # opaque attention op, which finds the step's batch and caches itself (engine_core/attention_op.py): so the
-    # whole decoder compiles as one graph (engine_core/cpu_compile.py).
+    # The layer is tensor work (norms, residual adds, rope, SiLU-mul and the matmuls) around one opaque attention
+    # op, which finds the step's batch itself (engine_core/attention_op.py): so the whole decoder compiles as one
+    # graph, and this method, the same code in every layer, is compiled once (engine_core/cpu_compile.py).
+    @torch.compiler.nested_compile_region
     def forward(self, hidden: Tensor, residual: Tensor | None, positions: Tensor, rope_cache: Tensor,
-                index: int) -> tuple[Tensor, Tensor]:
-        """(hidden, residual) after this layer, `index` its place in the model (its caches in the step)."""
+                k_cache: Tensor, v_cache: Tensor) -> tuple[Tensor, Tensor]:
+        """(hidden, residual) after this layer; its new K/V stored in k_cache / v_cache."""
         q, k, v, residual = self.pre_attention(hidden, residual, positions, rope_cache)
-        out = torch.ops.duet.paged_attention(q, k, v, index)
-        return self.post_attention(out, residual)
+        return self.post_attention(self.self_attn.attend(q, k, v, k_cache, v_cache), residual)
 
     def pre_attention(self, hidden: Tensor, residual: Tensor | None, positions: Tensor, rope_cache: Tensor):
         """(q, k, v, residual): the input norm (with the residual add) and the rotated q/k/v of the new tokens."""
@@ -179,16 +143,15 @@ class DecoderModel(nn.Module):
             plan = kernels.plan_paged_attention(
                 batch.num_decode_tokens, batch.decode_block_tables, batch.decode_context_lens,
                 batch.extend_block_tables, batch.cu_seqlens_q, batch.prefix_lens, k_caches[0].shape[1], native)
-        step = StepInputs(positions, batch, self.rope_cache, plan)
-        with attention_op.step([layer.self_attn for layer in self.layers], step, k_caches, v_caches):
-            return self.decoder(self.embed_tokens(input_ids), positions)
+        with attention_op.step(attention_op.AttentionStep(batch, plan)):
+            return self.decoder(self.embed_tokens(input_ids), positions, k_caches, v_caches)
 
-    def decoder(self, hidden: Tensor, positions: Tensor) -> Tensor:
+    def decoder(self, hidden: Tensor, positions: Tensor, k_caches: list[Tensor], v_caches: list[Tensor]) -> Tensor:
         """Every layer and the final norm over the embedded tokens, within attention_op.step(): the region
         engine_core.cpu_compile compiles as one graph (it takes only tensors)."""
-        residual = None
-        for index, layer in enumerate(self.layers):
-            hidden, residual = layer(hidden, residual, positions, self.rope_cache, index)
+        residual = torch.zeros_like(hidden)  # not None: the first layer compiles to the same graph as the rest
+        for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches):
+            hidden, residual = layer(hidden, residual, positions, self.rope_cache, k_cache, v_cache)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

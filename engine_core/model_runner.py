@@ -41,13 +41,12 @@ def _column_major_linear_weights(model: torch.nn.Module) -> None:
 def load_model(config, weight_files, device: torch.device, dtype: torch.dtype,
                prepare: Callable[[DecoderModel], None] | None = None,
                shard: Callable[[str, Tensor], Tensor] | None = None, quantization: str = "none",
-               compile: bool | None = False, q8_0_file: Path | None = None) -> DecoderModel:
+               q8_0_file: Path | None = None) -> DecoderModel:
     """The decoder for `config` with its weights from `weight_files`, ready to run on `device`.
 
     On the CPU its matmuls are prepared once here (engine_core.cpu_linear: the LM head oneDNN-packed, or all int8 with
     `quantization="int8"`, which serves a converted GGUF's `q8_0_file` blocks as they are); Linear layers left to
-    F.linear get the column-major layout below. `compile` (None: on
-    unless DUET_COMPILE=0) compiles the layers' elementwise work there too (engine_core.cpu_compile).
+    F.linear get the column-major layout below.
 
     Tensor parallelism (engine_core.parallel) passes a per-rank `config`, `prepare` (swaps in the sharded layers
     while the model is still on the meta device) and `shard` (cuts each checkpoint tensor to this rank's part)."""
@@ -65,7 +64,6 @@ def load_model(config, weight_files, device: torch.device, dtype: torch.dtype,
     if device.type == "cpu" and dtype == torch.float32:
         _column_major_linear_weights(model)  # the Linear layers left to F.linear (none, unless packing is off)
     model.build_rope_cache(device)
-    compile_decoder(model, compile, quantization)  # CPU only, after every weight is in its final form
     return model
 
 
@@ -78,8 +76,10 @@ class ModelRunner:
         self.kv_pool = kv_pool
         self.max_model_len = self.config.max_position_embeddings
         self.model = load_model(self.config, model_dir.weight_files, self.device, self.dtype,
-                                quantization=quantization, compile=compile,
-                                q8_0_file=model_dir.q8_0_file)
+                                quantization=quantization, q8_0_file=model_dir.q8_0_file)
+        # CPU only (`compile`: None is on unless DUET_COMPILE=0), after every weight is in its final form; warmed up
+        # on the pool's own caches, whose shapes the graph is specialised to
+        compile_decoder(self.model, kv_pool, compile, quantization)
         # CUDA: decode steps replay graphs wherever the pool keeps a scratch page for their padding rows
         self.decode_graphs = (DecodeGraphs(self.model, kv_pool, self.max_model_len)
                               if self.device.type == "cuda" and kv_pool.scratch_page is not None else None)

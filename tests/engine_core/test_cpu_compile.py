@@ -56,13 +56,39 @@ def _start_worker_model(cache: Path) -> dict:
 
 def test_a_restart_with_a_warm_cache_compiles_nothing(tmp_path):
     """Two processes load the default model compiled, one after the other, over one fresh Duet cache dir: the
-    first compiles its 2 graphs (one token, and the generic one) into <cache>/inductor, the second finds every one of them there (the tiny model
-    itself is made under the same cache dir by the first)."""
+    first compiles its 2 graphs (one token, and the generic one) into <cache>/inductor, the second finds every
+    one of them there (the tiny model itself is made under the same cache dir by the first)."""
     first = _start_worker_model(tmp_path)
     assert first == {"compiled": True, "hit": 0, "miss": 2}
     assert any((tmp_path / "inductor").rglob("*.so")), "no compiled kernel in the cache dir"
     second = _start_worker_model(tmp_path)
     assert second == {"compiled": True, "hit": 2, "miss": 0}
+
+
+def test_serving_after_the_warm_up_compiles_nothing_more(hf_checkpoints):
+    """The warm-up at load compiles every graph serving takes: prefills, decodes of one and of many sequences and
+    mixed steps of any size run the decoder's two graphs (a compile mid-serving would stall every request for
+    seconds), and the step's page tables, which change shape every step, are no graph input."""
+    from torch._dynamo.utils import counters
+
+    path, hf = hf_checkpoints["llama"]
+    md = read_model_dir(path)
+    c = md.config
+    pool = KVPool(c.num_hidden_layers, 32, PAGE, c.num_key_value_heads, c.head_dim, "float32", "cpu")
+    runner = ModelRunner(md, pool, "cpu", compile=True)
+    assert is_compiled(runner.model)
+    compiled = counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_hit"]
+    alloc = PageAllocator(32)
+    alloc.alloc(1)  # the warm-up's page
+    a, b = alloc.alloc(5), alloc.alloc(5)
+    ids = list(range(3, 20))
+    steps = [[SeqChunk(ids, 0, a)], [SeqChunk([7], 17, a)], [SeqChunk([5, 6, 7], 0, b), SeqChunk([8], 18, a)],
+             [SeqChunk([9], 19, a), SeqChunk([4], 3, b)]]
+    logits = [runner.forward(chunks) for chunks in steps]
+    assert counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_hit"] == compiled
+    with torch.inference_mode():  # and the last step's decodes are right: sequence b's 5th token over its pages
+        want = hf(torch.tensor([[5, 6, 7, 4]])).logits[0, -1].float()
+    torch.testing.assert_close(logits[-1][1], want, atol=ATOL, rtol=0)
 
 
 def test_without_a_cxx_compiler_the_model_runs_eager_after_one_line(hf_checkpoints, monkeypatch, tmp_path, caplog):
@@ -117,7 +143,7 @@ def test_int8_compiles_on_duets_kernel_only_and_the_flag_off_leaves_the_decoder_
         from engine_core.model import DecoderModel
 
         meta = DecoderModel(read_model_dir(path).config)
-    assert compile_decoder(meta, True) is False and not is_compiled(meta)
+    assert compile_decoder(meta, None, True) is False and not is_compiled(meta)
 
 
 

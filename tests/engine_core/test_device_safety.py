@@ -93,7 +93,7 @@ def test_the_forward_batch_carries_the_longest_chunk_as_a_host_int():
 def test_the_model_passes_max_seqlen_q_to_extend_attention(monkeypatch):
     """Without it the Triton launcher reads cu_seqlens back from the GPU in every layer of every prefill.
     (On the CPU the torch backend plans attention once per step instead; this is the Triton backend's branch.)"""
-    from engine_core import kernels, model
+    from engine_core import attention_op, kernels
 
     seen = []
 
@@ -107,6 +107,6 @@ def test_the_model_passes_max_seqlen_q_to_extend_attention(monkeypatch):
     batch = build_forward_batch(chunks, 4, "cpu")
     q = torch.zeros(batch.num_tokens, 2, 8)
     cache = torch.zeros(4, 4, 1, 8)
-    step = model.StepInputs(batch.positions, batch, torch.zeros(1), attn_plan=None)
-    out = model.paged_attention(q, q[:, :1], q[:, :1], cache, cache, step, 1.0)
+    out = attention_op.paged_attention(q, q[:, :1], q[:, :1], cache, cache, attention_op.AttentionStep(batch, None),
+                                       1.0)
     assert out.shape == q.shape and seen == [5]
