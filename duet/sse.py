@@ -10,9 +10,10 @@ the caller's `json.loads` instead of vanishing.
 
 `SseReader.from_bytes(chunks)` reads the raw body instead (aiohttp's `content.iter_any()`, httpx's
 `aiter_bytes()`), splitting lines itself (`\n`, `\r\n` or `\r`, as httpx does) and handling every line a read
-brought in one pass: through
-`aiter_lines()` each line climbs three more async generators (text decoding, line splitting, this reader's own):
-0.1-0.3 ms of the ~5.3 ms of CPU httpx spends reading a 16-token stream (docs/benchmarks.md).
+brought in one pass, in one async generator from the reads to the events: through `aiter_lines()` each line climbed
+three more async generators (text decoding, line splitting, this reader's own), 0.1-0.3 ms of the ~5.3 ms of CPU
+httpx spent reading a 16-token stream, and a generator layer is a step more at every token's wake-up
+(docs/benchmarks.md).
 
 `[DONE]` ends the iteration and sets `done`; a stream that ends without it leaves `done` False, which a
 caller that needs the marker (a backend cut mid-answer) turns into its error.
@@ -27,55 +28,73 @@ DONE = "[DONE]"
 
 class SseReader:
     def __init__(self, lines: AsyncIterable[str]) -> None:
-        self._batches: AsyncIterable[list[str]] = _one_each(lines)
+        self._lines = lines
+        self._chunks: AsyncIterable[bytes] | None = None  # `from_bytes`: the raw reads instead of lines
         self.done = False  # True once the `[DONE]` event was read
 
     @classmethod
     def from_bytes(cls, chunks: AsyncIterable[bytes]) -> SseReader:
         """The events of a raw body's reads, cut anywhere (module doc)."""
         reader = cls(())
-        reader._batches = _line_batches(chunks)
+        reader._chunks = chunks
         return reader
 
-    async def __aiter__(self) -> AsyncIterator[str]:
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._events(self._lines) if self._chunks is None else self._events_of_reads(self._chunks)
+
+    async def _events(self, lines: AsyncIterable[str]) -> AsyncIterator[str]:
         data: list[str] = []
-        async for batch in _closed(self._batches):
-            for line in batch:
-                line = line.rstrip("\r\n")
-                if line:
-                    name, _, value = line.partition(":")
-                    if name == "data":
-                        data.append(value.removeprefix(" "))
-                    continue
-                if not data:
-                    continue
-                payload, data = "\n".join(data), []
+        async for line in lines:
+            payload = _feed(line, data)
+            if payload is not None:
+                if payload.strip() == DONE:
+                    self.done = True
+                    return
+                yield payload
+        payload = _feed("", data)  # the stream's end dispatches an event still open
+        if payload is not None:
+            if payload.strip() == DONE:
+                self.done = True
+                return
+            yield payload
+
+    async def _events_of_reads(self, chunks: AsyncIterable[bytes]) -> AsyncIterator[str]:
+        """`_events` over the complete lines of each read (UTF-8), their endings cut; a line's rest waits for the
+        next read, and so does a read's last `\r` (its `\n` may open the next read). One generator from the raw
+        reads to the events: it runs once per token a backend streams, and each generator layer more was a step
+        more at every wake-up (docs/benchmarks.md, the gateway's CPU per request)."""
+        data: list[str] = []
+        rest = b""
+        async for chunk in chunks:
+            lines = (rest + chunk).splitlines(keepends=True)  # bytes split on \n, \r\n and \r only
+            rest = lines.pop() if lines and not lines[-1].endswith(b"\n") else b""
+            for line in lines:
+                payload = _feed(line.decode("utf-8", "replace"), data)
+                if payload is not None:
+                    if payload.strip() == DONE:
+                        self.done = True
+                        return
+                    yield payload
+        for line in ((rest.decode("utf-8", "replace"),) if rest else ()) + ("",):  # the end dispatches an open event
+            payload = _feed(line, data)
+            if payload is not None:
                 if payload.strip() == DONE:
                     self.done = True
                     return
                 yield payload
 
 
-async def _one_each(lines: AsyncIterable[str]) -> AsyncIterator[list[str]]:
-    async for line in lines:
-        yield [line]
-
-
-async def _line_batches(chunks: AsyncIterable[bytes]) -> AsyncIterator[list[str]]:
-    """The complete lines of each read (UTF-8), their endings cut; a line's rest waits for the next read. A read
-    that ends in `\r` keeps it back too: its `\n` may open the next read."""
-    rest = b""
-    async for chunk in chunks:
-        lines = (rest + chunk).splitlines(keepends=True)  # bytes split on \n, \r\n and \r only
-        rest = lines.pop() if lines and not lines[-1].endswith(b"\n") else b""
-        if lines:
-            yield [line.decode("utf-8", "replace") for line in lines]
-    if rest:
-        yield [rest.decode("utf-8", "replace")]
-
-
-async def _closed(batches: AsyncIterable[list[str]]) -> AsyncIterator[list[str]]:
-    """The batches, then one blank line: an event still open at the end is dispatched."""
-    async for batch in batches:
-        yield batch
-    yield [""]
+def _feed(line: str, data: list[str]) -> str | None:
+    """One line into the open event's `data` lines (emptied when it ends): the event's payload when this line,
+    blank, ends an event that has data; comments (`:` lines) and the other fields are skipped."""
+    line = line.rstrip("\r\n")
+    if line:
+        name, _, value = line.partition(":")
+        if name == "data":
+            data.append(value.removeprefix(" "))
+        return None
+    if not data:
+        return None
+    payload = "\n".join(data)
+    data.clear()
+    return payload

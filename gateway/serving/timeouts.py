@@ -1,8 +1,9 @@
 """Timeouts that end every wait on an engine, told apart by what the engine is doing.
 
 `Timeouts` is the config (`timeouts:` in the gateway YAML, docs/operations.md). `StreamWatchdog` enforces
-them for every Generate call of the gateway with one task that wakes every `tick_s` (a stream is
-expired at most one tick late), so the per-token path costs one clock read and no timer. A stream is
+them for every Generate call of the gateway with one task that wakes every `tick_s` while it watches a stream (a
+stream is expired at most one tick late; with none it sleeps until one comes: an idle loop's wake-ups are most of an
+idle gateway's CPU), so the per-token path costs one clock read and no timer. A stream is
 in one of three phases, and each has its own rule:
 
     queued     sent, the engine has not started it: no deadline of its own. Waiting behind other
@@ -187,10 +188,13 @@ class StreamWatchdog:
         self.progress_at = progress_at or (lambda worker_id: -math.inf)
         self._streams: set[WatchedStream] = set()
         self._heard: dict[str, float] = {}  # worker id -> last message on any of its streams
+        self._watching = asyncio.Event()  # set while there are streams to tick for (`run`)
 
     def watch(self, stream: GenerateStream, worker_id: str, deadline: float | None = None) -> WatchedStream:
         watched = WatchedStream(stream, worker_id, self, deadline)
         self._streams.add(watched)
+        if not self._watching.is_set():
+            self._watching.set()
         return watched
 
     def report(self, worker_id: str, outcome: str) -> None:
@@ -241,6 +245,9 @@ class StreamWatchdog:
 
     async def run(self) -> None:
         while True:
+            if not self._streams:  # nothing to expire: sleep until `watch` has a stream (module doc)
+                self._watching.clear()
+                await self._watching.wait()
             await asyncio.sleep(self.tick_s)
             try:
                 self.check()

@@ -178,3 +178,29 @@ def test_the_client_s_timeout_comes_from_the_sdk_header_or_the_body():
         with pytest.raises(errors.InvalidRequest) as e:
             client_timeout_s({}, {"timeout": bad})
         assert e.value.param == "timeout" and e.value.status == 400
+
+
+async def test_the_watchdog_ticks_only_while_it_watches_a_stream():
+    # its real loop, a short tick: with no stream it sleeps (no check at all), a stream wakes it and is expired
+    # on time, and once the stream is gone it sleeps again (an idle gateway's wake-ups were its CPU)
+    clock = Clock()
+    dog = StreamWatchdog(Timeouts(first_token_s=None, stall_s=None), tick_s=0.01, clock=clock)
+    checks = []
+    check = dog.check
+    dog.check = lambda: checks.append(1) or check()
+    task = asyncio.ensure_future(dog.run())
+    try:
+        await asyncio.sleep(0.2)  # twenty ticks' time
+        assert checks == []
+        inner = FakeStream()
+        watched = dog.watch(inner, "w", deadline=5.0)
+        clock.now = 6.0
+        with pytest.raises(ClientDeadline):
+            await _next(watched)
+        assert inner.cancelled and checks
+        await asyncio.sleep(0.05)
+        n = len(checks)
+        await asyncio.sleep(0.2)
+        assert len(checks) <= n + 1  # the tick in flight when the stream went, then none
+    finally:
+        task.cancel()

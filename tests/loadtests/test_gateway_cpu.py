@@ -15,3 +15,20 @@ def test_the_gateway_serves_fake_vllm_servers_and_the_phases_report_cpu(tmp_path
         # every token of every stream (the fakes answer max_tokens; the trace asks fewer than 4 of some)
         assert out[phase]["output_tokens"] == out[phase]["max_tokens"] >= 3 * n
         assert out[phase]["cpu_ms_per_request"] > 0
+
+
+def test_several_output_lengths_and_a_checkout_give_exact_tokens_medians_and_ratios(tmp_path):
+    from pathlib import Path
+
+    here = str(Path(__file__).resolve().parents[2])  # this checkout, named twice: an A/B of the same code
+    out = measure(default_model_dir(), servers=2, requests=3, full_requests=4, rate=4.0, concurrency=4, idle_s=0.5,
+                  token_ms=2.0, max_prompt_tokens=256, max_tokens=[2, 5], log_dir=tmp_path, progress=lambda _: None,
+                  rounds=1, checkouts=[here, here + "/"])
+    row = out["rounds"][0][here]
+    for n in (2, 5):
+        for phase, count in (("rate", 3), ("full", 4)):
+            figures = row[f"{phase}@{n}"]
+            assert figures["errors"] == 0, figures
+            assert figures["output_tokens"] == figures["max_tokens"] == n * count  # exactly n tokens each
+    assert set(out["medians"]) == {here, here + "/"} and out["medians"][here]["full@5"] > 0
+    assert len(out["ratios"][here + "/"]["rate@2"]) == 1
