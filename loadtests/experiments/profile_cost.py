@@ -2,15 +2,18 @@
 `python -m loadtests.experiments.profile_cost [--rounds 3] [--variants off,on] [--json]`.
 
 `duet gateway` processes over the same two sim workers (20 ms a token, as the gateway bench), one per variant
-(`--variants`, default `off,on`): `off` the profile and the capture off, `on` both on (capture at sample rate 1:
-every request), `profile` the profile alone, `capture` the capture alone, `off2` a second `off` and `on2` a second
-`on` (A/As: what two identical processes differ by, the harness's own noise). Each round sends the gateway bench's
-burst (loadtests/experiments/gateway_bench.py: 1,000 concurrent streaming chats of 16 tokens) to each variant's
-gateway in turn and reads the gateway process's CPU seconds (user + system, /proc/PID/stat) around it: CPU ms per
-request per variant, and each variant's overhead over `off` as a share (of the medians, and the per-round paired
-ratios' median, quartiles and range). `ab_vs_aa` sets each A/B's median overhead beside the A/As' (text output:
-the first lines). `--scrape-s S` scrapes each gateway's /metrics every S seconds during its burst (as Prometheus
-would; 0, the default: never).
+(`--variants`, default `off,on`): `off` the profile and the capture off, `on` both on (capture at sample rate
+1: every request), `profile` the profile alone, `capture` the capture alone, `off2` a second `off` and `on2` a
+second `on` (A/As: what two identical processes differ by, the harness's own noise), `gc_off` an `off` with
+Python's own cyclic GC instead of the gateway's policy (`gc: {freeze: false, gen0_threshold: null}`,
+gateway/gc_policy.py). Each round sends the gateway bench's burst (loadtests/experiments/gateway_bench.py:
+1,000 concurrent streaming chats of 16 tokens) to each variant's gateway in turn and reads the gateway
+process's CPU seconds (user + system, /proc/PID/stat) around it: CPU ms per request per variant, and each
+variant's overhead over `off` as a share (of the medians, and the per-round paired ratios' median, quartiles
+and range), and each gateway's resident memory after its burst (`{name}_rss_mb`: with `--same-processes` and
+many rounds, a soak of one process per variant). `ab_vs_aa` sets each A/B's median overhead beside the A/As'
+(text output: the first lines). `--scrape-s S` scrapes each gateway's /metrics every S seconds during its
+burst (as Prometheus would; 0, the default: never).
 
 Every round starts fresh gateway processes for every variant (the round's order shuffled, `--seed`) and stops
 them after it: a process's own luck (heap layout, hash seed, the core it lands on) then falls on one round of
@@ -51,12 +54,21 @@ VARIANTS = {  # name -> the gateway config's extra sections
     "capture": {"profile": {"enabled": False}, "capture": CAPTURE_ON},
     "off2": {"profile": {"enabled": False}},
     "on2": {"capture": CAPTURE_ON},
+    "gc_off": {"profile": {"enabled": False}, "gc": {"freeze": False, "gen0_threshold": None}},
 }
 
 
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def rss_mb(pid: int) -> float:
+    """The process's resident set (VmRSS), MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 async def _scrape(port: int, every_s: float) -> None:
@@ -209,6 +221,7 @@ async def run(rounds: int, variants: tuple[str, ...] = ("off", "on"), scrape_s: 
                 ms, row[f"{name}_errors"] = await _burst_cpu_ms(pid, port, model, scrape_s, streams)
                 row[f"{name}_cpu_ms_per_request"] = round(ms, 4)
                 row[f"{name}_pid"] = pid
+                row[f"{name}_rss_mb"] = round(rss_mb(pid), 1)
             if "off" in variants:
                 for name in variants:
                     if name != "off":
