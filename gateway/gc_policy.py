@@ -8,8 +8,9 @@ metrics, the fleet): docs/benchmarks.md. The objects startup builds live as long
 moves them out of the GC's generations for good (gc.freeze: never walked again, never freed, whatever they
 refer to); a larger `gen0_threshold` collects the short-lived per-request objects less often, each collection
 then finding more of them already freed by reference counting. Cyclic garbage is still collected, by the same
-generational rules, only in larger batches: a few MB more at the most, not a growth (the soak in
-docs/benchmarks.md). `freeze: false, gen0_threshold: null` is Python's own GC.
+generational rules, in larger batches. Measured (docs/benchmarks.md, the GC-policy bullet): 11-13% less CPU per
+request, no full collection in a 1,000-stream burst, and over 60,000 streamed requests the same RSS as with
+Python's own GC. `freeze: false, gen0_threshold: null` is Python's own GC.
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ gateway/gc_policy.py). Each round sends the gateway bench's burst (loadtests/exp
 process's CPU seconds (user + system, /proc/PID/stat) around it: CPU ms per request per variant, and each
 variant's overhead over `off` as a share (of the medians, and the per-round paired ratios' median, quartiles
 and range), and each gateway's resident memory after its burst (`{name}_rss_mb`: with `--same-processes` and
-many rounds, a soak of one process per variant). `ab_vs_aa` sets each A/B's median overhead beside the A/As'
-(text output: the first lines). `--scrape-s S` scrapes each gateway's /metrics every S seconds during its
-burst (as Prometheus would; 0, the default: never).
+many rounds, a soak of one process per variant) and its cyclic-GC collections so far (`{name}_gc_collections`,
+generations 0-2, from its /metrics). `ab_vs_aa` sets each A/B's median overhead beside the A/As' (text output:
+the first lines). `--scrape-s S` scrapes each gateway's /metrics every S seconds during its burst (as
+Prometheus would; 0, the default: never).
 
 Every round starts fresh gateway processes for every variant (the round's order shuffled, `--seed`) and stops
 them after it: a process's own luck (heap layout, hash seed, the core it lands on) then falls on one round of
@@ -39,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from duet.launcher import Launcher, SimOptions, WorkerSpec, free_port, gateway_config
@@ -69,6 +71,20 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def gc_collections(port: int) -> list[int]:
+    """The gateway's cyclic-GC collections so far, by generation (its /metrics, gateway/gc_policy.py)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = [0, 0, 0]
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "duet_gateway_gc_collections_total":
+                out[int(s.labels["generation"])] = int(s.value)
+    return out
 
 
 async def _scrape(port: int, every_s: float) -> None:
@@ -222,6 +238,7 @@ async def run(rounds: int, variants: tuple[str, ...] = ("off", "on"), scrape_s: 
                 row[f"{name}_cpu_ms_per_request"] = round(ms, 4)
                 row[f"{name}_pid"] = pid
                 row[f"{name}_rss_mb"] = round(rss_mb(pid), 1)
+                row[f"{name}_gc_collections"] = gc_collections(port)  # so far, generations 0, 1, 2
             if "off" in variants:
                 for name in variants:
                     if name != "off":
