@@ -14,7 +14,9 @@ and range), and each gateway's resident memory after its burst (`{name}_rss_mb`:
 many rounds, a soak of one process per variant) and its cyclic-GC collections so far (`{name}_gc_collections`,
 generations 0-2, from its /metrics). `ab_vs_aa` sets each A/B's median overhead beside the A/As' (text output:
 the first lines). `--scrape-s S` scrapes each gateway's /metrics every S seconds during its burst (as
-Prometheus would; 0, the default: never).
+Prometheus would; 0, the default: never). `--drop-after-s S`: each client drops its stream after S seconds,
+so the gateway cancels it mid-stream (the cancelled path's garbage, for a soak; every dropped stream is counted
+in `{name}_errors`); the burst then lasts until the gateway holds no request.
 
 Every round starts fresh gateway processes for every variant (the round's order shuffled, `--seed`) and stops
 them after it: a process's own luck (heap layout, hash seed, the core it lands on) then falls on one round of
@@ -87,6 +89,19 @@ def gc_collections(port: int) -> list[int]:
     return out
 
 
+async def _settled(port: int, timeout_s: float = 60.0) -> None:
+    """Wait until the gateway holds no request (its duet_gateway_pending_requests 0), at most `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+        text = (await r.read()).decode()
+        w.close()
+        if "\nduet_gateway_pending_requests 0.0\n" in text:
+            return
+        await asyncio.sleep(0.1)
+
+
 async def _scrape(port: int, every_s: float) -> None:
     """GET /metrics every `every_s` seconds until cancelled (a raw request: the client stays light)."""
     while True:
@@ -98,11 +113,13 @@ async def _scrape(port: int, every_s: float) -> None:
 
 
 async def _burst_cpu_ms(pid: int, port: int, model: str, scrape_s: float = 0.0,
-                        streams: int = STREAMS) -> tuple[float, int]:
+                        streams: int = STREAMS, drop_after_s: float = 0.0) -> tuple[float, int]:
     before = cpu_seconds(pid)
     scraper = asyncio.create_task(_scrape(port, scrape_s)) if scrape_s > 0 else None
     try:
-        errors, _ = await streams_burst(port, model, streams, MAX_TOKENS)
+        errors, _ = await streams_burst(port, model, streams, MAX_TOKENS, timeout_s=drop_after_s or 300)
+        if drop_after_s:
+            await _settled(port)  # the dropped streams' cancellation is part of the burst's work
     finally:
         if scraper is not None:
             scraper.cancel()
@@ -201,7 +218,7 @@ async def _start_gateways(launcher: Launcher, model_dir: Path, workers: list[str
 
 
 async def run(rounds: int, variants: tuple[str, ...] = ("off", "on"), scrape_s: float = 0.0,
-              fresh: bool = True, streams: int = STREAMS, seed: int = 0) -> dict:
+              fresh: bool = True, streams: int = STREAMS, seed: int = 0, drop_after_s: float = 0.0) -> dict:
     """`rounds` rounds of one burst per variant. `fresh` (the default): every round starts new gateway processes
     for every variant and stops them after it, so a process's own luck (heap layout, hash seed, core) falls
     on one round of a variant, not on all of them; the round's order is shuffled (seeded by `seed`). Not
@@ -234,7 +251,7 @@ async def run(rounds: int, variants: tuple[str, ...] = ("off", "on"), scrape_s: 
             row: dict = {"order": order}
             for name in order:
                 pid, port = gateways[name]
-                ms, row[f"{name}_errors"] = await _burst_cpu_ms(pid, port, model, scrape_s, streams)
+                ms, row[f"{name}_errors"] = await _burst_cpu_ms(pid, port, model, scrape_s, streams, drop_after_s)
                 row[f"{name}_cpu_ms_per_request"] = round(ms, 4)
                 row[f"{name}_pid"] = pid
                 row[f"{name}_rss_mb"] = round(rss_mb(pid), 1)
@@ -250,6 +267,7 @@ async def run(rounds: int, variants: tuple[str, ...] = ("off", "on"), scrape_s: 
             per_round.append(row)
             print(f"round {r + 1}: {row}", file=sys.stderr, flush=True)
         out = {"streams": streams, "max_tokens": MAX_TOKENS, "variants": list(variants), "scrape_s": scrape_s,
+               "drop_after_s": drop_after_s,
                "fresh_gateways_per_round": fresh, "seed": seed, "rounds": per_round, "cpu_count": os.cpu_count(),
                "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
         out.update(summarize(per_round, variants))
@@ -289,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="one gateway per variant for every round, the order rotated (the harness before "
                          "2026-12-07); default: fresh gateways every round, the order shuffled")
     ap.add_argument("--seed", type=int, default=0, help="the shuffled orders' seed (default 0)")
+    ap.add_argument("--drop-after-s", type=float, default=0.0,
+                    help="each client drops its stream after this many seconds (the gateway cancels it; a "
+                         "dropped stream counts as an error): the cancelled path's garbage in a soak; 0: never")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     variants = tuple(v for v in args.variants.split(",") if v)
@@ -297,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--variants: names from {', '.join(VARIANTS)}, each once (got {args.variants!r})")
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
-    result = asyncio.run(run(args.rounds, variants, args.scrape_s, fresh=not args.same_processes, seed=args.seed))
+    result = asyncio.run(run(args.rounds, variants, args.scrape_s, fresh=not args.same_processes, seed=args.seed,
+                             drop_after_s=args.drop_after_s))
     result["finished_us"], result["flush_us"] = finished_us()
     if args.json:
         print_result(result, True)

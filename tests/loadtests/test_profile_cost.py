@@ -58,3 +58,11 @@ def test_gc_off_runs_python_own_gc_and_each_row_has_memory_and_collections():
     # startup (imports: ~200 generation-0 collections before the policy applies) is alike; the warm-up and the
     # burst, 150 streams, make ~70 more with Python's GC and a handful with the gateway's policy
     assert row["gc_off_gc_collections"][0] > row["off_gc_collections"][0] + 20, row
+
+
+def test_dropped_streams_are_counted_and_the_burst_waits_for_the_gateway_to_settle():
+    out = asyncio.run(run(rounds=1, variants=("off",), streams=20, fresh=False, drop_after_s=0.05))
+    (row,) = out["rounds"]
+    assert out["drop_after_s"] == 0.05
+    assert row["off_errors"] == 20, row  # 16 tokens at 20 ms take longer than 50 ms: every stream dropped
+    assert row["off_cpu_ms_per_request"] > 0 and row["off_rss_mb"] > 20, row
