@@ -28,6 +28,7 @@ Format (docs/operations.md has the full reference; deploy/gateway.yaml is an exa
     tracing: {enabled: false}
     timeouts: {first_token_s: 120, stall_s: 30, ...}   # gateway.serving.timeouts.Timeouts (null: no limit)
     profile: {enabled: true}      # the live workload profile (gateway/control/profile.py)
+    gc: {freeze: true, gen0_threshold: 10000}   # the process's cyclic-GC policy (gateway/gc_policy.py)
     capture: {enabled: false, sample_rate: 1.0, max_records: 100000, max_age_s: null, models: []}
                                   # the privacy-safe traffic capture (gateway/control/capture.py); off by default
     shadow:                       # per model, a shadow run (PUT /admin/models/MODEL/shadow's body), shared by
@@ -52,6 +53,7 @@ from gateway.backends.backend_spec import BackendSpec, BackendSpecError, parse_b
 from gateway.control.capture import CaptureConfig
 from gateway.control.limits import KeyLimits, parse_key_limits
 from gateway.control.pool_planner import PlannerConfig
+from gateway.gc_policy import GcPolicy
 from gateway.routing.route_types import Pool, RoutingConfig, RoutingConfigError, Variant
 from gateway.serving.timeouts import Timeouts
 
@@ -101,6 +103,7 @@ class GatewayConfig:
     capture: CaptureConfig = field(default_factory=CaptureConfig)  # the traffic capture (gateway/control/capture.py)
     # model -> its shadow run (ShadowConfig.to_dict(), validated): seeds the state store's (gateway/control/shadow_sync.py)
     shadow: dict[str, dict] = field(default_factory=dict)
+    gc: GcPolicy = field(default_factory=GcPolicy)  # `duet gateway`'s cyclic-GC policy (gateway/gc_policy.py)
 
 
 def _section(raw: dict, name: str) -> dict:
@@ -236,6 +239,7 @@ def from_dict(raw: dict, base_dir: Path | None = None) -> GatewayConfig:
             profile=bool(_known(_Switch, _section(raw, "profile"), "profile").get("enabled", True)),
             capture=capture_from_dict(_section(raw, "capture")),
             shadow=shadow_from_dict(_section(raw, "shadow")),
+            gc=GcPolicy(**_known(GcPolicy, _section(raw, "gc"), "gc")).validate(),
         )
     except (TypeError, ValueError) as e:
         if isinstance(e, ConfigError):

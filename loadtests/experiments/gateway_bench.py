@@ -155,7 +155,10 @@ async def gateway_ttfts(port: int, model: str, prompt: str, concurrency: int, pe
     return out, errors
 
 
-async def streams_burst(port: int, model: str, n: int, max_tokens: int) -> tuple[int, float]:
+async def streams_burst(port: int, model: str, n: int, max_tokens: int,
+                        timeout_s: float = 300) -> tuple[int, float]:
+    """`n` concurrent streamed chats: (errors, requests/s). A stream not done in `timeout_s` is dropped (the
+    connection closed, as a client that gives up; the gateway cancels it) and counts as an error."""
     sem_free = asyncio.Semaphore(n)
 
     async def one(k: int) -> bool:
@@ -163,7 +166,7 @@ async def streams_burst(port: int, model: str, n: int, max_tokens: int) -> tuple
             body = json.dumps({"model": model, "messages": [{"role": "user", "content": f"stream {k}"}],
                                "max_tokens": max_tokens, "stream": True}).encode()
             try:
-                _, ok = await asyncio.wait_for(http_stream(port, body), 300)
+                _, ok = await asyncio.wait_for(http_stream(port, body), timeout_s)
                 return ok
             except (TimeoutError, OSError):
                 return False

@@ -2,15 +2,21 @@
 `python -m loadtests.experiments.profile_cost [--rounds 3] [--variants off,on] [--json]`.
 
 `duet gateway` processes over the same two sim workers (20 ms a token, as the gateway bench), one per variant
-(`--variants`, default `off,on`): `off` the profile and the capture off, `on` both on (capture at sample rate 1:
-every request), `profile` the profile alone, `capture` the capture alone, `off2` a second `off` and `on2` a second
-`on` (A/As: what two identical processes differ by, the harness's own noise). Each round sends the gateway bench's
-burst (loadtests/experiments/gateway_bench.py: 1,000 concurrent streaming chats of 16 tokens) to each variant's
-gateway in turn and reads the gateway process's CPU seconds (user + system, /proc/PID/stat) around it: CPU ms per
-request per variant, and each variant's overhead over `off` as a share (of the medians, and the per-round paired
-ratios' median, quartiles and range). `ab_vs_aa` sets each A/B's median overhead beside the A/As' (text output:
-the first lines). `--scrape-s S` scrapes each gateway's /metrics every S seconds during its burst (as Prometheus
-would; 0, the default: never).
+(`--variants`, default `off,on`): `off` the profile and the capture off, `on` both on (capture at sample rate
+1: every request), `profile` the profile alone, `capture` the capture alone, `off2` a second `off` and `on2` a
+second `on` (A/As: what two identical processes differ by, the harness's own noise), `gc_off` an `off` with
+Python's own cyclic GC instead of the gateway's policy (`gc: {freeze: false, gen0_threshold: null}`,
+gateway/gc_policy.py). Each round sends the gateway bench's burst (loadtests/experiments/gateway_bench.py:
+1,000 concurrent streaming chats of 16 tokens) to each variant's gateway in turn and reads the gateway
+process's CPU seconds (user + system, /proc/PID/stat) around it: CPU ms per request per variant, and each
+variant's overhead over `off` as a share (of the medians, and the per-round paired ratios' median, quartiles
+and range), and each gateway's resident memory after its burst (`{name}_rss_mb`: with `--same-processes` and
+many rounds, a soak of one process per variant) and its cyclic-GC collections so far (`{name}_gc_collections`,
+generations 0-2, from its /metrics). `ab_vs_aa` sets each A/B's median overhead beside the A/As' (text output:
+the first lines). `--scrape-s S` scrapes each gateway's /metrics every S seconds during its burst (as
+Prometheus would; 0, the default: never). `--drop-after-s S`: each client drops its stream after S seconds,
+so the gateway cancels it mid-stream (the cancelled path's garbage, for a soak; every dropped stream is counted
+in `{name}_errors`); the burst then lasts until the gateway holds no request.
 
 Every round starts fresh gateway processes for every variant (the round's order shuffled, `--seed`) and stops
 them after it: a process's own luck (heap layout, hash seed, the core it lands on) then falls on one round of
@@ -36,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from duet.launcher import Launcher, SimOptions, WorkerSpec, free_port, gateway_config
@@ -51,12 +58,48 @@ VARIANTS = {  # name -> the gateway config's extra sections
     "capture": {"profile": {"enabled": False}, "capture": CAPTURE_ON},
     "off2": {"profile": {"enabled": False}},
     "on2": {"capture": CAPTURE_ON},
+    "gc_off": {"profile": {"enabled": False}, "gc": {"freeze": False, "gen0_threshold": None}},
 }
 
 
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def rss_mb(pid: int) -> float:
+    """The process's resident set (VmRSS), MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def gc_collections(port: int) -> list[int]:
+    """The gateway's cyclic-GC collections so far, by generation (its /metrics, gateway/gc_policy.py)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = [0, 0, 0]
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "duet_gateway_gc_collections_total":
+                out[int(s.labels["generation"])] = int(s.value)
+    return out
+
+
+async def _settled(port: int, timeout_s: float = 60.0) -> None:
+    """Wait until the gateway holds no request (its duet_gateway_pending_requests 0), at most `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+        text = (await r.read()).decode()
+        w.close()
+        if "\nduet_gateway_pending_requests 0.0\n" in text:
+            return
+        await asyncio.sleep(0.1)
 
 
 async def _scrape(port: int, every_s: float) -> None:
@@ -70,11 +113,13 @@ async def _scrape(port: int, every_s: float) -> None:
 
 
 async def _burst_cpu_ms(pid: int, port: int, model: str, scrape_s: float = 0.0,
-                        streams: int = STREAMS) -> tuple[float, int]:
+                        streams: int = STREAMS, drop_after_s: float = 0.0) -> tuple[float, int]:
     before = cpu_seconds(pid)
     scraper = asyncio.create_task(_scrape(port, scrape_s)) if scrape_s > 0 else None
     try:
-        errors, _ = await streams_burst(port, model, streams, MAX_TOKENS)
+        errors, _ = await streams_burst(port, model, streams, MAX_TOKENS, timeout_s=drop_after_s or 300)
+        if drop_after_s:
+            await _settled(port)  # the dropped streams' cancellation is part of the burst's work
     finally:
         if scraper is not None:
             scraper.cancel()
@@ -173,7 +218,7 @@ async def _start_gateways(launcher: Launcher, model_dir: Path, workers: list[str
 
 
 async def run(rounds: int, variants: tuple[str, ...] = ("off", "on"), scrape_s: float = 0.0,
-              fresh: bool = True, streams: int = STREAMS, seed: int = 0) -> dict:
+              fresh: bool = True, streams: int = STREAMS, seed: int = 0, drop_after_s: float = 0.0) -> dict:
     """`rounds` rounds of one burst per variant. `fresh` (the default): every round starts new gateway processes
     for every variant and stops them after it, so a process's own luck (heap layout, hash seed, core) falls
     on one round of a variant, not on all of them; the round's order is shuffled (seeded by `seed`). Not
@@ -206,9 +251,11 @@ async def run(rounds: int, variants: tuple[str, ...] = ("off", "on"), scrape_s: 
             row: dict = {"order": order}
             for name in order:
                 pid, port = gateways[name]
-                ms, row[f"{name}_errors"] = await _burst_cpu_ms(pid, port, model, scrape_s, streams)
+                ms, row[f"{name}_errors"] = await _burst_cpu_ms(pid, port, model, scrape_s, streams, drop_after_s)
                 row[f"{name}_cpu_ms_per_request"] = round(ms, 4)
                 row[f"{name}_pid"] = pid
+                row[f"{name}_rss_mb"] = round(rss_mb(pid), 1)
+                row[f"{name}_gc_collections"] = gc_collections(port)  # so far, generations 0, 1, 2
             if "off" in variants:
                 for name in variants:
                     if name != "off":
@@ -220,6 +267,7 @@ async def run(rounds: int, variants: tuple[str, ...] = ("off", "on"), scrape_s: 
             per_round.append(row)
             print(f"round {r + 1}: {row}", file=sys.stderr, flush=True)
         out = {"streams": streams, "max_tokens": MAX_TOKENS, "variants": list(variants), "scrape_s": scrape_s,
+               "drop_after_s": drop_after_s,
                "fresh_gateways_per_round": fresh, "seed": seed, "rounds": per_round, "cpu_count": os.cpu_count(),
                "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
         out.update(summarize(per_round, variants))
@@ -259,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="one gateway per variant for every round, the order rotated (the harness before "
                          "2026-12-07); default: fresh gateways every round, the order shuffled")
     ap.add_argument("--seed", type=int, default=0, help="the shuffled orders' seed (default 0)")
+    ap.add_argument("--drop-after-s", type=float, default=0.0,
+                    help="each client drops its stream after this many seconds (the gateway cancels it; a "
+                         "dropped stream counts as an error): the cancelled path's garbage in a soak; 0: never")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     variants = tuple(v for v in args.variants.split(",") if v)
@@ -267,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--variants: names from {', '.join(VARIANTS)}, each once (got {args.variants!r})")
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
-    result = asyncio.run(run(args.rounds, variants, args.scrape_s, fresh=not args.same_processes, seed=args.seed))
+    result = asyncio.run(run(args.rounds, variants, args.scrape_s, fresh=not args.same_processes, seed=args.seed,
+                             drop_after_s=args.drop_after_s))
     result["finished_us"], result["flush_us"] = finished_us()
     if args.json:
         print_result(result, True)

@@ -47,3 +47,22 @@ def test_the_ab_is_reported_beside_the_aa_spread_of_the_same_rounds():
     assert out["ab_vs_aa"]["off2"]["overhead_median"] == 0.005
     assert out["ab_vs_aa"]["off2"]["range"] == 0.03  # 0.99 .. 1.02
     assert out["on_cpu_ms_per_request"] == 2.05 and out["on_overhead_share"] == 0.025
+
+
+def test_gc_off_runs_python_own_gc_and_each_row_has_memory_and_collections():
+    out = asyncio.run(run(rounds=1, variants=("off", "gc_off"), streams=100))
+    (row,) = out["rounds"]
+    for name in ("off", "gc_off"):
+        assert row[f"{name}_errors"] == 0 and row[f"{name}_rss_mb"] > 20, row
+        assert len(row[f"{name}_gc_collections"]) == 3, row
+    # startup (imports: ~200 generation-0 collections before the policy applies) is alike; the warm-up and the
+    # burst, 150 streams, make ~70 more with Python's GC and a handful with the gateway's policy
+    assert row["gc_off_gc_collections"][0] > row["off_gc_collections"][0] + 20, row
+
+
+def test_dropped_streams_are_counted_and_the_burst_waits_for_the_gateway_to_settle():
+    out = asyncio.run(run(rounds=1, variants=("off",), streams=20, fresh=False, drop_after_s=0.05))
+    (row,) = out["rounds"]
+    assert out["drop_after_s"] == 0.05
+    assert row["off_errors"] == 20, row  # 16 tokens at 20 ms take longer than 50 ms: every stream dropped
+    assert row["off_cpu_ms_per_request"] > 0 and row["off_rss_mb"] > 20, row
