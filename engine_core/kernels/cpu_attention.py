@@ -171,6 +171,10 @@ def paged_attention_planned(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_
 def _native(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: AttentionPlan, scale: float) -> Tensor:
     """The plan's rows on the native kernels (every row: a native plan leaves no group to the torch path)."""
     q32 = q.float().contiguous()  # a copy in bf16, the tensor itself in fp32
+    if plan.native_extend is None:  # decode rows only (most steps): the kernel's output is the whole answer
+        n = plan.native
+        out = paged_decode_native(q32, k_cache, v_cache, n.block_tables, n.context_lens, scale, n.max_context)
+        return out.to(q.dtype)
     out = torch.empty_like(q32)
     if plan.native is not None:
         n = plan.native
