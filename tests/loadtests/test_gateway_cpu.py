@@ -14,7 +14,8 @@ def test_the_gateway_serves_fake_vllm_servers_and_the_phases_report_cpu(tmp_path
         assert out[phase]["errors"] == 0, out
         # every token of every stream (the fakes answer max_tokens; the trace asks fewer than 4 of some)
         assert out[phase]["output_tokens"] == out[phase]["max_tokens"] >= 3 * n
-        assert out[phase]["cpu_ms_per_request"] > 0
+    # the kernel counts CPU in 10 ms ticks: 8 fast requests can fall within one, 1.5 s of paced requests cannot
+    assert out["rate"]["cpu_ms_per_request"] > 0 and isinstance(out["full"]["cpu_ms_per_request"], float)
 
 
 def test_several_output_lengths_and_a_checkout_give_exact_tokens_medians_and_ratios(tmp_path):
@@ -30,5 +31,6 @@ def test_several_output_lengths_and_a_checkout_give_exact_tokens_medians_and_rat
             figures = row[f"{phase}@{n}"]
             assert figures["errors"] == 0, figures
             assert figures["output_tokens"] == figures["max_tokens"] == n * count  # exactly n tokens each
-    assert set(out["medians"]) == {here, here + "/"} and out["medians"][here]["full@5"] > 0
+    # (4 fast requests can fall within one 10 ms CPU tick: the figure may be 0, its key may not be missing)
+    assert set(out["medians"]) == {here, here + "/"} and isinstance(out["medians"][here]["full@5"], float)
     assert len(out["ratios"][here + "/"]["rate@2"]) == 1
