@@ -9,7 +9,7 @@ step. So attention is one op the graph calls but does not look into; it stores t
 caches and attends through the batch the forward entered here (vLLM's compiled models find their attention
 metadata the same way). The op writes the caches without declaring it: only the op itself reads or writes a
 layer's cache within a forward, so no other op's order depends on the writes, and a declared mutation would
-have the compiler guard the caches' copies.
+have the compiler functionalize the writes, which may copy a whole cache.
 
 Registered with torch.library's low-level API (engine_core/cpu_linear.py says why), for every device: CUDA graphs
 capture the same op.
