@@ -21,7 +21,8 @@ mixes CPUs; the tests use it to run every path on one machine).
 
 Each kernel is built twice, for an fp32 and for a bf16 KV cache (csrc/kv_type.h: the `_bf16` sources include the
 fp32 ones with KV_BF16 defined); queries, outputs and all arithmetic are fp32 in both, so a bf16 model's queries are
-widened for the call (but for the bf16 extend kernel on AMX tiles, which rounds queries and probabilities to bf16).
+widened for the call (but for the bf16 extend kernel on AMX tiles or AVX512-BF16 dot products, which round
+queries and probabilities to bf16: `extend_bf16_path()` says which runs).
 Other dtypes (fp16), a machine without a C compiler, or DUET_NATIVE_CPU_ATTENTION=0 keep the
 torch path, which computes the same thing (tests/kernels/test_cpu_attention.py holds both to the references).
 """
@@ -128,7 +129,7 @@ def library() -> ctypes.CDLL | None:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = None, argtypes
     lib.paged_vector_floats.restype, lib.paged_vector_floats.argtypes = ctypes.c_int, []
-    lib.paged_extend_amx.restype, lib.paged_extend_amx.argtypes = ctypes.c_int, []
+    lib.paged_extend_bf16_path.restype, lib.paged_extend_bf16_path.argtypes = ctypes.c_int, []
     return lib
 
 
@@ -138,10 +139,11 @@ def vector_floats() -> int:
     return lib.paged_vector_floats() if lib is not None else 0
 
 
-def extend_on_amx() -> bool:
-    """The bf16 extend kernel runs its blocks on AMX tiles (built for a CPU that has them, lent by the OS)."""
+def extend_bf16_path() -> str:
+    """How the bf16 extend kernel runs its blocks here: "amx" (tiles: built for a CPU that has them, lent by the
+    OS), "avx512_bf16" (bf16 dot products), "fp32" (fp32 arithmetic), "" (the kernels are not built)."""
     lib = library()
-    return lib is not None and lib.paged_extend_amx() == 1
+    return "" if lib is None else ("fp32", "avx512_bf16", "amx")[lib.paged_extend_bf16_path()]
 
 
 def native_available() -> bool:

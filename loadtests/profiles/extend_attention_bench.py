@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                 start = time.perf_counter()
                 paged_attention_planned(q, k, v, k_cache, v_cache, plan, D**-0.5)
                 times[name].append((time.perf_counter() - start) * 1000)
-    tiles = " (amx)" if dtype == torch.bfloat16 and cpu_native.extend_on_amx() else ""
+    tiles = f" ({cpu_native.extend_bf16_path()})" if dtype == torch.bfloat16 else ""
     print(f"chunks {args.chunks}, {args.threads} thread(s), {args.dtype}, native tile width {cpu_native.vector_floats()}{tiles}; "
           f"ms per layer, median / fastest of {args.repeats}")
     for name, ts in times.items():

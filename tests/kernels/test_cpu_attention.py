@@ -154,12 +154,15 @@ def test_native_kernels_can_be_turned_off(native, monkeypatch):
     assert not cpu_native.native_available()
 
 
-# The kernels' paths (AMX tiles for a bf16 cache's extend, AVX-512, AVX2, portable C), built on one machine by
-# turning the wider ones off: (extra flags, the extend tiles' floats per vector, the CPU feature the path needs). The
-# native build takes the widest the CPU has; the narrower ones run anywhere.
+# The kernels' paths (for a bf16 cache's extend: AMX tiles, or AVX512-BF16 dot products; AVX-512, AVX2, portable C),
+# built on one machine by turning the wider ones off: (extra flags, the extend tiles' floats per vector, the CPU
+# feature the path needs, the bf16 extend's path). The native build takes the widest the CPU has; the narrower ones
+# run anywhere.
 _NO_AMX = "-mno-amx-tile -mno-amx-bf16"
-ISAS = {"amx": ("", 16, "amx_bf16"), "avx512": (_NO_AMX, 16, "avx512f"), "avx2": (f"{_NO_AMX} -mno-avx512f", 8, "avx2"),
-        "portable": (f"{_NO_AMX} -mno-avx512f -mno-avx2 -mno-fma", 1, "")}
+_NO_BF16 = f"{_NO_AMX} -mno-avx512bf16"
+ISAS = {"amx": ("", 16, "amx_bf16", "amx"), "avx512_bf16": (_NO_AMX, 16, "avx512_bf16", "avx512_bf16"),
+        "avx512": (_NO_BF16, 16, "avx512f", "fp32"), "avx2": (f"{_NO_BF16} -mno-avx512f", 8, "avx2", "fp32"),
+        "portable": (f"{_NO_BF16} -mno-avx512f -mno-avx2 -mno-fma", 1, "", "fp32")}
 
 
 @pytest.mark.parametrize("isa", list(ISAS))
@@ -168,16 +171,16 @@ ISAS = {"amx": ("", 16, "amx_bf16"), "avx512": (_NO_AMX, 16, "avx512f"), "avx2":
                          ids=[str(i) for i in range(len(NATIVE_CASES))])
 def test_native_kernels_match_the_references(native, monkeypatch, paged_kv, tol, isa, threads, page_size, hk,
                                              ratio, d, dtype, dec_lens, ext):
-    flags, width, feature = ISAS[isa]
+    flags, width, feature, bf16_path = ISAS[isa]
     if feature and feature not in cpu_native._cpu_flags().split():
         pytest.skip(f"this CPU has no {feature}")
-    if isa == "amx" and (dtype != BF16 or not ext):
-        pytest.skip("the tiles serve a bf16 cache's extend rows; the avx512 cases cover the rest of this build")
+    if bf16_path != "fp32" and (dtype != BF16 or not ext):
+        pytest.skip(f"{isa} serves a bf16 cache's extend rows; the avx512 cases cover the rest of this build")
     monkeypatch.setenv("DUET_NATIVE_CPU_CFLAGS", flags)
     if not cpu_native.native_available():
         pytest.skip("no C compiler on this machine")
     assert cpu_native.vector_floats() == width  # the path under test is the one that was built
-    assert cpu_native.extend_on_amx() == (isa == "amx")
+    assert cpu_native.extend_bf16_path() == bf16_path
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -160,6 +160,35 @@ static inline __attribute__((always_inline)) void weighted_values_v(const float 
 #define VECTOR 0
 #endif
 
+/* One key block's online softmax for rb rows: s [rb][KB] holds the block's raw scores q . k and becomes its
+ * weights (0 for keys past a row's position or the sequence); the rows' running max and sum move on, and their
+ * outputs o [rb][d] are rescaled to the new max. */
+static inline __attribute__((always_inline)) void softmax_block(float *restrict s, const int64_t *restrict last,
+                                                                const int rows, const int rb, const int64_t k0,
+                                                                const int64_t n, const int64_t d, const float scale,
+                                                                float *restrict mx, float *restrict sum,
+                                                                float *restrict o) {
+    for (int r = 0; r < rb; r++) {
+        float *sr = s + r * KB;
+        const int64_t seen = r >= rows ? 0 : (last[r] - k0 + 1 < n ? last[r] - k0 + 1 : n);
+        if (seen <= 0) {
+            memset(sr, 0, sizeof(float) * KB);
+            continue;
+        }
+        float m = mx[r];
+        for (int64_t j = 0; j < seen; j++) m = sr[j] * scale > m ? sr[j] * scale : m;
+        const float correction = expf(mx[r] - m);
+        float add = 0.0f;
+        for (int64_t j = 0; j < KB; j++) {
+            sr[j] = j < seen ? expf(sr[j] * scale - m) : 0.0f;
+            add += sr[j];
+        }
+        sum[r] = sum[r] * correction + add;
+        mx[r] = m;
+        for (int64_t i = 0; i < d; i++) o[r * d + i] *= correction;
+    }
+}
+
 /* One block of rows: q [rb][d] (rows past `rows` are zeros), row r seeing keys 0 .. last[r]; kt the KV head's
  * transposed keys, v + at[j] its value rows. Writes o [rb][d] = the rows' attention outputs. s: [rb][KB]. */
 static inline __attribute__((always_inline)) void attend_rows(
@@ -180,26 +209,7 @@ static inline __attribute__((always_inline)) void attend_rows(
             scores_v(q, kt + (k0 / KB) * d * KB, rb, d, s);
         else
             scores_c(q, kt + (k0 / KB) * d * KB, rb, d, s);
-        /* online softmax: keys past the row's position (or the sequence) get weight 0 */
-        for (int r = 0; r < rb; r++) {
-            float *sr = s + r * KB;
-            const int64_t seen = r >= rows ? 0 : (last[r] - k0 + 1 < n ? last[r] - k0 + 1 : n);
-            if (seen <= 0) {
-                memset(sr, 0, sizeof(float) * KB);
-                continue;
-            }
-            float m = mx[r];
-            for (int64_t j = 0; j < seen; j++) m = sr[j] * scale > m ? sr[j] * scale : m;
-            const float correction = expf(mx[r] - m);
-            float add = 0.0f;
-            for (int64_t j = 0; j < KB; j++) {
-                sr[j] = j < seen ? expf(sr[j] * scale - m) : 0.0f;
-                add += sr[j];
-            }
-            sum[r] = sum[r] * correction + add;
-            mx[r] = m;
-            for (int64_t i = 0; i < d; i++) o[r * d + i] *= correction;
-        }
+        softmax_block(s, last, rows, rb, k0, n, d, scale, mx, sum, o);
         if (vector)
             weighted_values_v(s, v, at + k0, n, rb, d, o);
         else
@@ -347,6 +357,101 @@ static void attend_rows_amx(const float *restrict q, const int64_t *restrict las
 #define AMX 0
 #endif
 
+/* AVX512-BF16 without AMX (AMD Zen 4 and 5; an AMX Xeon whose OS does not lend the tiles), bf16 KV cache, head dims
+ * 64 and 128: both matmuls of a block with `vdpbf16ps`, which does two multiply-adds per fp32 lane, so each is half
+ * the instructions of the fp32 FMA tiles above and reads bf16 operands as they are (no widening of every V row).
+ * Operands are bf16 pairs along the summed dimension: for the scores, pairs of head dims, which a key's row already
+ * is (a uint32 holds two adjacent dims), so phase 1 transposes each block's keys as uint32 [d / 2][KB]; for p V,
+ * pairs of keys, so phase 1 interleaves two keys' values per dim, [KB / 2][d] uint32. The queries and the
+ * probabilities are rounded to bf16 as on AMX (a bf16 model's queries are bf16 already); scores, softmax and
+ * outputs stay fp32. Same tiles as the fp32 path: rb rows x 64 keys, then rb rows x d outputs, in registers. */
+#if defined(KV_BF16) && defined(__AVX512BF16__)
+#define DPBF16 1
+
+/* one KV head's keys 0 .. len (zeros past it, to whole blocks of KB): kp [block][d / 2][KB] key pairs of dims,
+ * vp [key pair][d] pairs of keys' values */
+static void dp_pack(const kv_t *restrict k_cache, const kv_t *restrict v_cache, const int64_t *restrict at,
+                    const int64_t len, const int64_t d, uint32_t *restrict kp, uint32_t *restrict vp) {
+    const int64_t padded = (len + KB - 1) / KB * KB;
+    for (int64_t j = 0; j < padded; j++) {
+        uint32_t *kj = kp + j / KB * (d / 2) * KB + j % KB;
+        uint16_t *vj = (uint16_t *)(vp + j / 2 * d) + j % 2;
+        if (j < len) {
+            uint32_t pairs[64];
+            memcpy(pairs, k_cache + at[j], d * sizeof(kv_t));
+            for (int64_t i = 0; i < d / 2; i++) kj[i * KB] = pairs[i];
+            for (int64_t i = 0; i < d; i++) vj[2 * i] = v_cache[at[j] + i];
+        } else {
+            for (int64_t i = 0; i < d / 2; i++) kj[i * KB] = 0;
+            for (int64_t i = 0; i < d; i++) vj[2 * i] = 0;
+        }
+    }
+}
+
+/* attend_rows with bf16 dot products, for rb rows (4 of d = 64, 2 of d = 128): q [rb][d] fp32 (rows past `rows`
+ * zeros); writes o [rb][d]. s: [rb][KB] */
+static inline __attribute__((always_inline)) void attend_rows_dp(
+    const float *restrict q, const int64_t *restrict last, const int rows, const int rb,
+    const uint32_t *restrict kp, const uint32_t *restrict vp, const int64_t len, const int64_t d,
+    const float scale, float *restrict s, float *restrict o) {
+    uint32_t qp[RB * 64] __attribute__((aligned(64))), pp[RB * KB / 2] __attribute__((aligned(64)));
+    float mx[RB], sum[RB];
+    int64_t reach = 0;
+    for (int r = 0; r < rows; r++) {
+        mx[r] = -FLT_MAX;
+        sum[r] = 0.0f;
+        reach = last[r] > reach ? last[r] : reach;
+    }
+    for (int r = 0; r < rb; r++) /* the queries as bf16 pairs of dims */
+        for (int64_t i = 0; i < d; i += 32)
+            _mm512_store_si512(qp + (r * d + i) / 2, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + r * d + i + 16),
+                                                                                 _mm512_loadu_ps(q + r * d + i)));
+    memset(o, 0, sizeof(float) * rb * d);
+    for (int64_t k0 = 0; k0 <= reach; k0 += KB) {
+        const int64_t n = len - k0 < KB ? len - k0 : KB;
+        const uint32_t *kb = kp + k0 / KB * (d / 2) * KB;
+        __m512 acc[RB][8];
+        for (int r = 0; r < rb; r++)
+            for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < d / 2; i++) {
+            const __m512i k0v = _mm512_loadu_si512(kb + i * KB), k1v = _mm512_loadu_si512(kb + i * KB + 16),
+                          k2v = _mm512_loadu_si512(kb + i * KB + 32), k3v = _mm512_loadu_si512(kb + i * KB + 48);
+            for (int r = 0; r < rb; r++) {
+                const __m512bh b = (__m512bh)_mm512_set1_epi32((int)qp[r * d / 2 + i]);
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)k0v, b);
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)k1v, b);
+                acc[r][2] = _mm512_dpbf16_ps(acc[r][2], (__m512bh)k2v, b);
+                acc[r][3] = _mm512_dpbf16_ps(acc[r][3], (__m512bh)k3v, b);
+            }
+        }
+        for (int r = 0; r < rb; r++)
+            for (int c = 0; c < 4; c++) _mm512_storeu_ps(s + r * KB + 16 * c, acc[r][c]);
+        softmax_block(s, last, rows, rb, k0, n, d, scale, mx, sum, o);
+        for (int r = 0; r < rb; r++) /* the weights as bf16 pairs of keys */
+            for (int j = 0; j < KB; j += 32)
+                _mm512_store_si512(pp + (r * KB + j) / 2, (__m512i)_mm512_cvtne2ps_pbh(
+                                                              _mm512_loadu_ps(s + r * KB + j + 16), _mm512_loadu_ps(s + r * KB + j)));
+        const uint32_t *vb = vp + k0 / 2 * d;
+        for (int r = 0; r < rb; r++)
+            for (int64_t c = 0; c < d / 16; c++) acc[r][c] = _mm512_loadu_ps(o + r * d + 16 * c);
+        for (int64_t j = 0; j < (n + 1) / 2; j++) { /* an odd block's last pair: its second key is zeros, weight 0 */
+            __m512i x[8];
+            for (int64_t c = 0; c < d / 16; c++) x[c] = _mm512_loadu_si512(vb + j * d + 16 * c);
+            for (int r = 0; r < rb; r++) {
+                const __m512bh b = (__m512bh)_mm512_set1_epi32((int)pp[r * KB / 2 + j]);
+                for (int64_t c = 0; c < d / 16; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)x[c], b);
+            }
+        }
+        for (int r = 0; r < rb; r++)
+            for (int64_t c = 0; c < d / 16; c++) _mm512_storeu_ps(o + r * d + 16 * c, acc[r][c]);
+    }
+    for (int r = 0; r < rows; r++)
+        for (int64_t i = 0; i < d; i++) o[r * d + i] /= sum[r];
+}
+#else
+#define DPBF16 0
+#endif
+
 #ifndef KV_BF16 /* once in the library */
 /* the vector width (floats) of this build's tiles: 16 (AVX-512), 8 (AVX2) or 1 (portable C) */
 int paged_vector_floats(void) {
@@ -360,14 +465,14 @@ int paged_vector_floats(void) {
 }
 #endif
 
-/* 1 where this build's bf16 extend kernel runs its blocks on AMX tiles (the CPU has them and the OS lends them) */
+/* How this build's bf16 extend kernel runs its blocks here: 2 on AMX tiles (the CPU has them and the OS lends them),
+ * 1 with AVX512-BF16 dot products, 0 with fp32 arithmetic (the FMA tiles or the portable loops) */
 #ifdef KV_BF16
-int paged_extend_amx(void) {
+int paged_extend_bf16_path(void) {
 #if AMX
-    return amx_permitted();
-#else
-    return 0;
+    if (amx_permitted()) return 2;
 #endif
+    return DPBF16;
 }
 #endif
 
@@ -382,7 +487,8 @@ void KV_NAME(paged_extend)(const float *q, const kv_t *k_cache, const kv_t *v_ca
 #else
     const int amx = 0;
 #endif
-    const int rb = amx ? 16 : VECTOR && d == 128 ? 2 : RB; /* rows an item takes */
+    const int dp = !amx && DPBF16 && (d == 64 || d == 128);
+    const int rb = amx ? 16 : (VECTOR || dp) && d == 128 ? 2 : RB; /* rows an item takes */
     /* per chunk: where its key offsets and transposed keys start, and its first row block in the item list */
     int64_t at0[num_chunks + 1], kt0[num_chunks + 1], item0[num_chunks + 1];
     at0[0] = kt0[0] = item0[0] = 0;
@@ -406,6 +512,13 @@ void KV_NAME(paged_extend)(const float *q, const kv_t *k_cache, const kv_t *v_ca
                 if (amx) { /* the tiles' layouts of K and V (as many bytes as the fp32 keys of the other paths) */
                     uint16_t *kn = (uint16_t *)kt;
                     amx_pack(k_cache + g * d, v_cache + g * d, at, len, d, kn, kn + (len + AKB - 1) / AKB * AKB * d);
+                    continue;
+                }
+#endif
+#if DPBF16
+                if (dp) { /* the dot products' layouts of K and V (as many bytes as the fp32 keys of the other paths) */
+                    uint32_t *kp = (uint32_t *)kt;
+                    dp_pack(k_cache + g * d, v_cache + g * d, at, len, d, kp, kp + blocks * (d / 2) * KB);
                     continue;
                 }
 #endif
@@ -446,6 +559,15 @@ void KV_NAME(paged_extend)(const float *q, const kv_t *k_cache, const kv_t *v_ca
             if (amx) {
                 const uint16_t *kn = (const uint16_t *)kt;
                 attend_rows_amx(qb, last, rows, kn, kn + (len + AKB - 1) / AKB * AKB * d, len, d, scale, o);
+            } else
+#endif
+#if DPBF16
+            if (dp && d == 64) {
+                const uint32_t *kp = (const uint32_t *)kt;
+                attend_rows_dp(qb, last, rows, 4, kp, kp + blocks * 32 * KB, len, 64, scale, s, o);
+            } else if (dp) {
+                const uint32_t *kp = (const uint32_t *)kt;
+                attend_rows_dp(qb, last, rows, 2, kp, kp + blocks * 64 * KB, len, 128, scale, s, o);
             } else
 #endif
             if (VECTOR && d == 64) /* constant sizes: the tiles unroll and stay in registers */
