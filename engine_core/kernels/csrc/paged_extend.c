@@ -373,17 +373,25 @@ static void attend_rows_amx(const float *restrict q, const int64_t *restrict las
 static void dp_pack(const kv_t *restrict k_cache, const kv_t *restrict v_cache, const int64_t *restrict at,
                     const int64_t len, const int64_t d, uint32_t *restrict kp, uint32_t *restrict vp) {
     const int64_t padded = (len + KB - 1) / KB * KB;
-    for (int64_t j = 0; j < padded; j++) {
-        uint32_t *kj = kp + j / KB * (d / 2) * KB + j % KB;
-        uint16_t *vj = (uint16_t *)(vp + j / 2 * d) + j % 2;
-        if (j < len) {
+    /* a0 b0 a1 b1 ... a15 b15 of two vectors of 32 bf16 (b's indices from 32), and the same of their upper halves */
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
+                                        36, 4, 35, 3, 34, 2, 33, 1, 32, 0),
+                  hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int64_t j = 0; j < padded; j += 2) {
+        for (int64_t t = j; t < j + 2; t++) { /* keys: pairs of dims, transposed into the block */
+            uint32_t *kt = kp + t / KB * (d / 2) * KB + t % KB;
             uint32_t pairs[64];
-            memcpy(pairs, k_cache + at[j], d * sizeof(kv_t));
-            for (int64_t i = 0; i < d / 2; i++) kj[i * KB] = pairs[i];
-            for (int64_t i = 0; i < d; i++) vj[2 * i] = v_cache[at[j] + i];
-        } else {
-            for (int64_t i = 0; i < d / 2; i++) kj[i * KB] = 0;
-            for (int64_t i = 0; i < d; i++) vj[2 * i] = 0;
+            if (t < len)
+                memcpy(pairs, k_cache + at[t], d * sizeof(kv_t));
+            else
+                memset(pairs, 0, d * sizeof(kv_t));
+            for (int64_t i = 0; i < d / 2; i++) kt[i * KB] = pairs[i];
+        }
+        for (int64_t i = 0; i < d; i += 32) { /* values: two keys' interleaved, 32 dims at a time */
+            const __m512i a = j < len ? _mm512_loadu_si512(v_cache + at[j] + i) : _mm512_setzero_si512(),
+                          b = j + 1 < len ? _mm512_loadu_si512(v_cache + at[j + 1] + i) : _mm512_setzero_si512();
+            _mm512_storeu_si512(vp + j / 2 * d + i, _mm512_permutex2var_epi16(a, lo, b));
+            _mm512_storeu_si512(vp + j / 2 * d + i + 16, _mm512_permutex2var_epi16(a, hi, b));
         }
     }
 }
