@@ -78,6 +78,7 @@ class PagedScheduler:
         self.running: list[SequenceGroup] = []  # sorted by group.order: the last one is the newest
         self.groups: dict[str, SequenceGroup] = {}
         self.num_preemptions = 0
+        self._last_prefill_keys = 0.0  # the attention work of the last step's prompt tokens (observe_step)
         self.prompt_tokens_queried = 0  # prefix cache: prompt tokens of admitted requests ...
         self.prompt_tokens_hit = 0  # ... and how many of them were cached
         self._outputs: list[StepOutput] = []
@@ -138,9 +139,9 @@ class PagedScheduler:
         return self.bm.take_kv_events()
 
     def observe_step(self, seconds: float, prefill_tokens: int, decode_tokens: int) -> None:
-        """How long a step that ran the model took (the serving loop's clock, or a simulator's): the time budget
-        of prefill beside decodes is measured from these."""
-        self.prefill_budget.observe(seconds, prefill_tokens, decode_tokens)
+        """How long the step last scheduled took (the serving loop's clock, or a simulator's): the time budget of
+        prefill beside decodes is measured from these, with the attention work its prompt tokens did."""
+        self.prefill_budget.observe(seconds, prefill_tokens, decode_tokens, self._last_prefill_keys)
 
     def load(self) -> LoadStats:
         return LoadStats(len(self.running), len(self.waiting), self.bm.num_used_pages, self.bm.num_total_pages,
@@ -158,13 +159,25 @@ class PagedScheduler:
     def schedule(self) -> SchedulerOutput[ScheduledSeq] | None:
         batch = SchedulerOutput()
         budget, preempted = self._schedule_running(batch, self.config.max_num_batched_tokens, decode_pass=True)
-        cap = self.prefill_budget.tokens_while_decoding()
+        cap = self.prefill_budget.tokens_while_decoding(self._next_prefill_position())
         if batch.entries and cap:  # the decodes have their tokens; prefills share at most the cap
             budget = min(budget, cap)
         budget, preempted_for_prefill = self._schedule_running(batch, budget, decode_pass=False)
         if not (preempted or preempted_for_prefill):
             self._admit(batch, budget)
+        # what the prompt tokens of this step attend to (each chunk's n tokens from `start`: n x (start + n / 2))
+        self._last_prefill_keys = sum(len(c.token_ids) * (c.start_pos + len(c.token_ids) / 2)
+                                      for c in batch.chunks if len(c.token_ids) > 1)
         return batch if batch.entries else None
+
+    def _next_prefill_position(self) -> int:
+        """Where the first prompt chunk a step would add starts: the oldest running prefill's computed tokens, or
+        0 for an admission (its cached prefix is not known before it is matched)."""
+        for group in self.running:
+            for seq in group.live:
+                if seq.num_uncomputed > 1:
+                    return seq.num_computed
+        return 0
 
     def _schedule_running(self, batch: SchedulerOutput, budget: int, decode_pass: bool) -> tuple[int, bool]:
         """One pass over the running groups, oldest first; (budget left, preempted?)."""

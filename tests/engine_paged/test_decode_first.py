@@ -207,3 +207,60 @@ def test_a_stretched_schedule_follows_the_costs_it_is_told_and_leaves_idle_steps
         sched.observe_step(0.1 + 0.004 * 10, 10, 1)
     decodes, prefill = step(sched, runner, {})
     assert decodes == {"chat"} and prefill == 25
+
+
+# -- the time budget knows that a prompt token deeper in its prompt costs more (its attention reads more keys) ---------
+A, B = 0.001, 2e-6  # seconds a prompt token, seconds a key it attends to (beyond a decode step)
+
+
+def chunk_cost(n, position):
+    """What n prompt tokens from `position` cost when every token costs A and every key it reads B."""
+    return sum(A + B * (position + t + 1) for t in range(n))
+
+
+def test_the_time_budget_fits_a_token_cost_and_a_key_cost_and_gives_deeper_chunks_fewer_tokens():
+    budget = PrefillBudget(cap=512, stretch=1.5, floor=1)
+    for position, n in [(0, 64), (1000, 64), (2000, 32), (500, 128), (3000, 16)] * 2:
+        budget.observe(0.1, 0, 4)
+        keys = n * (position + n / 2)
+        budget.observe(0.1 + A * n + B * keys, n, 4, keys)
+    a, b = budget.costs()
+    assert a == pytest.approx(A, rel=1e-6) and b == pytest.approx(B, rel=1e-6)
+    slack = 0.5 * 0.1
+    for position in (0, 500, 2000, 8000):
+        n = budget.tokens_while_decoding(position)
+        # the most tokens whose cost fits the slack (to the key's half-token rounding of n x (position + n / 2))
+        assert chunk_cost(n, position) <= slack * 1.01 < chunk_cost(n + 2, position), (position, n)
+    assert budget.tokens_while_decoding(0) > 3 * budget.tokens_while_decoding(2000)
+
+
+def test_without_keys_or_with_chunks_all_alike_the_budget_is_the_plain_ratio():
+    alike = PrefillBudget(cap=512, stretch=2.0, floor=1)
+    alike.observe(0.1, 0, 4)
+    for _ in range(3):
+        alike.observe(0.1 + 0.2, 100, 4, 100 * 50)  # the same chunk each time: the two costs cannot be told apart
+    assert alike.costs() == (pytest.approx(0.002), 0.0)
+    assert alike.tokens_while_decoding(0) == alike.tokens_while_decoding(5000) == 50
+
+
+def test_a_stretched_schedule_shrinks_a_long_prompts_chunks_as_they_go_deeper():
+    """One request decodes while a 600-token prompt prefills: each chunk is what its own position's cost allows,
+    so the decoding request's steps stay within the stretch all the way, not only at the prompt's start."""
+    sched, runner = make_stretched(1.5, cap=512, floor=1), CountingRunner()
+    for position, n in [(0, 64), (1000, 64), (2000, 32), (500, 128)]:
+        keys = n * (position + n / 2)
+        sched.prefill_budget.observe(0.1, 0, 1)
+        sched.prefill_budget.observe(0.1 + A * n + B * keys, n, 1, keys)
+    sched.config = type(sched.config)(**{**sched.config.__dict__, "max_num_batched_tokens": 2048})
+    sched.add(req("chat", [5, 6], 400, arrival=0))
+    step(sched, runner, {})
+    sched.add(req("doc", list(range(1, 601)), 2, arrival=1))
+    chunks, position = [], 0
+    while sched.groups["doc"].seqs[0].num_computed < 600:
+        decodes, prefill = step(sched, runner, {})
+        assert decodes == {"chat"}
+        assert chunk_cost(prefill, position) <= 0.05 * 1.01 or position + prefill == 600, (position, prefill)
+        chunks.append(prefill)
+        position += prefill
+    assert sched.num_preemptions == 0
+    assert chunks[0] == 47 and chunks[-2] <= 23, chunks  # 47 tokens fit at position 0; the last is the remainder
