@@ -21,6 +21,13 @@ is fitted as `a x tokens + b x keys` (least squares over the window); the tokens
 those whose predicted cost at the position where the next chunk starts fits the slack. Where the window cannot
 tell the two terms apart (every chunk alike, or no keys said), b is 0 and a is the plain ratio above.
 
+`floor` (8) keeps prefill moving when a prompt token costs more than the slack (without it a step could add nothing
+and a document would wait for every decode to finish); it is small because on one CPU core 32 prompt tokens deep
+in a document cost 2-3 decode steps, which is the stretch the budget is there to prevent (32 gave TPOT p99 4.5x
+its p50 at stretch 1.5 on a Zen 4 core, 8 gave 1.9x: docs/benchmarks.md). `cap` is the fixed cap, the ceiling.
+Until both costs are measured the cap alone applies. The scheduler reads no clock: it is told durations, by the
+serving loop on a real worker and by the fleet simulator's cost model there, so the same schedule follows from the
+same durations.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from collections import deque
 
 
 class PrefillBudget:
-    def __init__(self, cap: int, stretch: float = 0.0, floor: int = 32, window: int = 32) -> None:
+    def __init__(self, cap: int, stretch: float = 0.0, floor: int = 8, window: int = 32) -> None:
         """`cap`: the most prompt tokens a decoding step adds (0: no cap, the step budget alone). `stretch`: the
         time bound, a multiple of a decode-only step (0: off, the cap alone; else > 1)."""
         if cap < 0:
