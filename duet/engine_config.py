@@ -108,7 +108,7 @@ class PagedConfig:
               "(default: 256 on a CPU, 512 on a GPU; 0: no cap beyond --max-num-batched-tokens)", type=int)
     max_decode_step_stretch: float = setting(
         0.0, "bound a decoding step's prefill in time instead: the prompt tokens whose measured cost keeps the step "
-             "within S x a decode-only step's time, at least 32, at most the cap above (0: off, the cap alone)",
+             "within S x a decode-only step's time, at least 8, at most the cap above (0: off, the cap alone)",
         type=float, metavar="S")
 
     def __post_init__(self) -> None:
