@@ -7,8 +7,8 @@ in flash attention's order with register-tiled AVX-512 matmuls: 1.8x torch's fus
 of SmolLM2's shape at 2 threads (6.0 against 10.8 ms a layer), and no page gather for a chunk over a cached prefix.
 Over a bf16 cache on a CPU with AMX, the matmuls run on the tiles (csrc/paged_extend.c says how): 1.8-1.9x the AVX-512
 loops on the same prefill, a bf16 prefill step 0.68-0.72x. Without AMX, on a CPU with AVX512-BF16 (AMD Zen 4 and
-5) they run as bf16 dot products (`vdpbf16ps`): 256 new tokens over a 2,000-token prefix, one thread, 1.8x the
-fp32 loops on a Zen 4 (10.3 against 18.3 ms a layer). `cpu_native.extend_bf16_path()` says which path runs.
+5) they run as bf16 dot products (`vdpbf16ps`): 256 new tokens over a 2,000-token prefix 1.7-1.9x the fp32 loops
+on a quiet Zen 4 (10.1 against 17.6-18.8 ms a layer at one thread). `cpu_native.extend_bf16_path()` says which runs.
 Built and loaded by cpu_native.py.
 """
 
