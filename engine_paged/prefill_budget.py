@@ -14,8 +14,8 @@ both measured over the worker's recent steps (`observe`, fed with each step's du
     prefill_s_per_token    over the last `window` steps that prefilled: (their time minus a decode step's, the part
                            the step would have cost anyway) over their prompt tokens; a marginal cost, not a rate
 
-A prompt token's cost grows with its position: its attention reads every key before it (on one Zen 4 core, bf16,
-a token at position 2,000 costs about 3x one at position 0). So the scheduler also says each prefilling step's
+A prompt token's cost grows with its position: its attention reads every key before it, which deep in a document
+costs more than the token's matmuls on one CPU core. So the scheduler also says each prefilling step's
 attention work, `prefill_keys` = the sum over its prompt tokens of the keys each attends to, and the marginal cost
 is fitted as `a x tokens + b x keys` (least squares over the window); the tokens a decoding step may add are then
 those whose predicted cost at the position where the next chunk starts fits the slack. Where the window cannot
@@ -23,9 +23,9 @@ tell the two terms apart (every chunk alike, or no keys said), b is 0 and a is t
 
 `floor` (8) keeps prefill moving when a prompt token costs more than the slack (without it a step could add nothing
 and a document would wait for every decode to finish); it is small because on one CPU core 32 prompt tokens deep
-in a document cost 2-3 decode steps, which is the stretch the budget is there to prevent (32 gave TPOT p99 4.5x
-its p50 at stretch 1.5 on a Zen 4 core, 8 gave 1.9x: docs/benchmarks.md). `cap` is the fixed cap, the ceiling.
-Until both costs are measured the cap alone applies. The scheduler reads no clock: it is told durations, by the
+in a document cost several decode steps, the stretch the budget is there to prevent (at stretch 1.5 on a lightly
+loaded Zen 4 core, a floor of 32 gave TPOT p99 4.5x its p50, 8 gave 1.9x: docs/benchmarks.md). `cap` is the fixed
+cap, the ceiling. Until both costs are measured the cap alone applies. The scheduler reads no clock: it is told durations, by the
 serving loop on a real worker and by the fleet simulator's cost model there, so the same schedule follows from the
 same durations.
 """

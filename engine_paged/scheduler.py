@@ -159,15 +159,16 @@ class PagedScheduler:
     def schedule(self) -> SchedulerOutput[ScheduledSeq] | None:
         batch = SchedulerOutput()
         budget, preempted = self._schedule_running(batch, self.config.max_num_batched_tokens, decode_pass=True)
-        cap = self.prefill_budget.tokens_while_decoding(self._next_prefill_position())
-        if batch.entries and cap:  # the decodes have their tokens; prefills share at most the cap
-            budget = min(budget, cap)
+        timed = bool(self.prefill_budget.stretch)  # only a time budget reads the position and the keys
+        if batch.entries:  # the decodes have their tokens; prefills share at most the cap
+            cap = self.prefill_budget.tokens_while_decoding(self._next_prefill_position() if timed else 0)
+            budget = min(budget, cap) if cap else budget
         budget, preempted_for_prefill = self._schedule_running(batch, budget, decode_pass=False)
         if not (preempted or preempted_for_prefill):
             self._admit(batch, budget)
-        # what the prompt tokens of this step attend to (each chunk's n tokens from `start`: n x (start + n / 2))
-        self._last_prefill_keys = sum(len(c.token_ids) * (c.start_pos + len(c.token_ids) / 2)
-                                      for c in batch.chunks if len(c.token_ids) > 1)
+        if timed:  # what this step's prompt tokens attend to: each chunk's n tokens from start, n x (start + n / 2)
+            self._last_prefill_keys = sum(len(c.token_ids) * (c.start_pos + len(c.token_ids) / 2)
+                                          for c in batch.chunks if len(c.token_ids) > 1)
         return batch if batch.entries else None
 
     def _next_prefill_position(self) -> int:

@@ -235,6 +235,10 @@ def test_the_time_budget_fits_a_token_cost_and_a_key_cost_and_gives_deeper_chunk
 
 
 def test_without_keys_or_with_chunks_all_alike_the_budget_is_the_plain_ratio():
+    keyless = PrefillBudget(cap=512, stretch=2.0, floor=1)
+    keyless.observe(0.1, 0, 4)
+    keyless.observe(0.1 + 0.2, 100, 4)  # a scheduler that says no keys: the token cost alone
+    assert keyless.costs() == (pytest.approx(0.002), 0.0)
     alike = PrefillBudget(cap=512, stretch=2.0, floor=1)
     alike.observe(0.1, 0, 4)
     for _ in range(3):
@@ -251,7 +255,6 @@ def test_a_stretched_schedule_shrinks_a_long_prompts_chunks_as_they_go_deeper():
         keys = n * (position + n / 2)
         sched.prefill_budget.observe(0.1, 0, 1)
         sched.prefill_budget.observe(0.1 + A * n + B * keys, n, 1, keys)
-    sched.config = type(sched.config)(**{**sched.config.__dict__, "max_num_batched_tokens": 2048})
     sched.add(req("chat", [5, 6], 400, arrival=0))
     step(sched, runner, {})
     sched.add(req("doc", list(range(1, 601)), 2, arrival=1))

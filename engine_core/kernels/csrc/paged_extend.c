@@ -570,12 +570,12 @@ void KV_NAME(paged_extend)(const float *q, const kv_t *k_cache, const kv_t *v_ca
             } else
 #endif
 #if DPBF16
-            if (dp && d == 64) {
-                const uint32_t *kp = (const uint32_t *)kt;
-                attend_rows_dp(qb, last, rows, 4, kp, kp + blocks * 32 * KB, len, 64, scale, s, o);
-            } else if (dp) {
-                const uint32_t *kp = (const uint32_t *)kt;
-                attend_rows_dp(qb, last, rows, 2, kp, kp + blocks * 64 * KB, len, 128, scale, s, o);
+            if (dp) { /* dp_pack's layout: the key pairs, then the value pairs; constant head dims unroll the tiles */
+                const uint32_t *kp = (const uint32_t *)kt, *vp = kp + blocks * (d / 2) * KB;
+                if (d == 64)
+                    attend_rows_dp(qb, last, rows, 4, kp, vp, len, 64, scale, s, o);
+                else
+                    attend_rows_dp(qb, last, rows, 2, kp, vp, len, 128, scale, s, o);
             } else
 #endif
             if (VECTOR && d == 64) /* constant sizes: the tiles unroll and stay in registers */
