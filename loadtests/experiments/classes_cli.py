@@ -71,13 +71,9 @@ def classes_settings(args: argparse.Namespace):
         s = replace(s, limits=replace(s.limits, kv_cache_tokens=args.kv_cache_tokens))
     if args.class_slo:
         s = replace(s, slo=parse_class_slos(args.class_slo, s.slo))
-    pairs = []
-    for item in args.engine_args:
-        kind, sep, flags = item.partition("=")
-        if not sep or kind not in classes.SIDES:
-            raise ValueError(f"--engine-args {item!r}: give KIND=FLAGS with KIND {', '.join(classes.SIDES)}")
-        pairs.append((kind, flags))
-    return replace(s, engine_args=tuple(pairs)).validate()
+    from loadtests.stack.serving import kind_flags
+
+    return replace(s, engine_args=kind_flags(args.engine_args, classes.SIDES)).validate()
 
 
 def _run_classes(args: argparse.Namespace) -> int:

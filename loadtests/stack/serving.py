@@ -11,7 +11,8 @@ stack launcher (duet/launcher.py, which also starts `duet up`); on exit it stops
 drain, SIGKILL after a grace period). A child that dies while starting raises `StackError` with the
 tail of its log. `cpus` pins worker i to the cores `cpus[i]` and `gateway_cpus` the gateways (taskset;
 `duet bench compare --pin-cores`, `duet bench classes`); a worker restarted by the pool manager keeps its cores.
-`worker_args[kind]` are more flags for every worker of that kind (`duet bench classes --engine-args`).
+`worker_args[kind]` are more flags for every worker of that kind (`--engine-args KIND="FLAGS"` of `duet bench
+classes` and `duet bench peer`, read by `kind_flags`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,17 @@ ADMIN_KEY = "bench-admin"  # the stack is private to the benchmark: a fixed key 
 DEFAULT_LIMITS = EngineLimits()
 # worker_args for a stack whose prefix workers decode one token a step (engine_prefix drafts by default)
 NO_DRAFTING = {"prefix": ("--speculative", "off")}
+
+
+def kind_flags(items: list[str], kinds: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """`--engine-args` values, each KIND=FLAGS with KIND one of `kinds`, as (kind, flags) pairs in order."""
+    pairs = []
+    for item in items:
+        kind, sep, flags = item.partition("=")
+        if not sep or kind not in kinds:
+            raise ValueError(f"--engine-args {item!r}: give KIND=FLAGS with KIND {', '.join(kinds)}")
+        pairs.append((kind, flags))
+    return tuple(pairs)
 
 
 def paged_prefix_caching_flags() -> list[str]:

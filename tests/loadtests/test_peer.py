@@ -172,6 +172,8 @@ def test_vllm_all_cores_binds_every_core_and_reserves_none():
     (["--vllm", "none", "--engines", "none", "--backend-stacks", "none"], "nothing to measure"),
     (["--vllm", "none", "--backend-stacks", "duet_over_vllm"], "paged, prefix is compared with a vLLM configuration"),
     (["--vllm", "none", "--engines", "none"], "vllm_paged_duet_prefix is compared with a vLLM configuration"),
+    (["--engine-args", "vllm=--enforce-eager"], "--engine-args 'vllm=--enforce-eager': give KIND=FLAGS with KIND paged"),
+    (["--engine-args", "paged"], "give KIND=FLAGS"),
 ])
 def test_bad_arguments_fail_before_anything_is_installed_or_started(capsys, argv, message):
     assert bench_main(["peer", *argv]) == 2
@@ -182,3 +184,12 @@ def test_version_stub_lets_vllm_read_its_own_version(tmp_path):
     write_version_dist_info(tmp_path, "0.32.0")
     dist = next(importlib.metadata.distributions(name="vllm", path=[str(tmp_path)]))
     assert dist.version == "0.32.0"
+
+
+def test_engine_args_reach_their_kind_after_the_no_drafting_default():
+    from loadtests.experiments.peer import worker_args
+
+    extra = worker_args(['paged=--max-prefill-tokens-while-decoding 512', 'prefix=--schedule-policy fcfs'])
+    assert extra["paged"] == ("--max-prefill-tokens-while-decoding", "512")
+    assert extra["prefix"] == ("--speculative", "off", "--schedule-policy", "fcfs")
+    assert worker_args([]) == {"prefix": ("--speculative", "off")}
