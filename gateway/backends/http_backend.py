@@ -87,8 +87,9 @@ class _HttpStream:
 
     async def __anext__(self) -> pb.GenerateResponse:
         item = await self._queue.get()
+        if item is _DONE or isinstance(item, BaseException):
+            self._queue.put_nowait(item)  # the end is final: later reads end, or fail, the same way, never wait
         if item is _DONE:
-            self._queue.put_nowait(_DONE)  # later reads end too
             raise StopAsyncIteration
         if isinstance(item, BaseException):
             raise item

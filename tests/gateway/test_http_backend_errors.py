@@ -91,3 +91,27 @@ def test_a_stalled_poll_and_a_refused_connection_are_unavailable():
         asyncio.run(run())
         gc.collect()
     assert not [w for w in caught if "Unclosed" in str(w.message)]
+
+
+def test_reads_after_a_failed_or_cancelled_stream_fail_again_instead_of_waiting():
+    """A caller that reads once more after the error (or after cancel()) gets it again at once: a stream's end is
+    final, as a cancelled gRPC call's is, and no read can hang on a stream that will never send."""
+    async def run() -> None:
+        async with stub_backend(_stall) as url:
+            client = HttpBackendClient(BackendSpec(engine="vllm", url=url, kind="paged"), {}, 16,
+                                       request_timeout_s=0.3)
+            failed = client.generate(_request())
+            assert (await anext(failed)).token_ids == [7]
+            for _ in range(2):
+                with pytest.raises(EngineCallError) as e:
+                    await asyncio.wait_for(anext(failed), 10)
+                assert e.value.code == "UNAVAILABLE"
+            cancelled = client.generate(_request())
+            assert (await anext(cancelled)).token_ids == [7]
+            cancelled.cancel()
+            for _ in range(2):
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.wait_for(anext(cancelled), 10)
+            await client.close()
+
+    asyncio.run(run())
