@@ -7,6 +7,10 @@ When on, the worker appends one JSON line per step that ran the model to `<dir>/
 alone) and `chunks` ([new tokens, tokens already in its pages, logits rows] per sequence: what the cost model reads,
 loadtests/sim/fleet/cost_models.shape_of).
 A diagnosis knob like DUET_DEBUG_STEP_DELAY_MS, never for production: it writes a line per step.
+
+`python -m engine_core.step_trace DIR` sums each worker's trace by the kind of step (`step_kinds`): decode-only
+steps, steps that decode and prefill (mixed) and prefill-only ones; where a worker's time went, and so where a
+scheduler put the prompts' work (beside decodes, stretching inter-token times, or in steps of their own).
 """
 
 from __future__ import annotations
@@ -56,7 +60,49 @@ class StepTrace:
                          + "\n")
 
 
+def step_kinds(records: list[dict]) -> dict[str, dict]:
+    """Per kind of step ("decode", "mixed", "prefill"; a chunk of one new token decodes): steps, seconds in all,
+    median step ms, mean prompt tokens and mean decoding sequences a step."""
+    groups: dict[str, list[tuple[float, int, int]]] = {}
+    for r in records:
+        prompt = sum(new for new, _, _ in r["chunks"] if new > 1)
+        decodes = sum(1 for new, _, _ in r["chunks"] if new == 1)
+        kind = "decode" if not prompt else "mixed" if decodes else "prefill"
+        groups.setdefault(kind, []).append((r["step_s"], prompt, decodes))
+    out = {}
+    for kind in ("decode", "mixed", "prefill"):
+        rows = groups.get(kind)
+        if rows:
+            secs = sorted(s for s, _, _ in rows)
+            out[kind] = {"steps": len(rows), "seconds": sum(secs), "median_ms": 1000 * secs[len(secs) // 2],
+                         "prompt_tokens": sum(p for _, p, _ in rows) / len(rows),
+                         "decoding": sum(d for _, _, d in rows) / len(rows)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m engine_core.step_trace", description="each worker's steps by kind")
+    p.add_argument("directory", type=Path, help="the DUET_STEP_TRACE directory")
+    args = p.parse_args(argv)
+    traces = read_traces(args.directory)
+    if not traces:
+        print(f"no steps-*.jsonl in {args.directory}")
+        return 1
+    for pid, records in traces.items():
+        print(f"worker {pid}: {len(records)} steps, {sum(r['step_s'] for r in records):.1f} s")
+        for kind, k in step_kinds(records).items():
+            print(f"  {kind:8s} {k['steps']:6d} steps {k['seconds']:7.1f} s  median {k['median_ms']:7.1f} ms  "
+                  f"prompt tokens {k['prompt_tokens']:6.0f}  decoding {k['decoding']:5.1f}")
+    return 0
+
+
 def read_traces(directory: Path) -> dict[int, list[dict]]:
     """Every worker's trace in `directory`: its pid -> its step records, in order."""
     return {int(p.stem.removeprefix("steps-")): [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
             for p in sorted(Path(directory).glob("steps-*.jsonl"))}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

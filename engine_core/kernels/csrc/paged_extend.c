@@ -368,32 +368,59 @@ static void attend_rows_amx(const float *restrict q, const int64_t *restrict las
 #if defined(KV_BF16) && defined(__AVX512BF16__)
 #define DPBF16 1
 
+/* r[c] becomes column c of the 16 x 16 uint32 matrix whose rows r held: 32-bit, then 64-bit interleaves within each
+ * 128-bit lane leave 4 x 4 blocks transposed, then two rounds of 128-bit lane shuffles put the blocks in place */
+static inline __attribute__((always_inline)) void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* u[4i + k], lane L: column 4L + k of rows 4i .. 4i + 3 */
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 4; k++) {
+            t[8 * i + k] = _mm512_shuffle_i32x4(u[8 * i + k], u[8 * i + 4 + k], 0x88);     /* lanes 0, 2 of each */
+            t[8 * i + 4 + k] = _mm512_shuffle_i32x4(u[8 * i + k], u[8 * i + 4 + k], 0xDD); /* lanes 1, 3 */
+        }
+    for (int k = 0; k < 8; k++) {
+        r[k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0x88);
+        r[k + 8] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0xDD);
+    }
+}
+
 /* one KV head's keys 0 .. len (zeros past it, to whole blocks of KB): kp [block][d / 2][KB] key pairs of dims,
- * vp [key pair][d] pairs of keys' values */
+ * vp [key pair][d] pairs of keys' values. The keys go 16 at a time through a register transpose (16 keys x 16 pairs
+ * in, 16 pairs x 16 keys out, one vector store each): a small chunk deep in a prompt packs its whole prefix every
+ * layer, and one scalar store per pair made that pack most of such a step's attention. */
 static void dp_pack(const kv_t *restrict k_cache, const kv_t *restrict v_cache, const int64_t *restrict at,
                     const int64_t len, const int64_t d, uint32_t *restrict kp, uint32_t *restrict vp) {
     const int64_t padded = (len + KB - 1) / KB * KB;
+    for (int64_t t0 = 0; t0 < padded; t0 += 16) { /* keys: pairs of dims, transposed into the block */
+        uint32_t *kt = kp + t0 / KB * (d / 2) * KB + t0 % KB;
+        for (int64_t i0 = 0; i0 < d / 2; i0 += 16) {
+            __m512i r[16];
+            for (int j = 0; j < 16; j++)
+                r[j] = t0 + j < len ? _mm512_loadu_si512(k_cache + at[t0 + j] + 2 * i0) : _mm512_setzero_si512();
+            transpose16(r);
+            for (int c = 0; c < 16; c++) _mm512_storeu_si512(kt + (i0 + c) * KB, r[c]);
+        }
+    }
     /* a0 b0 a1 b1 ... a15 b15 of two vectors of 32 bf16 (b's indices from 32), and the same of their upper halves */
     const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
                                         36, 4, 35, 3, 34, 2, 33, 1, 32, 0),
                   hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-    for (int64_t j = 0; j < padded; j += 2) {
-        for (int64_t t = j; t < j + 2; t++) { /* keys: pairs of dims, transposed into the block */
-            uint32_t *kt = kp + t / KB * (d / 2) * KB + t % KB;
-            uint32_t pairs[64];
-            if (t < len)
-                memcpy(pairs, k_cache + at[t], d * sizeof(kv_t));
-            else
-                memset(pairs, 0, d * sizeof(kv_t));
-            for (int64_t i = 0; i < d / 2; i++) kt[i * KB] = pairs[i];
-        }
+    for (int64_t j = 0; j < padded; j += 2)
         for (int64_t i = 0; i < d; i += 32) { /* values: two keys' interleaved, 32 dims at a time */
             const __m512i a = j < len ? _mm512_loadu_si512(v_cache + at[j] + i) : _mm512_setzero_si512(),
                           b = j + 1 < len ? _mm512_loadu_si512(v_cache + at[j + 1] + i) : _mm512_setzero_si512();
             _mm512_storeu_si512(vp + j / 2 * d + i, _mm512_permutex2var_epi16(a, lo, b));
             _mm512_storeu_si512(vp + j / 2 * d + i + 16, _mm512_permutex2var_epi16(a, hi, b));
         }
-    }
 }
 
 /* attend_rows with bf16 dot products, for rb rows (4 of d = 64, 2 of d = 128): q [rb][d] fp32 (rows past `rows`
@@ -510,30 +537,36 @@ void KV_NAME(paged_extend)(const float *q, const kv_t *k_cache, const kv_t *v_ca
     {
 #pragma omp for schedule(dynamic, 1)
         for (int64_t c = 0; c < num_chunks; c++) {
-            const int64_t len = prefix_lens[c] + new_lens[c], blocks = (len + KB - 1) / KB;
             const int32_t *pages = block_tables + c * bt_stride;
             int64_t *at = key_at + at0[c];
-            for (int64_t j = 0; j < len; j++) at[j] = ((int64_t)pages[j / page_size] * page_size + j % page_size) * token_stride;
-            for (int64_t g = 0; g < num_kv_heads; g++) {
-                float *kt = kt_scratch + kt0[c] + g * blocks * d * KB;
+            for (int64_t j = 0; j < prefix_lens[c] + new_lens[c]; j++)
+                at[j] = ((int64_t)pages[j / page_size] * page_size + j % page_size) * token_stride;
+        }
+        /* the packing, a (chunk, KV head) at a time: one chunk deep in a prompt (a decoding step's prefill) still
+         * packs on every thread */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t cg = 0; cg < num_chunks * num_kv_heads; cg++) {
+            const int64_t c = cg / num_kv_heads, g = cg % num_kv_heads;
+            const int64_t len = prefix_lens[c] + new_lens[c], blocks = (len + KB - 1) / KB;
+            const int64_t *at = key_at + at0[c];
+            float *kt = kt_scratch + kt0[c] + g * blocks * d * KB;
 #if AMX
-                if (amx) { /* the tiles' layouts of K and V (as many bytes as the fp32 keys of the other paths) */
-                    uint16_t *kn = (uint16_t *)kt;
-                    amx_pack(k_cache + g * d, v_cache + g * d, at, len, d, kn, kn + (len + AKB - 1) / AKB * AKB * d);
-                    continue;
-                }
+            if (amx) { /* the tiles' layouts of K and V (as many bytes as the fp32 keys of the other paths) */
+                uint16_t *kn = (uint16_t *)kt;
+                amx_pack(k_cache + g * d, v_cache + g * d, at, len, d, kn, kn + (len + AKB - 1) / AKB * AKB * d);
+                continue;
+            }
 #endif
 #if DPBF16
-                if (dp) { /* the dot products' layouts of K and V (as many bytes as the fp32 keys of the other paths) */
-                    uint32_t *kp = (uint32_t *)kt;
-                    dp_pack(k_cache + g * d, v_cache + g * d, at, len, d, kp, kp + blocks * (d / 2) * KB);
-                    continue;
-                }
-#endif
-                for (int64_t j = 0; j < blocks * KB; j++)
-                    for (int64_t i = 0; i < d; i++)
-                        kt[(j / KB) * d * KB + i * KB + j % KB] = j < len ? kv_float(k_cache[at[j] + g * d + i]) : 0.0f;
+            if (dp) { /* the dot products' layouts of K and V (as many bytes as the fp32 keys of the other paths) */
+                uint32_t *kp = (uint32_t *)kt;
+                dp_pack(k_cache + g * d, v_cache + g * d, at, len, d, kp, kp + blocks * (d / 2) * KB);
+                continue;
             }
+#endif
+            for (int64_t j = 0; j < blocks * KB; j++)
+                for (int64_t i = 0; i < d; i++)
+                    kt[(j / KB) * d * KB + i * KB + j % KB] = j < len ? kv_float(k_cache[at[j] + g * d + i]) : 0.0f;
         }
 #ifdef _OPENMP
         float *scratch = row_scratch + omp_get_thread_num() * row_scratch_stride;
