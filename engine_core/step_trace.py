@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -73,8 +74,8 @@ def step_kinds(records: list[dict]) -> dict[str, dict]:
     for kind in ("decode", "mixed", "prefill"):
         rows = groups.get(kind)
         if rows:
-            secs = sorted(s for s, _, _ in rows)
-            out[kind] = {"steps": len(rows), "seconds": sum(secs), "median_ms": 1000 * secs[len(secs) // 2],
+            secs = [s for s, _, _ in rows]
+            out[kind] = {"steps": len(rows), "seconds": sum(secs), "median_ms": 1000 * statistics.median(secs),
                          "prompt_tokens": sum(p for _, p, _ in rows) / len(rows),
                          "decoding": sum(d for _, _, d in rows) / len(rows)}
     return out

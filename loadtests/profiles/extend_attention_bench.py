@@ -8,7 +8,8 @@ SmolLM2-135M's attention shape (9 query heads over 3 KV heads of 64, page 16), o
 default. Prints the median and fastest ms per layer of each way: `native` (the kernel as built here; its tile
 width says which path: 16 AVX-512, 8 AVX2, 1 portable C; over a bf16 cache, "amx", "avx512_bf16" or "fp32" says
 how the blocks run; DUET_NATIVE_CPU_CFLAGS narrows it, e.g. `-mno-avx512bf16` for the fp32 tiles) and `torch`
-(pages gathered, then torch's scaled_dot_product_attention), rounds interleaved. `--dtype` is the KV cache's (and the queries'), as a worker's `--dtype` makes it.
+(pages gathered, then torch's scaled_dot_product_attention), rounds interleaved. `--dtype` is the KV cache's (and
+the queries'), as a worker's `--dtype` makes it.
 """
 
 from __future__ import annotations

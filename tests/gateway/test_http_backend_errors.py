@@ -98,20 +98,22 @@ def test_reads_after_a_failed_or_cancelled_stream_fail_again_instead_of_waiting(
     final, as a cancelled gRPC call's is, and no read can hang on a stream that will never send."""
     async def run() -> None:
         async with stub_backend(_stall) as url:
-            client = HttpBackendClient(BackendSpec(engine="vllm", url=url, kind="paged"), {}, 16,
-                                       request_timeout_s=0.3)
-            failed = client.generate(_request())
+            spec = BackendSpec(engine="vllm", url=url, kind="paged")
+            timing_out = HttpBackendClient(spec, {}, 16, request_timeout_s=2.0)  # a margin for the first token
+            failed = timing_out.generate(_request())
             assert (await anext(failed)).token_ids == [7]
             for _ in range(2):
                 with pytest.raises(EngineCallError) as e:
-                    await asyncio.wait_for(anext(failed), 10)
+                    await asyncio.wait_for(anext(failed), 20)
                 assert e.value.code == "UNAVAILABLE"
-            cancelled = client.generate(_request())
+            await timing_out.close()
+            patient = HttpBackendClient(spec, {}, 16)  # no timeout: only the cancel ends this stream
+            cancelled = patient.generate(_request())
             assert (await anext(cancelled)).token_ids == [7]
             cancelled.cancel()
             for _ in range(2):
                 with pytest.raises(asyncio.CancelledError):
-                    await asyncio.wait_for(anext(cancelled), 10)
-            await client.close()
+                    await asyncio.wait_for(anext(cancelled), 20)
+            await patient.close()
 
     asyncio.run(run())

@@ -396,7 +396,7 @@ static inline __attribute__((always_inline)) void transpose16(__m512i r[16]) {
 /* one KV head's keys 0 .. len (zeros past it, to whole blocks of KB): kp [block][d / 2][KB] key pairs of dims,
  * vp [key pair][d] pairs of keys' values. The keys go 16 at a time through a register transpose (16 keys x 16 pairs
  * in, 16 pairs x 16 keys out, one vector store each): a small chunk deep in a prompt packs its whole prefix every
- * layer, and one scalar store per pair made that pack most of such a step's attention. */
+ * layer, and one scalar store per pair made that slow (docs/benchmarks.md, the CPU kernels table). */
 static void dp_pack(const kv_t *restrict k_cache, const kv_t *restrict v_cache, const int64_t *restrict at,
                     const int64_t len, const int64_t d, uint32_t *restrict kp, uint32_t *restrict vp) {
     const int64_t padded = (len + KB - 1) / KB * KB;
