@@ -27,9 +27,10 @@ from loadtests.stack.vllm_server import (
 )
 
 
-def _summary(tok_s, ttft, tpot, ok=8, errors=0):
+def _summary(tok_s, ttft, tpot, ok=8, errors=0, e2e=None):
     return {"output_token_throughput_tps": tok_s, "ttft_ms": {"p50": ttft, "mean": ttft},
-            "tpot_ms": {"p50": tpot, "mean": tpot}, "num_ok": ok, "num_errors": errors,
+            "tpot_ms": {"p50": tpot, "mean": tpot}, "e2e_ms": {"p50": e2e, "mean": e2e},
+            "num_ok": ok, "num_errors": errors,
             "errors": {"boom": errors} if errors else {}, "duration_s": 10.0}
 
 
@@ -48,12 +49,14 @@ def test_shared_prefix_load_shares_768_tokens_and_nothing_with_its_warmup():
 
 
 def test_ratios_are_duet_over_vllm_and_none_without_a_figure():
-    vllm, duet = figures(_summary(40.0, 2000.0, 100.0)), figures(_summary(50.0, 1000.0, 150.0, errors=1))
+    vllm = figures(_summary(40.0, 2000.0, 100.0, e2e=14700.0))
+    duet = figures(_summary(50.0, 1000.0, 150.0, errors=1, e2e=12250.0))
+    # TTFT halved and TPOT half again as long: one split of a request's time; in all it is 1/6 shorter
     assert ratios(duet, vllm) == {"output_tok_s_ratio_vs_vllm": 1.25, "ttft_p50_ratio_vs_vllm": 0.5,
-                                  "tpot_p50_ratio_vs_vllm": 1.5}
+                                  "tpot_p50_ratio_vs_vllm": 1.5, "e2e_mean_ratio_vs_vllm": 0.833}
     failed = figures(_summary(0.0, None, None, ok=0, errors=8))
     assert ratios(failed, vllm) == {"output_tok_s_ratio_vs_vllm": 0.0, "ttft_p50_ratio_vs_vllm": None,
-                                    "tpot_p50_ratio_vs_vllm": None}
+                                    "tpot_p50_ratio_vs_vllm": None, "e2e_mean_ratio_vs_vllm": None}
     assert ratios(duet, failed)["output_tok_s_ratio_vs_vllm"] is None
     out = combine({"vllm": {"unique": vllm}, "paged": {"unique": duet}}, ["paged"])
     assert out["unique"]["vllm"]["output_tok_s"] == 40.0
