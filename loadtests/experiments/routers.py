@@ -22,14 +22,16 @@ and e2e p50/p90/p99, goodput (requests a second within the class SLO the gateway
 duet/traffic_classes.py, cpu profile), per-server balance (the most loaded server's requests over the mean),
 errors, requests the engines saw against requests sent (retry amplification), and the router's CPU seconds per
 request (its process tree's user + system time over the replay). `--repeats K` runs every router K times and
-reports medians; `--find-rate` raises the rate until the best peer keeps fewer than 90% of requests within SLO
-and compares every router at the last rate where it still kept 90%.
+reports medians; `--find-rate` doubles or halves the rate from `--rate` until the best peer keeps 90% of requests
+within SLO at one rate and not at another, then tries rates between them (four replays in all), and compares every
+router at the highest rate where the best peer kept 90% (every rate tried is in the JSON's `tried`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -428,21 +430,34 @@ def replay(plan: Plan, progress=print, rate: float | None = None) -> dict:
     return {name: results[name] for name in plan.routers if name in results}
 
 
-def find_rate(plan: Plan, progress=print, steps: int = 4) -> tuple[float, dict]:
-    """The highest rate tried where the best peer (else Duet) keeps GOOD_SHARE within SLO; the table there."""
-    rate, best_rate, best = plan.rate, None, None
+def best_share(table: dict) -> float:
+    """The largest share of requests within SLO among the peers that ran (Duet's where none did)."""
+    peers = [row for name, row in table.items() if name != "duet" and "skipped" not in row]
+    return max((row["within_slo"] for row in peers or table.values() if "within_slo" in row), default=0.0)
+
+
+def find_rate(plan: Plan, progress=print, steps: int = 4, replay_at=None) -> tuple[float, dict, dict]:
+    """The highest rate tried where the best peer (else Duet) keeps GOOD_SHARE within SLO, its table, and every
+    rate tried's table. From `plan.rate` it doubles or halves until one rate holds and one does not, then tries the
+    geometric mean of the highest that held and the lowest that did not: `steps` replays, none at a rate tried
+    (doubling alone stepped back onto a rate it had run and never looked between two). `replay_at(rate)` -> table
+    (default: `replay` of the plan at that rate)."""
+    replay_at = replay_at or (lambda rate: replay(plan, progress, rate))
+    tried: dict[float, dict] = {}
+    held = failed = None  # the highest rate whose best peer kept GOOD_SHARE, the lowest whose best did not
+    rate = plan.rate
     for _ in range(steps):
-        table = replay(plan, progress, rate)
-        peers = [row for name, row in table.items() if name != "duet" and "skipped" not in row]
-        top = max((row["within_slo"] for row in peers or table.values() if "within_slo" in row), default=0.0)
-        if top >= GOOD_SHARE:
-            best_rate, best = rate, table
-            rate *= 2
+        tried[rate] = replay_at(rate)
+        if best_share(tried[rate]) >= GOOD_SHARE:
+            held = rate if held is None else max(held, rate)
         else:
-            if best is not None:
-                break
-            rate /= 2
-    return (best_rate, best) if best is not None else (rate, table)
+            failed = rate if failed is None else min(failed, rate)
+        rate = failed / 2 if held is None else held * 2 if failed is None else \
+            float(f"{math.sqrt(held * failed):.3g}")
+        if rate in tried:
+            break  # held and failed are as close as the rates' three digits go
+    best = held if held is not None else min(tried)
+    return best, tried[best], tried
 
 
 def _s(x: float | None) -> str:
@@ -514,13 +529,17 @@ def plans(args: argparse.Namespace) -> list[Plan]:
 def main(args: argparse.Namespace) -> int:
     results = {}
     for plan in plans(args):
+        tried = {}
         if args.find_rate:
-            rate, table = find_rate(plan)
+            rate, table, tried = find_rate(plan)
         else:
             rate, table = plan.rate, replay(plan)
         print(f"\n## {plan.trace} ({plan.engines} engines x {plan.servers}, {plan.requests} requests)\n")
+        for r in sorted(tried):
+            print(f"rate {r:g}/s: the best peer kept {best_share(tried[r]):.0%} within SLO")
         print(format_table(table, rate))
-        results[plan.trace] = {"rate": rate, "routers": table}
+        results[plan.trace] = {"rate": rate, "routers": table,
+                               **({"tried": {f"{r:g}": tried[r] for r in sorted(tried)}} if tried else {})}
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

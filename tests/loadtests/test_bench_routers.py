@@ -12,7 +12,7 @@ import pytest
 from duet.engine_config import ENGINE_DEFAULTS
 from duet.model_make import default_model_dir
 from loadtests.cli import main as bench_main
-from loadtests.experiments.routers import Plan, build_requests, figures, median_row, salted
+from loadtests.experiments.routers import Plan, build_requests, figures, find_rate, median_row, salted
 from loadtests.load.client import RequestRecord
 from loadtests.stack import peer_routers
 
@@ -35,6 +35,26 @@ def test_a_row_reads_the_engines_counters_and_the_client_s_records():
     assert row["goodput_rps"] == pytest.approx(1 / 5.0)  # one good request; sent from 0 s, last done at 5 s
     assert row["router_cpu_s_per_request"] == pytest.approx(0.1)
     assert median_row([{**row, "hit_rate": 0.1}, row, {**row, "hit_rate": 0.9}])["hit_rate"] == pytest.approx(1 / 3)
+
+
+def test_find_rate_brackets_the_best_peer_s_90_percent_then_looks_between_and_never_replays_a_rate(tmp_path):
+    # the best peer keeps 95% within SLO up to 1.2 requests/s, 60% above; Duet (not a peer) is ignored
+    replayed = []
+
+    def replay_at(rate: float) -> dict:
+        replayed.append(rate)
+        return {"duet": {"within_slo": 1.0}, "vllm-router:round_robin": {"within_slo": 0.95 if rate <= 1.2 else 0.6},
+                "smg:cache_aware": {"skipped": "install failed"}}
+
+    plan = Plan("vllm", 2, ("duet", "vllm-router:round_robin"), "azure_conv", 120, 1.5, 1, 768, 16,
+                default_model_dir(), tmp_path)
+    rate, table, tried = find_rate(plan, steps=4, replay_at=replay_at)
+    assert replayed == [1.5, 0.75, 1.06, 1.26]  # halve to hold, then the geometric means of the bracket
+    assert rate == 1.06 and table["vllm-router:round_robin"]["within_slo"] == 0.95
+    assert sorted(tried) == sorted(replayed)
+    # every rate held: it keeps doubling, and reports the highest
+    rate, _, tried = find_rate(plan, steps=3, replay_at=lambda r: {"vllm-router:round_robin": {"within_slo": 1.0}})
+    assert rate == 6.0 and sorted(tried) == [1.5, 3.0, 6.0]
 
 
 def test_every_peer_runs_from_its_own_virtualenv_and_kv_aware_gets_the_model_and_block_size():
