@@ -21,6 +21,8 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
+
 STEP_TRACE_ENV = "DUET_STEP_TRACE"
 
 
@@ -63,7 +65,8 @@ class StepTrace:
 
 def step_kinds(records: list[dict]) -> dict[str, dict]:
     """Per kind of step ("decode", "mixed", "prefill"; a chunk of one new token decodes): steps, seconds in all,
-    median step ms, mean prompt tokens and mean decoding sequences a step."""
+    median and p99 step ms (numpy's interpolated percentile), mean prompt tokens and mean decoding sequences a step.
+    The p99 of the decode-only steps against their median is how much decode steps alone vary (who is decoding)."""
     groups: dict[str, list[tuple[float, int, int]]] = {}
     for r in records:
         prompt = sum(new for new, _, _ in r["chunks"] if new > 1)
@@ -76,6 +79,7 @@ def step_kinds(records: list[dict]) -> dict[str, dict]:
         if rows:
             secs = [s for s, _, _ in rows]
             out[kind] = {"steps": len(rows), "seconds": sum(secs), "median_ms": 1000 * statistics.median(secs),
+                         "p99_ms": 1000 * float(np.percentile(secs, 99)),
                          "prompt_tokens": sum(p for _, p, _ in rows) / len(rows),
                          "decoding": sum(d for _, _, d in rows) / len(rows)}
     return out
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"worker {pid}: {len(records)} steps, {sum(r['step_s'] for r in records):.1f} s")
         for kind, k in step_kinds(records).items():
             print(f"  {kind:8s} {k['steps']:6d} steps {k['seconds']:7.1f} s  median {k['median_ms']:7.1f} ms  "
-                  f"prompt tokens {k['prompt_tokens']:6.0f}  decoding {k['decoding']:5.1f}")
+                  f"p99 {k['p99_ms']:7.1f} ms  prompt tokens {k['prompt_tokens']:6.0f}  decoding {k['decoding']:5.1f}")
     return 0
 
 

@@ -452,8 +452,12 @@ def find_rate(plan: Plan, progress=print, steps: int = 4, replay_at=None) -> tup
             held = rate if held is None else max(held, rate)
         else:
             failed = rate if failed is None else min(failed, rate)
-        rate = failed / 2 if held is None else held * 2 if failed is None else \
-            float(f"{math.sqrt(held * failed):.3g}")
+        if held is None:
+            rate = failed / 2
+        elif failed is None:
+            rate = held * 2
+        else:
+            rate = float(f"{math.sqrt(held * failed):.3g}")  # the bracket's geometric mean, to three digits
         if rate in tried:
             break  # held and failed are as close as the rates' three digits go
     best = held if held is not None else min(tried)
@@ -538,8 +542,9 @@ def main(args: argparse.Namespace) -> int:
         for r in sorted(tried):
             print(f"rate {r:g}/s: the best peer kept {best_share(tried[r]):.0%} within SLO")
         print(format_table(table, rate))
-        results[plan.trace] = {"rate": rate, "routers": table,
-                               **({"tried": {f"{r:g}": tried[r] for r in sorted(tried)}} if tried else {})}
+        results[plan.trace] = {"rate": rate, "routers": table}
+        if tried:
+            results[plan.trace]["tried"] = {f"{r:g}": tried[r] for r in sorted(tried)}
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

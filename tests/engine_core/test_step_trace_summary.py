@@ -22,8 +22,10 @@ def test_steps_are_summed_by_kind_with_their_prompt_tokens_and_decodes():
     assert kinds["decode"]["steps"] == 3
     assert abs(kinds["decode"]["seconds"] - 0.10) < 1e-9
     assert kinds["decode"]["median_ms"] == 30.0
+    assert abs(kinds["decode"]["p99_ms"] - 49.6) < 1e-9  # 30 ms to 50 ms, 98% of the way (interpolated)
     assert kinds["decode"]["decoding"] == 5 / 3
-    assert kinds["mixed"] == {"steps": 1, "seconds": 0.20, "median_ms": 200.0, "prompt_tokens": 256, "decoding": 1}
+    assert kinds["mixed"] == {"steps": 1, "seconds": 0.20, "median_ms": 200.0, "p99_ms": 200.0, "prompt_tokens": 256,
+                              "decoding": 1}
     assert kinds["prefill"]["prompt_tokens"] == 812
     assert kinds["prefill"]["decoding"] == 0
 
@@ -35,4 +37,4 @@ def test_the_command_prints_each_workers_kinds_and_says_when_there_is_no_trace(t
     assert main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "worker 42: 5 steps, 0.8 s" in out
-    assert "mixed         1 steps     0.2 s  median   200.0 ms  prompt tokens    256" in out
+    assert "mixed         1 steps     0.2 s  median   200.0 ms  p99   200.0 ms  prompt tokens    256" in out
