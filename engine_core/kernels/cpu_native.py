@@ -21,8 +21,9 @@ mixes CPUs; the tests use it to run every path on one machine).
 
 Each kernel is built twice, for an fp32 and for a bf16 KV cache (csrc/kv_type.h: the `_bf16` sources include the
 fp32 ones with KV_BF16 defined); queries, outputs and all arithmetic are fp32 in both, so a bf16 model's queries are
-widened for the call (but for the bf16 extend kernel on AMX tiles or AVX512-BF16 dot products, which round
-queries and probabilities to bf16: `extend_bf16_path()` says which runs).
+widened for the call (but for the bf16 kernels on AMX tiles or AVX512-BF16 dot products, which round queries and
+probabilities to bf16: `extend_bf16_path()` says which the extend kernel runs; the decode kernel takes the dot
+products wherever the build has AVX512-BF16, "avx512_bf16" and "amx" alike).
 Other dtypes (fp16), a machine without a C compiler, or DUET_NATIVE_CPU_ATTENTION=0 keep the
 torch path, which computes the same thing (tests/kernels/test_cpu_attention.py holds both to the references).
 """

@@ -18,7 +18,8 @@
  *
  * Decode attention reads every cached K and V row once per layer, so it is bound by memory bandwidth; what
  * the kernel must not do is spend more than that. Rows are located with a cursor (no division per token),
- * and with AVX-512 (below) the arithmetic runs at a few instructions per score.
+ * and with AVX-512 (below) the arithmetic runs at a few instructions per score; over a bf16 cache on a CPU with
+ * AVX512-BF16 the products are bf16 dot products (attend_group_dp, which says what it rounds).
  */
 #include <float.h>
 #include <math.h>
@@ -218,7 +219,164 @@ static inline __attribute__((always_inline)) void attend_group_avx512(
             }
         }
 }
+
+#if defined(KV_BF16) && defined(__AVX512BF16__)
+/* AVX512-BF16 (AMD Zen 4 and 5, Intel from Cooper Lake on), bf16 KV cache, head dims 64 and 128: both passes with
+ * `vdpbf16ps`, two multiply-adds per fp32 lane that read bf16 operands as they are. The widen-and-FMA path above
+ * spends three instructions per 16 products (widen: two; FMA: one), which a Zen 4 runs at half width: it streamed
+ * K/V at about 12 GB/s of the core's 30 (docs/benchmarks.md), bound by arithmetic, not memory. Here a score is two
+ * dot-product instructions (d = 64) and its share of one hsum16, and the weighted sum of V takes two tokens per
+ * instruction. The query and the probabilities are rounded to bf16 (a bf16 model's query is bf16 already; the
+ * probabilities' rounding is 2^-9 relative, as in the extend kernel's dot products and the GPU kernels that keep P
+ * in bf16); scores, softmax and outputs stay fp32.
+ *
+ * The V pass walks the tokens once, a block of 16 at a time, every KV head of a token's row in turn, so each V row
+ * is read once and in order (the path above walks all tokens once per KV head, each time a third of every row). */
+#define DECODE_DP 1
+
+/* s[0..16) = scale * q . k[j] over 16 key rows, also returned: qb the query as bf16 pairs of dims (d / 32 vectors) */
+static inline __attribute__((always_inline)) __m512 scores16_dp(const __m512bh *restrict qb, const kv_t *const k[16],
+                                                                const int64_t d, const float scale, float *restrict s) {
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++)
+        acc[j] = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_loadu_si512(k[j]), qb[0]);
+    for (int64_t c = 1; c < d / 32; c++)
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++)
+            acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)_mm512_loadu_si512(k[j] + 32 * c), qb[c]);
+    const __m512 out = _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(scale));
+    _mm512_storeu_ps(s, out);
+    return out;
+}
+
+/* o[h] += sum over 16 tokens of p[h][t] v_t for `heads` query heads (a constant after inlining: the outputs stay in
+ * registers for the block): v[16] the tokens' rows at this KV head, pp[h] the heads' probabilities as bf16 pairs of
+ * tokens (pp_stride apart), o [heads][d] fp32 with the dims of each 32 in the order `finish_outputs` (below) undoes. Two tokens' rows
+ * are interleaved into pairs with the in-lane unpacks (one cheap instruction each; a full interleave is a slower
+ * cross-lane permute), which leave the dims of each 32 in the order the final store undoes. */
+static inline __attribute__((always_inline)) void weighted_v16_dp(const kv_t *const v[16],
+                                                                  const uint32_t *restrict pp, const int64_t pp_stride,
+                                                                  const int heads, const int64_t d, float *restrict o) {
+    __m512 acc[4][8];
+    for (int h = 0; h < heads; h++)
+        for (int64_t c = 0; c < d / 16; c++) acc[h][c] = _mm512_loadu_ps(o + h * d + 16 * c);
+    for (int j = 0; j < 16; j += 2) {
+        __m512i x[8];
+        for (int64_t c = 0; c < d / 32; c++) {
+            const __m512i a = _mm512_loadu_si512(v[j] + 32 * c), b = _mm512_loadu_si512(v[j + 1] + 32 * c);
+            x[2 * c] = _mm512_unpacklo_epi16(a, b);
+            x[2 * c + 1] = _mm512_unpackhi_epi16(a, b);
+        }
+        for (int h = 0; h < heads; h++) {
+            const __m512bh w = (__m512bh)_mm512_set1_epi32((int)pp[h * pp_stride + j / 2]);
+            for (int64_t c = 0; c < d / 16; c++) acc[h][c] = _mm512_dpbf16_ps(acc[h][c], (__m512bh)x[c], w);
+        }
+    }
+    for (int h = 0; h < heads; h++)
+        for (int64_t c = 0; c < d / 16; c++) _mm512_storeu_ps(o + h * d + 16 * c, acc[h][c]);
+}
+
+/* The unpacks' order undone, and each head's output divided by its softmax sum: each 32 dims of o were accumulated
+ * as [the unpacklo lanes | the unpackhi lanes], lane L of 128 bits holding dims 8L .. 8L + 3 (lo) and 8L + 4 .. 8L + 7
+ * (hi) */
+static inline __attribute__((always_inline)) void finish_outputs(float *restrict o, const int64_t heads, const int64_t d,
+                                                                 const float *restrict sum) {
+    const __m512i first = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0),
+                  second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
+    for (int64_t h = 0; h < heads; h++) {
+        const __m512 inv = _mm512_set1_ps(1.0f / sum[h]);
+        for (float *oc = o + h * d; oc < o + (h + 1) * d; oc += 32) {
+            const __m512 lo = _mm512_loadu_ps(oc), hi = _mm512_loadu_ps(oc + 16);
+            _mm512_storeu_ps(oc, _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), inv));
+            _mm512_storeu_ps(oc + 16, _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), inv));
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void attend_group_dp(
+    const float *restrict q, const kv_t *restrict k_cache, const kv_t *restrict v_cache,
+    const int32_t *restrict pages, const int64_t ctx, float *restrict out, const int64_t kv_heads,
+    const int64_t group, const int64_t d, const int64_t page_size, const int64_t token_stride, const float scale,
+    float *restrict s) {
+    const int64_t heads = kv_heads * group, cs = (ctx + 15) / 16 * 16, row = kv_heads * d;
+    static const kv_t zero_row[128] = {0};
+    __m512bh qb[heads * (d / 32)]; /* the query heads as bf16 pairs of dims */
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t c = 0; c < d / 32; c++)
+            qb[h * (d / 32) + c] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + h * d + 32 * c + 16),
+                                                       _mm512_loadu_ps(q + h * d + 32 * c));
+    /* pass 1: scores, 16 tokens a block, in rows of cs floats, and each head's running max (lanes past ctx left
+     * out); the next block's K rows fetched into L2 meanwhile */
+    __m512 mx[heads];
+    for (int64_t h = 0; h < heads; h++) mx[h] = _mm512_set1_ps(-FLT_MAX);
+    token_cursor at = {pages, page_size, token_stride, 0, 0};
+    const kv_t *k[16], *kg[16], *next[16];
+    for (int j = 0; j < 16; j++) next[j] = j < ctx ? k_cache + next_token(&at) : zero_row;
+    for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
+        for (int j = 0; j < 16; j++) {
+            k[j] = next[j];
+            next[j] = t0 + 16 + j < ctx ? k_cache + next_token(&at) : zero_row;
+            if (next[j] != zero_row) prefetch_row_l2(next[j], row);
+        }
+        const __mmask16 real = ctx - t0 >= 16 ? 0xFFFF : (__mmask16)((1u << (ctx - t0)) - 1);
+        for (int64_t g = 0; g < kv_heads; g++) {
+            for (int j = 0; j < 16; j++) kg[j] = k[j] == zero_row ? zero_row : k[j] + g * d;
+            for (int64_t h = g * group; h < (g + 1) * group; h++)
+                mx[h] = _mm512_mask_max_ps(mx[h], real, mx[h], scores16_dp(qb + h * (d / 32), kg, d, scale,
+                                                                               s + h * cs + t0));
+        }
+    }
+    /* one pass per head: exp(score - max), its sum, and the probabilities as bf16 pairs of tokens in the first half
+     * of the head's own row of s (each 32 floats are read before their 16 pairs are written, at or before them),
+     * zeros past ctx; the outputs are divided by the sums at the end */
+    float sum[heads];
+    for (int64_t h = 0; h < heads; h++) {
+        float *sh = s + h * cs;
+        const float m = _mm512_reduce_max_ps(mx[h]);
+        float total = 0.0f;
+        for (int64_t t0 = 0; t0 < cs; t0 += 32) {
+            float e[32] __attribute__((aligned(64)));
+            const int64_t n = ctx - t0 < 32 ? ctx - t0 : 32;
+            for (int i = 0; i < 32; i++) e[i] = i < n ? expf(sh[t0 + i] - m) : 0.0f;
+            for (int i = 0; i < 32; i++) total += e[i];
+            _mm512_storeu_si512(sh + t0 / 2, (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(e + 16), _mm512_load_ps(e)));
+        }
+        sum[h] = total;
+    }
+    /* pass 2: the weighted sum of V, the same blocks, every KV head of a block before the next */
+    const int most = d == 64 ? 4 : 2; /* heads whose outputs fit in 16 vector registers */
+    memset(out, 0, sizeof(float) * heads * d);
+    at = (token_cursor){pages, page_size, token_stride, 0, 0};
+    const kv_t *v[16], *vg[16];
+    for (int j = 0; j < 16; j++) next[j] = j < ctx ? v_cache + next_token(&at) : zero_row;
+    for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
+        for (int j = 0; j < 16; j++) {
+            v[j] = next[j];
+            next[j] = t0 + 16 + j < ctx ? v_cache + next_token(&at) : zero_row;
+            if (next[j] != zero_row) prefetch_row_l2(next[j], row);
+        }
+        for (int64_t g = 0; g < kv_heads; g++) {
+            for (int j = 0; j < 16; j++) vg[j] = v[j] == zero_row ? zero_row : v[j] + g * d;
+            for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += most) {
+                const int n = (g + 1) * group - h0 < most ? (int)((g + 1) * group - h0) : most;
+                const uint32_t *pp = (const uint32_t *)(s + h0 * cs) + t0 / 2;
+                float *oh = out + h0 * d;
+                switch (n) {
+                case 1: weighted_v16_dp(vg, pp, cs, 1, d, oh); break;
+                case 2: weighted_v16_dp(vg, pp, cs, 2, d, oh); break;
+                case 3: weighted_v16_dp(vg, pp, cs, 3, d, oh); break;
+                default: weighted_v16_dp(vg, pp, cs, 4, d, oh); break;
+                }
+            }
+        }
+    }
+    finish_outputs(out, heads, d, sum);
+}
+#define ATTEND_FAST attend_group_dp
+#else
 #define ATTEND_FAST attend_group_avx512
+#endif
 #else
 #define ATTEND_FAST attend_group
 #endif
