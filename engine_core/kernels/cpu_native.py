@@ -55,7 +55,7 @@ KV_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 # recent Xeons; the loops the compiler vectorizes (softmax, exp) measured faster at 512 bits (where there are any).
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
 _I64, _F32, _P = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-_SIGNATURES = {
+SIGNATURES = {  # each kernel's ctypes argument types (decode_attention_bench calls another checkout's too)
     **{f"paged_decode_{kv}": [_P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _P, _I64, _I64]
        for kv in KV_SUFFIX.values()},
     **{f"paged_extend_{kv}": [_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _F32, _P, _P, _P,
@@ -126,7 +126,7 @@ def library() -> ctypes.CDLL | None:
     lib = build_and_load("cpu_attention", _SOURCES, "CPU attention uses the torch path (pages gathered per layer)")
     if lib is None:
         return None
-    for name, argtypes in _SIGNATURES.items():
+    for name, argtypes in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = None, argtypes
     lib.paged_vector_floats.restype, lib.paged_vector_floats.argtypes = ctypes.c_int, []
