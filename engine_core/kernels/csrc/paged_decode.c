@@ -128,6 +128,27 @@ static inline __attribute__((always_inline)) void attend_group(
  * transpose-add tree, hsum16, reduces them into one vector of 16 scores), and pass 3 keeps up to 16 vectors of
  * outputs (4 heads of 64, 2 of 128) in registers while it streams the V rows. */
 
+/* the rows of the tokens past a sequence's end in its last block of 16: zeros */
+static const kv_t zero_row[128] = {0};
+
+/* A sequence's tokens 16 at a time (a block): `first_block` starts the cursor `at` and the first block's rows in
+ * `next`; `next_block` moves them into `block` (zero_row past ctx) and fetches the next block's rows, `row`
+ * elements each, into L2 while this one is computed. */
+static inline __attribute__((always_inline)) void first_block(token_cursor *at, const kv_t *cache, const int64_t ctx,
+                                                              const kv_t *next[16]) {
+    for (int j = 0; j < 16; j++) next[j] = j < ctx ? cache + next_token(at) : zero_row;
+}
+
+static inline __attribute__((always_inline)) void next_block(token_cursor *at, const kv_t *cache, const int64_t t0,
+                                                             const int64_t ctx, const int64_t row,
+                                                             const kv_t *next[16], const kv_t *block[16]) {
+    for (int j = 0; j < 16; j++) {
+        block[j] = next[j];
+        next[j] = t0 + 16 + j < ctx ? cache + next_token(at) : zero_row;
+        if (next[j] != zero_row) prefetch_row_l2(next[j], row);
+    }
+}
+
 /* lane j of the result is the sum of the 16 floats of a[j] */
 static inline __attribute__((always_inline)) __m512 hsum16(const __m512 a[16]) {
     __m512 b[8], c[4];
@@ -188,16 +209,11 @@ static inline __attribute__((always_inline)) void attend_group_avx512(
     /* scores, 16 tokens a block, in rows of cs floats (room for a whole last block); the next block's K rows are
      * fetched (into L2) while this one is computed */
     const int64_t cs = (ctx + 15) / 16 * 16;
-    static const kv_t zero_row[128] = {0};
     token_cursor at = {pages, page_size, token_stride, 0, 0};
     const kv_t *k[16], *kg[16], *next[16];
-    for (int j = 0; j < 16; j++) next[j] = j < ctx ? k_cache + next_token(&at) : zero_row;
+    first_block(&at, k_cache, ctx, next);
     for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
-        for (int j = 0; j < 16; j++) {
-            k[j] = next[j];
-            next[j] = t0 + 16 + j < ctx ? k_cache + next_token(&at) : zero_row;
-            prefetch_row_l2(next[j], kv_heads * d);
-        }
+        next_block(&at, k_cache, t0, ctx, kv_heads * d, next, k);
         for (int64_t g = 0; g < kv_heads; g++) {
             for (int j = 0; j < 16; j++) kg[j] = k[j] == zero_row ? zero_row : k[j] + g * d;
             for (int64_t h = g * group; h < (g + 1) * group; h++) scores16(q + h * d, kg, d, scale, s + h * cs + t0);
@@ -300,7 +316,6 @@ static inline __attribute__((always_inline)) void attend_group_dp(
     const int64_t group, const int64_t d, const int64_t page_size, const int64_t token_stride, const float scale,
     float *restrict s) {
     const int64_t heads = kv_heads * group, cs = (ctx + 15) / 16 * 16, row = kv_heads * d;
-    static const kv_t zero_row[128] = {0};
     __m512bh qb[heads * (d / 32)]; /* the query heads as bf16 pairs of dims */
     for (int64_t h = 0; h < heads; h++)
         for (int64_t c = 0; c < d / 32; c++)
@@ -312,13 +327,9 @@ static inline __attribute__((always_inline)) void attend_group_dp(
     for (int64_t h = 0; h < heads; h++) mx[h] = _mm512_set1_ps(-FLT_MAX);
     token_cursor at = {pages, page_size, token_stride, 0, 0};
     const kv_t *k[16], *kg[16], *next[16];
-    for (int j = 0; j < 16; j++) next[j] = j < ctx ? k_cache + next_token(&at) : zero_row;
+    first_block(&at, k_cache, ctx, next);
     for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
-        for (int j = 0; j < 16; j++) {
-            k[j] = next[j];
-            next[j] = t0 + 16 + j < ctx ? k_cache + next_token(&at) : zero_row;
-            if (next[j] != zero_row) prefetch_row_l2(next[j], row);
-        }
+        next_block(&at, k_cache, t0, ctx, row, next, k);
         const __mmask16 real = ctx - t0 >= 16 ? 0xFFFF : (__mmask16)((1u << (ctx - t0)) - 1);
         for (int64_t g = 0; g < kv_heads; g++) {
             for (int j = 0; j < 16; j++) kg[j] = k[j] == zero_row ? zero_row : k[j] + g * d;
@@ -349,13 +360,9 @@ static inline __attribute__((always_inline)) void attend_group_dp(
     memset(out, 0, sizeof(float) * heads * d);
     at = (token_cursor){pages, page_size, token_stride, 0, 0};
     const kv_t *v[16], *vg[16];
-    for (int j = 0; j < 16; j++) next[j] = j < ctx ? v_cache + next_token(&at) : zero_row;
+    first_block(&at, v_cache, ctx, next);
     for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
-        for (int j = 0; j < 16; j++) {
-            v[j] = next[j];
-            next[j] = t0 + 16 + j < ctx ? v_cache + next_token(&at) : zero_row;
-            if (next[j] != zero_row) prefetch_row_l2(next[j], row);
-        }
+        next_block(&at, v_cache, t0, ctx, row, next, v);
         for (int64_t g = 0; g < kv_heads; g++) {
             for (int j = 0; j < 16; j++) vg[j] = v[j] == zero_row ? zero_row : v[j] + g * d;
             for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += most) {
