@@ -247,8 +247,8 @@ static inline __attribute__((always_inline)) void attend_group_avx512(
  * in bf16); scores, softmax and outputs stay fp32.
  *
  * The V pass walks the tokens once, a block of 16 at a time, every KV head of a token's row in turn, so each V row
- * is read once and in order (the path above walks all tokens once per KV head, each time a third of every row). */
-#define DECODE_DP 1
+ * is read once and in order (the path above walks all tokens once per KV head, each time 1 / kv_heads of every
+ * row). */
 
 /* s[0..16) = scale * q . k[j] over 16 key rows, also returned: qb the query as bf16 pairs of dims (d / 32 vectors) */
 static inline __attribute__((always_inline)) __m512 scores16_dp(const __m512bh *restrict qb, const kv_t *const k[16],
