@@ -46,7 +46,7 @@ import torch
 log = logging.getLogger("duet.kernels")
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / name for name in ("paged_decode.c", "paged_extend.c", "paged_decode_bf16.c", "paged_extend_bf16.c")]
+_SOURCE_NAMES = ("paged_decode.c", "paged_extend.c", "paged_decode_bf16.c", "paged_extend_bf16.c")
 # the kernels' element types (csrc/kv_type.h): the symbol suffix for each KV cache dtype
 KV_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 # -ffast-math lets the compiler vectorize sums and expf (glibc's libmvec); the summation order then differs from
@@ -55,7 +55,7 @@ KV_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 # recent Xeons; the loops the compiler vectorizes (softmax, exp) measured faster at 512 bits (where there are any).
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
 _I64, _F32, _P = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-SIGNATURES = {  # each kernel's ctypes argument types (decode_attention_bench calls another checkout's too)
+_SIGNATURES = {  # each kernel's ctypes argument types
     **{f"paged_decode_{kv}": [_P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _P, _I64, _I64]
        for kv in KV_SUFFIX.values()},
     **{f"paged_extend_{kv}": [_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _F32, _P, _P, _P,
@@ -123,10 +123,16 @@ def build_and_load(stem: str, sources: list[Path], what: str) -> ctypes.CDLL | N
 def library() -> ctypes.CDLL | None:
     if os.environ.get("DUET_NATIVE_CPU_ATTENTION", "1") == "0":
         return None
-    lib = build_and_load("cpu_attention", _SOURCES, "CPU attention uses the torch path (pages gathered per layer)")
+    return load_attention("cpu_attention", _CSRC, "CPU attention uses the torch path (pages gathered per layer)")
+
+
+def load_attention(stem: str, csrc: Path, what: str) -> ctypes.CDLL | None:
+    """The attention kernels built from the sources in `csrc` (this checkout's, or another's: decode_attention_bench
+    --against), their ctypes signatures set; None where `build_and_load` fails."""
+    lib = build_and_load(stem, [csrc / name for name in _SOURCE_NAMES], what)
     if lib is None:
         return None
-    for name, argtypes in SIGNATURES.items():
+    for name, argtypes in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = None, argtypes
     lib.paged_vector_floats.restype, lib.paged_vector_floats.argtypes = ctypes.c_int, []

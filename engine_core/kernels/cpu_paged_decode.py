@@ -17,11 +17,11 @@ from engine_core.kernels.cpu_native import KV_SUFFIX, library
 
 
 def paged_decode_native(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, context_lens: Tensor,
-                        scale: float, max_context: int) -> Tensor:
+                        scale: float, max_context: int, lib=None) -> Tensor:
     """q [B, Hq, D] fp32; caches [pages, page_size, Hk, D] fp32 or bf16 (contiguous); block_tables [B, P] and
     context_lens [B] int32, contiguous (the plan makes them so once per step). out fp32. Same result as
-    paged_decode_attention_ref."""
-    lib = library()
+    paged_decode_attention_ref. `lib`: the kernels to call (default this checkout's, `library()`)."""
+    lib = lib or library()
     assert lib is not None and k_cache.is_contiguous() and v_cache.is_contiguous()
     assert block_tables.dtype == torch.int32 and context_lens.dtype == torch.int32 and q.dtype == torch.float32
     q = q.contiguous()

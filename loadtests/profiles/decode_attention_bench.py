@@ -19,6 +19,7 @@ two runs one after the other compare the drift; steps taken in turn share it.
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import statistics
 import time
@@ -27,7 +28,7 @@ from pathlib import Path
 import torch
 
 from engine_core.kernels import cpu_native
-from engine_core.kernels.cpu_native import KV_SUFFIX, native_available
+from engine_core.kernels.cpu_native import native_available
 from engine_core.kernels.cpu_paged_decode import paged_decode_native
 
 HQ, HK, D, LAYERS = 9, 3, 64, 30
@@ -66,27 +67,13 @@ def bench(rows: int, context: int, page_size: int, scattered: bool, repeats: int
     return statistics.median(times) * 1000
 
 
-def other_kernel(checkout: Path, dtype: torch.dtype):
-    """`CHECKOUT`'s paged decode kernel for `dtype` caches, built from its sources, called as paged_decode_native
-    calls this checkout's."""
-    csrc = checkout / "engine_core" / "kernels" / "csrc"
-    sources = [csrc / name for name in ("paged_decode.c", "paged_extend.c", "paged_decode_bf16.c", "paged_extend_bf16.c")]
-    lib = cpu_native.build_and_load("cpu_attention_against", sources, f"{checkout} cannot be compared")
+def other_kernel(checkout: Path):
+    """`CHECKOUT`'s paged decode kernel, built from its sources, called as this checkout's is."""
+    lib = cpu_native.load_attention("cpu_attention_against", checkout / "engine_core" / "kernels" / "csrc",
+                                    f"{checkout} cannot be compared")
     if lib is None:
         raise SystemExit(f"decode_attention_bench: the kernels of {checkout} did not build")
-    name = f"paged_decode_{KV_SUFFIX[dtype]}"
-    fn = getattr(lib, name)
-    fn.restype, fn.argtypes = None, cpu_native.SIGNATURES[name]
-
-    def call(q, k_cache, v_cache, block_tables, context_lens, scale, max_context):
-        rows, hq, d = q.shape
-        out, threads = torch.empty_like(q), torch.get_num_threads()
-        scratch = torch.empty(threads, -(-max(1, max_context) // 16) * 16 * hq, dtype=torch.float32)
-        fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(), block_tables.stride(0),
-           context_lens.data_ptr(), out.data_ptr(), rows, hq, k_cache.shape[2], d, k_cache.shape[1], scale,
-           scratch.data_ptr(), scratch.stride(0), threads)
-        return out
-    return call
+    return functools.partial(paged_decode_native, lib=lib)
 
 
 def bench_against(rows: int, context: int, page_size: int, scattered: bool, repeats: int, dtype: torch.dtype,
@@ -125,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     moved = args.rows * args.context * LAYERS * 2 * HK * D * dtype.itemsize  # K and V rows read once
     print(f"{args.rows} rows x {args.context} context, {LAYERS} layers, {args.threads} thread(s), {args.dtype} K/V; "
           f"median ms of {args.repeats}, K/V GB/s")
-    other = other_kernel(args.against, dtype) if args.against is not None else None
+    other = other_kernel(args.against) if args.against is not None else None
     for page_size in (int(x) for x in args.page_sizes.split(",")):
         if other is not None:
             for scattered in (False, True):

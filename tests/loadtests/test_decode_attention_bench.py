@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not native_available(), reason="no C compiler: n
 def test_the_other_checkouts_kernel_computes_what_this_ones_does(dtype):
     caches, tables, lens, q = bench._caches(3, 45, 16, True, dtype)
     k, v = caches[0]
-    other = bench.other_kernel(REPO, dtype)  # the same sources: the same kernel, built apart
+    other = bench.other_kernel(REPO)  # the same sources: the same kernel, built apart
     assert torch.equal(other(q, k, v, tables, lens, 0.125, 45), paged_decode_native(q, k, v, tables, lens, 0.125, 45))
 
 
