@@ -23,12 +23,14 @@ The choice runs inside one custom op, `duet::cpu_linear`, so a compiled layer (e
 one graph for every batch size: inductor calls the op and never sees the oneDNN tensor it cannot trace.
 
 A bf16 model (`--dtype bfloat16`, or `auto` on a CPU with AMX or AVX512_BF16) makes every plain Linear a
-`BF16PackedLinear`: oneDNN's bf16 inner product on a packed copy, for every call, decode and prefill, which runs
-on AMX tiles where the CPU has them. On the Xeon with AMX the packed copy measured 1.2x F.linear on the bf16
-weight at 16 rows (gate_up) and 1.3-1.4x at 1 row (the LM head); at 512 rows the three ways were within that
-loaded machine's spread (loadtests/profiles/matmul_bench.py, docs/benchmarks.md). The layer keeps only the packed
-copy: its `weight` is a one-element stand-in seen as [out, in] whose address finds the copy (what duet::cpu_linear
-takes), so bf16 weights are held once. There is no transformers parity to keep in bf16 (two bf16 kernels round
+`BF16PackedLinear`, whose weight lives only in prepared copies: its `weight` is a one-element stand-in seen as
+[out, in] whose address finds oneDNN's copy (what duet::cpu_linear takes). Without AMX, on AVX512_BF16, Duet's
+kernel's panels serve every call (kernels/cpu_bf16_linear.py). On AMX oneDNN's bf16 inner product on a packed
+copy runs on the tiles and measured 1.2x F.linear on the bf16 weight at 16 rows; Duet's kernel on the tiles
+measured 1.2-1.6x oneDNN up to 64 rows and fell behind from about 128 (matmul_bench, docs/benchmarks.md), so the
+layers keep both copies and duet::cpu_linear takes the panels for calls of up to PANEL_ROWS rows (decode steps),
+oneDNN's copy for the rest (prefill): one more bf16 copy of the layers' weights. Where the CPU has neither (no
+AVX512_BF16), only oneDNN's copy. There is no transformers parity to keep in bf16 (two bf16 kernels round
 differently anyway): the real-model tier holds bf16 to fp32's perplexity instead (tests/realmodel/test_real_bf16.py).
 
 `Int8Linear` (`--quantization int8`) keeps each weight as int8 with one scale per output channel (symmetric,
@@ -116,12 +118,19 @@ def _packed_copy(weight: Tensor) -> Tensor | None:
 _PACKED_PREFILL = os.environ.get("DUET_CPU_PACKED_PREFILL", "0") == "1"
 
 
-def _cpu_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+# a bf16 call of at most this many rows takes Duet's AMX kernel where the layer has its panels (BF16PackedLinear)
+PANEL_ROWS = 64
+
+
+def _cpu_linear(x: Tensor, weight: Tensor, bias: Tensor | None, panels: Tensor | None = None) -> Tensor:
     """x W^T + b: through W's packed copy in a decode step of PACKED_ROWS rows (with DUET_CPU_PACKED_PREFILL=1, in
-    any call of 2 rows or more), else F.linear on W itself. A bf16 W is a stand-in: always its packed copy."""
-    if weight.dtype == torch.bfloat16:
-        return torch.ops.mkldnn._linear_pointwise(x, _packed_copy(weight), bias, "none", [], "")
+    any call of 2 rows or more), else F.linear on W itself. A bf16 W is a stand-in: its panels for calls of up to
+    PANEL_ROWS rows where it has them, else its packed copy."""
     rows = x.numel() // x.shape[-1]
+    if weight.dtype == torch.bfloat16:
+        if panels is not None and rows <= PANEL_ROWS:
+            return cpu_bf16_linear.bf16_linear_native(x, panels, bias, weight.shape[0])
+        return torch.ops.mkldnn._linear_pointwise(x, _packed_copy(weight), bias, "none", [], "")
     use = rows >= 2 if _PACKED_PREFILL else getattr(_step, "decode", False) and rows in PACKED_ROWS
     packed = _packed_copy(weight) if use else None
     if packed is None:
@@ -132,12 +141,12 @@ def _cpu_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 # registered with torch.library's low-level API rather than @custom_op, whose wrapper (argument checks on every
 # call) cost 8 us of a 25 us decode-sized call, 120 calls a step
 _LIBRARY = torch.library.Library("duet", "DEF")
-_LIBRARY.define("cpu_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+_LIBRARY.define("cpu_linear(Tensor x, Tensor weight, Tensor? bias, Tensor? panels=None) -> Tensor")
 _LIBRARY.impl("cpu_linear", _cpu_linear, "CPU")
 
 
 @torch.library.register_fake("duet::cpu_linear")
-def _cpu_linear_shape(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+def _cpu_linear_shape(x: Tensor, weight: Tensor, bias: Tensor | None, panels: Tensor | None = None) -> Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -168,9 +177,13 @@ class DecodePackedLinear(nn.Module):
 
 
 class BF16PackedLinear(nn.Module):
-    """y = x W^T + b in bf16, every call on one prepared copy of W: the panels of Duet's bf16 kernel where the CPU
-    has AVX512_BF16 and no AMX (kernels/cpu_bf16_linear.py), else oneDNN's packed layout (AMX tiles where present).
-    W's values live only there: `weight` is a one-element stand-in of W's shape (for oneDNN, the key to its copy)."""
+    """y = x W^T + b in bf16, on prepared copies of W: the panels of Duet's bf16 kernel (kernels/cpu_bf16_linear.py)
+    for every call where the CPU has AVX512_BF16 and no AMX; oneDNN's packed layout where it has neither. On AMX
+    both: Duet's kernel runs calls of up to PANEL_ROWS rows on the tiles at 1.2-1.6x oneDNN's speed (decode steps;
+    loadtests/profiles/matmul_bench.py, docs/benchmarks.md) and falls behind from about 128 rows (prefill), which
+    oneDNN takes; the second copy costs one more bf16 copy of the layers' weights. The LM head (`fp32_out`) runs
+    only Duet's kernel where it can, for its fp32 logits. `weight` is a one-element stand-in of W's shape (for
+    oneDNN, the key to its copy)."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, fp32_out: bool = False):
         super().__init__()
@@ -179,15 +192,17 @@ class BF16PackedLinear(nn.Module):
         self.fp32_out = fp32_out  # the LM head on Duet's kernel: logits keep their fp32 sums (no bf16 ties)
         self.weight = nn.Parameter(weight.new_empty(1).expand(weight.shape), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().contiguous(), requires_grad=False)
-        native = cpu_bf16_linear.serves_head_here(self.in_features) if fp32_out else cpu_bf16_linear.serves_here()
+        native = cpu_bf16_linear.serves_width(self.in_features)
         self.register_buffer("panels", cpu_bf16_linear.pack_bf16(weight) if native else None, persistent=False)
-        if not native:
+        # oneDNN's copy: for every call without panels, for the big calls beside the AMX panels (not the head's)
+        self.onednn = not native or not (fp32_out or cpu_bf16_linear.serves_here())
+        if self.onednn:
             _keep_packed_copy(self.weight, weight)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.panels is not None:
-            return torch.ops.duet.bf16_linear(x, self.panels, self.bias, self.out_features, self.fp32_out)
-        return torch.ops.duet.cpu_linear(x, self.weight, self.bias)
+        if self.onednn:
+            return torch.ops.duet.cpu_linear(x, self.weight, self.bias, self.panels)
+        return torch.ops.duet.bf16_linear(x, self.panels, self.bias, self.out_features, self.fp32_out)
 
 
 def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -339,7 +354,9 @@ def prepare_cpu_linears(model: nn.Module, quantization: str = "none", decode_cop
         del model.lm_head  # the prepared copy replaces it; a tied head's embedding stays for the lookup
     log.info("%s", mkl_on_amd.STATUS)  # the plain-weight calls' MKL path (prefill, one row): engine_core/mkl_on_amd.py
     how = {"int8": "int8, weight-only"}.get(quantization) or (
-        ("bf16, Duet's AVX512_BF16 kernel" if cpu_bf16_linear.serves_here() else "bf16, oneDNN-packed")
+        ("bf16, Duet's AVX512_BF16 kernel" if cpu_bf16_linear.serves_here() else
+         f"bf16, Duet's AMX kernel up to {PANEL_ROWS} rows, oneDNN-packed above" if cpu_bf16_linear.amx_path()
+         else "bf16, oneDNN-packed")
         if weight.dtype == torch.bfloat16 else "oneDNN-packed (the layers for decode-sized calls)")
     log.info("CPU matmuls prepared at load: %d layers + the LM head, %s", count, how)
     return count + 1

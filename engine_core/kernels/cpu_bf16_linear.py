@@ -1,17 +1,20 @@
-"""bf16 matmul on CPU with bf16 dot products (csrc/bf16_linear.c), for a bf16 model's layers.
+"""bf16 matmul on CPU with bf16 dot products or AMX tiles (csrc/bf16_linear.c), for a bf16 model's layers.
 
     vector_path() -> bool                       # the library is built with its AVX512_BF16 loop
-    serves_here() -> bool                       # a bf16 model's layers take it on this CPU (not where AMX is)
+    serves_here() -> bool                       # a bf16 model's layers take it for every call (not where AMX is)
+    amx_path() -> bool                          # it runs on AMX tiles (inputs a multiple of 32 wide)
+    serves_width(in_features) -> bool           # a layer of this width gets panels at all (above, or AMX)
     pack_bf16(w [N, K] bf16) -> Tensor          # the kernel's panel layout, once at load
     bf16_linear_native(x, packed, bias, out_features) -> y   # y = x w^T + bias, bf16, fp32 sums
 
 What it wins: on a CPU with AVX512_BF16 and no AMX, oneDNN's bf16 inner product runs decode-sized calls far below
 the machine's memory speed and its dot-product rate (csrc/bf16_linear.c says by how much); this kernel reads each
 weight vector once per 8 rows, as it lies, into 8 x 48 sums held in registers. cpu_linear.BF16PackedLinear takes
-it where `serves_here()`: the vector loop built, and no AMX, whose tiles oneDNN uses at many times this kernel's
-rate at prefill sizes (the kernel was not measured against AMX at decode sizes: no AMX machine was at hand).
-Elsewhere the library's portable loop computes the same sums (the tests hold both to one reference) but slower
-than oneDNN, which stays. DUET_NATIVE_CPU_BF16=0 keeps oneDNN.
+it for every call where `serves_here()`: the vector loop built, and no AMX. On AMX the kernel runs on the tiles,
+1.2-1.6x oneDNN's speed up to 64 rows and behind it from about 128 (loadtests/profiles/matmul_bench.py, on an
+AMX Xeon, docs/benchmarks.md): there the layers take it for decode-sized calls and oneDNN for the rest, and the
+LM head for every call (its fp32 logits). Elsewhere the library's portable loop computes the same sums (the tests
+hold both to one reference) but slower than oneDNN, which stays. DUET_NATIVE_CPU_BF16=0 keeps oneDNN.
 """
 
 from __future__ import annotations
@@ -58,9 +61,9 @@ def amx_path() -> bool:
     return lib is not None and lib.bf16_linear_amx() == 1
 
 
-def serves_head_here(in_features: int) -> bool:
-    """The LM head takes the kernel for its fp32 logits: wherever the kernel serves the layers, and on AMX, where
-    oneDNN serves them with bf16 outputs."""
+def serves_width(in_features: int) -> bool:
+    """A layer this wide gets the kernel's panels: wherever the kernel serves every call, and on AMX, whose tile
+    path needs a width that is a multiple of 32 (cpu_linear.BF16PackedLinear: which calls take them)."""
     return serves_here() or (amx_path() and in_features % 32 == 0)
 
 

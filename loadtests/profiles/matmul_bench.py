@@ -1,10 +1,13 @@
 """One decode-shaped and one prefill-shaped matmul, each way the CPU engine can run it.
 
-    python -m loadtests.profiles.matmul_bench [--threads 1] [--repeats 7] [--layers 30]
+    python -m loadtests.profiles.matmul_bench [--threads 1] [--repeats 7] [--layers 30] [--rows 1,16,512]
+        [--shapes gate_up,lm_head] [--ways all]
 
-The weights are SmolLM2-135M's gate_up projection ([3072, 576]) and its tied LM head ([49152, 576]), one
-distinct copy per layer for the projection, so the weights stream from memory as in a real step instead of
-sitting in cache. Rows: 1 (one sequence decoding), 16 (a decode step of 16 sequences) and 512 (one prefill chunk). Ways:
+The weights are SmolLM2-135M's: by default its gate_up projection ([3072, 576]) and its tied LM head ([49152,
+576]); `--shapes` adds the others of a layer (qkv, o, down). One distinct copy per layer for the projections,
+so the weights stream from memory as in a real step instead of sitting in cache. Rows: 1 (one sequence
+decoding), 16 (a decode step of 16 sequences) and 512 (one prefill chunk) by default; a 4 x 512 prefill step is
+2048. `--ways bf16,bf16_duet` times only those (the others are slow at prefill sizes). Ways:
 
   rowmajor  F.linear on the checkpoint's [out, in] weight (MKL re-packs it in every call)
   colmajor  F.linear on the same values stored transposed (the engine's layout before packing)
@@ -37,7 +40,7 @@ import torch.nn.functional as F
 from engine_core.cpu_linear import GroupedInt8Linear, Int8Linear, PackedLinear
 from engine_core.kernels import cpu_bf16_linear
 
-SHAPES = {"gate_up [3072, 576]": (3072, 576), "lm_head [49152, 576]": (49152, 576)}
+SHAPES = {"gate_up": (3072, 576), "lm_head": (49152, 576), "qkv": (960, 576), "o": (576, 576), "down": (576, 1536)}
 
 
 def _ways(weights: list[torch.Tensor]) -> dict:
@@ -71,11 +74,12 @@ def _ways(weights: list[torch.Tensor]) -> dict:
     return ways
 
 
-def bench(shape: tuple[int, int], rows: int, layers: int, repeats: int) -> dict[str, float]:
+def bench(shape: tuple[int, int], rows: int, layers: int, repeats: int, only: set[str] | None = None
+          ) -> dict[str, float]:
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(shape, generator=gen) * 0.02 for _ in range(layers)]
     x = torch.randn(rows, shape[1], generator=gen)
-    ways = _ways(weights)
+    ways = {k: fn for k, fn in _ways(weights).items() if only is None or k in only}
     best = dict.fromkeys(ways, float("inf"))
     with torch.inference_mode():
         for fn in ways.values():
@@ -94,17 +98,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--layers", type=int, default=30, help="distinct weight copies (the head uses a third)")
+    parser.add_argument("--rows", default="1,16,512", help="comma-separated row counts")
+    parser.add_argument("--shapes", default="gate_up,lm_head", help=f"comma-separated, of {', '.join(SHAPES)}")
+    parser.add_argument("--ways", default="all", help="comma-separated ways (module doc); the first is the base")
     args = parser.parse_args(argv)
+    unknown = set(args.shapes.split(",")) - set(SHAPES)
+    if unknown:
+        parser.error(f"--shapes: unknown {', '.join(sorted(unknown))}; choose from {', '.join(SHAPES)}")
+    only = None if args.ways == "all" else args.ways.split(",")
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), {torch.backends.cpu.get_cpu_capability()}; "
           f"ms per matmul, fastest of {args.repeats}")
-    for label, shape in SHAPES.items():
+    for label in args.shapes.split(","):
+        shape = SHAPES[label]
         layers = max(1, args.layers // 3) if shape[0] > 10000 else args.layers
-        for rows in (1, 16, 512):
-            best = bench(shape, rows, layers, args.repeats)
-            base = best["rowmajor"]
+        for rows in (int(r) for r in args.rows.split(",")):
+            best = bench(shape, rows, layers, args.repeats, None if only is None else set(only))
+            base = best[only[0] if only else "rowmajor"]
             shown = "  ".join(f"{k} {v:7.3f} ({base / v:4.2f}x)" for k, v in best.items())
-            print(f"{label} x {rows:3d} rows: {shown}")
+            print(f"{label} {list(shape)} x {rows:4d} rows: {shown}")
     return 0
 
 

@@ -66,25 +66,32 @@ BF16_PACKING = pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported
 
 
 @BF16_PACKING
-@pytest.mark.parametrize("native", [True, False], ids=["duet-kernel", "onednn"])
+@pytest.mark.parametrize("cpu", ["avx512_bf16", "amx", "onednn"])
 @pytest.mark.parametrize("rows", [1, 16, 300])
-def test_bf16_layer_holds_only_the_packed_copy_and_gives_the_product(rows, native, monkeypatch):
-    if native and not cpu_bf16_linear.vector_path():
-        pytest.skip("Duet's bf16 kernel needs AVX512_BF16: oneDNN serves")
-    monkeypatch.setattr(cpu_bf16_linear, "serves_here", lambda: native)
+def test_bf16_layer_keeps_the_copies_its_cpu_runs_and_gives_the_product(rows, cpu, monkeypatch):
+    """Without AMX, Duet's kernel takes every call; on AMX its panels take the calls of up to PANEL_ROWS rows and
+    oneDNN's copy the bigger ones; without AVX512_BF16 only oneDNN's copy is kept."""
+    if cpu != "onednn" and cpu_bf16_linear.library() is None:
+        pytest.skip("Duet's bf16 kernel needs a C compiler: oneDNN serves")
+    monkeypatch.setattr(cpu_bf16_linear, "serves_here", lambda: cpu == "avx512_bf16")
+    monkeypatch.setattr(cpu_bf16_linear, "amx_path", lambda: cpu == "amx")
+    kernel_calls = []
+    kernel = cpu_bf16_linear.bf16_linear_native
+    monkeypatch.setattr(cpu_bf16_linear, "bf16_linear_native", lambda *a, **k: kernel_calls.append(1) or kernel(*a, **k))
     gen = torch.Generator().manual_seed(rows)
     w = torch.randn(96, 64, generator=gen).bfloat16()
     b = torch.randn(96, generator=gen).bfloat16()
     layer = BF16PackedLinear(w, b)
     assert layer.weight.shape == w.shape and layer.weight.stride() == (0, 0)  # a stand-in: the values are packed
-    # exactly one prepared copy: the kernel's panels, or oneDNN's (found by the stand-in's address)
-    assert (layer.panels is not None) == native
-    assert (cpu_linear._packed_copy(layer.weight) is not None) == (not native)
+    assert (layer.panels is not None) == (cpu != "onednn")
+    assert (cpu_linear._packed_copy(layer.weight) is not None) == (cpu != "avx512_bf16")  # by the stand-in's address
     x = torch.randn(rows, 64, generator=gen).bfloat16()
     got = layer(x)
     want = F.linear(x.float(), w.float(), b.float())  # the exact product of the bf16 values
     assert got.dtype == torch.bfloat16 and got.shape == (rows, 96)
     assert (got.float() - want).abs().max() <= 0.01 * want.abs().max()  # bf16's output rounding: ~3 digits
+    # duet::cpu_linear's choice on AMX (without AMX the layer calls the kernel's own op, its only copy)
+    assert len(kernel_calls) == (cpu == "amx" and rows <= cpu_linear.PANEL_ROWS)
     address = layer.weight.data_ptr()
     del layer
     assert address not in cpu_linear._PACKED_COPIES
