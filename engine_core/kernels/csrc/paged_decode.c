@@ -19,7 +19,8 @@
  * Decode attention reads every cached K and V row once per layer, so it is bound by memory bandwidth; what
  * the kernel must not do is spend more than that. Rows are located with a cursor (no division per token),
  * and with AVX-512 (below) the arithmetic runs at a few instructions per score; over a bf16 cache on a CPU with
- * AVX512-BF16 the products are bf16 dot products (attend_group_dp, which says what it rounds).
+ * AVX512-BF16 and no AMX the products are bf16 dot products (attend_group_dp, which says what it rounds and why
+ * not on AMX).
  */
 #include <float.h>
 #include <math.h>
@@ -236,7 +237,10 @@ static inline __attribute__((always_inline)) void attend_group_avx512(
         }
 }
 
-#if defined(KV_BF16) && defined(__AVX512BF16__)
+/* Not in the AMX build: on the AMX Xeon measured (family 6 model 167) the widen-and-FMA path above was the faster,
+ * this one 1.07-1.17x its time (decode_attention_bench --against, 2 threads, 2 x 600, 16 x 600 and 5 x 2,800 keys,
+ * contiguous and scattered pages; docs/benchmarks.md), where a Zen 4 ran this one at 0.82-0.96x. */
+#if defined(KV_BF16) && defined(__AVX512BF16__) && !defined(__AMX_TILE__)
 /* AVX512-BF16 (AMD Zen 4 and 5, Intel from Cooper Lake on), bf16 KV cache, head dims 64 and 128: both passes with
  * `vdpbf16ps`, two multiply-adds per fp32 lane that read bf16 operands as they are. The widen-and-FMA path above
  * spends three instructions per 16 products (widen: two; FMA: one), which a Zen 4 runs at half width: it streamed
