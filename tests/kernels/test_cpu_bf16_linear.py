@@ -33,10 +33,10 @@ def _close_to_the_exact_product(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("threads", [1, 2])
-# rows: one, a partial row tile, exactly one tile, past one tile, many tiles; (n, k): one panel, N and K the
-# kernel pads (a last group of 1 or 2 panels), SmolLM2's shapes
+# rows: one, a partial row tile, exactly one tile, past one tile, many tiles (AMX: blocks of 32 and the rows
+# left); (n, k): one panel, N and K the kernel pads (a last group of 1 or 2 panels), SmolLM2's shapes
 @pytest.mark.parametrize("rows,n,k", [(1, 16, 64), (3, 33, 65), (8, 96, 576), (17, 40, 31), (70, 576, 1536),
-                                      (300, 960, 576), (16, 80, 64)])
+                                      (300, 960, 576), (16, 80, 64), (45, 48, 96)])
 def test_kernel_gives_the_exact_product_of_bf16_rows_and_weights_rounded_once(built, path, threads, rows, n, k):
     built(path)
     gen = torch.Generator().manual_seed(rows * 1000 + n + k)
@@ -56,15 +56,16 @@ def test_kernel_gives_the_exact_product_of_bf16_rows_and_weights_rounded_once(bu
 
 
 @pytest.mark.parametrize("path", list(PATHS))
-def test_fp32_out_gives_the_fp32_sums_unrounded(built, path):
+@pytest.mark.parametrize("rows,n", [(3, 50), (40, 64)])  # AMX: a partial row tile; a block of 32 rows and 8 more
+def test_fp32_out_gives_the_fp32_sums_unrounded(built, path, rows, n):
     """The LM head's call: logits keep their fp32 sums (bf16 logits near 25 are 0.125 apart: greedy ties)."""
     built(path)
     gen = torch.Generator().manual_seed(11)
-    w = torch.randn(50, 96, generator=gen).bfloat16()
-    x = torch.randn(3, 96, generator=gen).bfloat16()
+    w = torch.randn(n, 96, generator=gen).bfloat16()
+    x = torch.randn(rows, 96, generator=gen).bfloat16()
     want = x.double() @ w.double().t()
-    got = cpu_bf16_linear.bf16_linear_native(x, cpu_bf16_linear.pack_bf16(w), None, 50, fp32_out=True)
-    assert got.dtype == torch.float32 and got.shape == (3, 50)
+    got = cpu_bf16_linear.bf16_linear_native(x, cpu_bf16_linear.pack_bf16(w), None, n, fp32_out=True)
+    assert got.dtype == torch.float32 and got.shape == (rows, n)
     # fp32 summation rounding only: far inside one bf16 step (2^-8 relative), which a rounded output would show
     assert ((got.double() - want).abs().max() / want.abs().max()).item() < 1e-5
 

@@ -136,12 +136,32 @@ static void run_tile(const int rows, const int panels, const uint16_t *xb, const
 
 #include "amx.h"
 #if AMX_BUILT
-/* On AMX the same product on the tile unit, for the LM head (cpu_linear.py: oneDNN's AMX path, which serves the
- * other layers, rounds its outputs to bf16, and logits must keep their fp32 sums). The packed panels are already
+/* On AMX the same product on the tile unit: for the LM head (oneDNN's AMX path rounds its outputs to bf16, and
+ * logits must keep their fp32 sums) and the layers' decode-sized calls (cpu_linear.py). The packed panels are already
  * what a tile reads as its right operand: 16 consecutive K pairs of a panel are one [16 pairs][16 columns][2] tile.
- * Up to 16 rows (a tile's height) x 4 panels (64 columns, four tiles of sums) at a time, K in steps of 32. */
+ * Up to 16 rows (a tile's height) x 4 panels (64 columns, four tiles of sums) at a time, K in steps of 32; from 17
+ * rows on, 32 rows x 2 panels (amx_block_2x2). On an AMX Xeon this ran 1.2-1.6x oneDNN's speed up to 64 rows and
+ * 0.86-1.29x by layer at 272 (matmul_bench), so the layers take it for decode steps and oneDNN beyond
+ * (cpu_linear.py). */
 static inline int width_full(const int panels, const int64_t n, const int64_t n0) {
     return n - n0 >= panels * PANEL;
+}
+
+/* one panel's 16 x 16 sums (`sums`, rows of 16 floats) plus the bias into y's rows, bf16 or fp32 */
+static void amx_finish(const float *sums, const int rows, const uint16_t *bias, void *y, const int y_f32,
+                       const int64_t n, const int64_t c0) {
+    const int64_t left = n - c0;
+    const __mmask16 keep = left >= PANEL ? 0xFFFF : (__mmask16)((1u << left) - 1);
+    const __m512 b = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(keep, bias + c0)), 16))
+                          : _mm512_setzero_ps();
+    for (int r = 0; r < rows; r++) {
+        const __m512 out = _mm512_add_ps(_mm512_load_ps(sums + r * 16), b);
+        if (y_f32)
+            _mm512_mask_storeu_ps((float *)y + r * n + c0, keep, out);
+        else
+            _mm256_mask_storeu_epi16((uint16_t *)y + r * n + c0, keep, (__m256i)_mm512_cvtneps_pbh(out));
+    }
 }
 
 static void amx_block(const int rows, const int panels, const uint16_t *xb, const int64_t xs, const int64_t kp,
@@ -182,41 +202,71 @@ static void amx_block(const int rows, const int panels, const uint16_t *xb, cons
     if (panels > 1) _tile_stored(1, sums[1], 64);
     if (panels > 2) _tile_stored(2, sums[2], 64);
     if (panels > 3) _tile_stored(3, sums[3], 64);
-    for (int q = 0; q < panels; q++) {
-        const int64_t c0 = n0 + q * PANEL, left = n - c0;
-        const __mmask16 keep = left >= PANEL ? 0xFFFF : (__mmask16)((1u << left) - 1);
-        const __m512 b = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(
-                                    _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(keep, bias + c0)), 16))
-                              : _mm512_setzero_ps();
-        for (int r = 0; r < rows; r++) {
-            const __m512 out = _mm512_add_ps(_mm512_load_ps(sums[q] + r * 16), b);
-            if (y_f32)
-                _mm512_mask_storeu_ps((float *)y + r * n + c0, keep, out);
-            else
-                _mm256_mask_storeu_epi16((uint16_t *)y + r * n + c0, keep, (__m256i)_mm512_cvtneps_pbh(out));
-        }
+    for (int q = 0; q < panels; q++) amx_finish(sums[q], rows, bias, y, y_f32, n, n0 + q * PANEL);
+}
+
+/* 32 rows x 2 panels, the tiles configured 16 rows high: each operand tile loaded serves two products, where
+ * amx_block's 16 x 4 loads five tiles for four products (used from 32 rows on, where the rows are many) */
+static void amx_block_2x2(const uint16_t *xb, const int64_t xs, const int64_t kp, const uint16_t *panel,
+                          const uint16_t *bias, void *y, const int y_f32, const int64_t n, const int64_t n0) {
+    float sums[16 * 16] __attribute__((aligned(64)));
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t k0 = 0; k0 < kp; k0 += 32) {
+        const uint16_t *b = panel + k0 * PANEL;
+        _tile_loadd(4, xb + k0, xs * 2);
+        _tile_loadd(5, xb + 16 * xs + k0, xs * 2);
+        _tile_loadd(6, b, 64);
+        _tile_loadd(7, b + kp * PANEL, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
     }
+    char *lower = (char *)y + 16 * n * (y_f32 ? 4 : 2); /* rows 16-31 */
+    _tile_stored(0, sums, 64);
+    amx_finish(sums, 16, bias, y, y_f32, n, n0);
+    _tile_stored(1, sums, 64);
+    amx_finish(sums, 16, bias, y, y_f32, n, n0 + PANEL);
+    _tile_stored(2, sums, 64);
+    amx_finish(sums, 16, bias, lower, y_f32, n, n0);
+    _tile_stored(3, sums, 64);
+    amx_finish(sums, 16, bias, lower, y_f32, n, n0 + PANEL);
 }
 
 static void amx_linear(const uint16_t *xb, const int64_t m, const int64_t xs, const int64_t kp,
                        const uint16_t *packed, const uint16_t *bias, void *y, const int y_f32, const int64_t n,
                        const int num_threads) {
-    const int64_t panels = (n + PANEL - 1) / PANEL, groups = (panels + 3) / 4;
+    /* a thread's unit of work: 4 panels over every row up to 16 rows, 2 panels over blocks of 32 rows beyond */
+    const int per = m > 16 ? 2 : 4;
+    const int64_t panels = (n + PANEL - 1) / PANEL, groups = (panels + per - 1) / per;
 #pragma omp parallel num_threads(num_threads)
     {
         int configured = 0;
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < groups; g++) {
-            const int width = (int)(panels - 4 * g < 4 ? panels - 4 * g : 4);
-            for (int64_t m0 = 0; m0 < m; m0 += 16) {
+            const int width = (int)(panels - per * g < per ? panels - per * g : per);
+            const uint16_t *w = packed + per * g * kp * PANEL;
+            const int64_t n0 = per * g * PANEL;
+            int64_t m0 = 0;
+            for (; width == 2 && m0 + 32 <= m; m0 += 32) {
+                if (configured != 16) {
+                    amx_configure(16);
+                    configured = 16;
+                }
+                void *y_rows = y_f32 ? (void *)((float *)y + m0 * n) : (void *)((uint16_t *)y + m0 * n);
+                amx_block_2x2(xb + m0 * xs, xs, kp, w, bias, y_rows, y_f32, n, n0);
+            }
+            for (; m0 < m; m0 += 16) {
                 const int rows = (int)(m - m0 < 16 ? m - m0 : 16);
                 if (rows != configured) { /* the tiles' height: the rows left, so no row past the last is read */
                     amx_configure(rows);
                     configured = rows;
                 }
                 void *y_rows = y_f32 ? (void *)((float *)y + m0 * n) : (void *)((uint16_t *)y + m0 * n);
-                amx_block(rows, width, xb + m0 * xs, xs, kp, packed + 4 * g * kp * PANEL, bias, y_rows, y_f32, n,
-                          4 * g * PANEL);
+                amx_block(rows, width, xb + m0 * xs, xs, kp, w, bias, y_rows, y_f32, n, n0);
             }
         }
         if (configured) _tile_release();
