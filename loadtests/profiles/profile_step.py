@@ -2,6 +2,7 @@
 
     python -m loadtests.profiles.profile_step [--model DIR] [--threads N] [--top 15] [--steps 3]
                                               [--quantization none|int8] [--dtype float32|bfloat16]
+                                              [--panel-rows-against N]
 
 Runs the model runner and the sampler directly (no scheduler, no gRPC) on a model of SmolLM2-135M's shape
 (the `smollm2` preset, random weights, made once) unless --model names another directory. The two steps are
@@ -17,12 +18,14 @@ per step and the profiler's top ops by self CPU time, so the shares show which c
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from duet.model_dir import read_model_dir
+from engine_core import cpu_linear
 from engine_core.forward_batch import SeqChunk
 from engine_core.kv_pool import KVPool
 from engine_core.model_runner import ModelRunner
@@ -74,6 +77,28 @@ def profile_step(name: str, runner, sampler, chunks, rows, steps: int, top: int)
             "tokens": tokens}
 
 
+def panel_rows_ab(runner, sampler, chunks, rows, steps: int, against: int) -> dict:
+    """The decode step with bf16 calls of up to cpu_linear.PANEL_ROWS rows on Duet's AMX panels, alternating step by
+    step with `against` as the limit (0: oneDNN for every call) in this process, so that the machine's drift between
+    sittings falls on both sides alike; the median of the pairs' ratios."""
+    default = cpu_linear.PANEL_ROWS
+    times: dict[int, list[float]] = {default: [], against: []}
+    try:
+        for _ in range(steps):
+            for limit in (default, against):
+                cpu_linear.PANEL_ROWS = limit
+                start = time.perf_counter()
+                run_step(runner, sampler, chunks, rows)
+                times[limit].append(time.perf_counter() - start)
+    finally:
+        cpu_linear.PANEL_ROWS = default
+    ratio = statistics.median(a / b for a, b in zip(times[default], times[against]))
+    print(f"== decode, bf16 calls on the panels up to {default} rows against {against}: "
+          f"{statistics.median(times[default]) * 1000:.1f} against {statistics.median(times[against]) * 1000:.1f} "
+          f"ms/step, ratio {ratio:.3f} (median of {steps} pairs)")
+    return {"panel_rows": default, "against": against, "ratio": round(ratio, 4)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtests.profiles.profile_step", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="model directory (default: the smollm2-shape checkpoint)")
@@ -89,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-context", type=int, default=600)
     parser.add_argument("--prefill-seqs", type=int, default=4)
     parser.add_argument("--prefill-len", type=int, default=512)
+    parser.add_argument("--panel-rows-against", type=int, default=None, metavar="N",
+                        help="bf16 on AMX: time decode steps alternating the panels' row limit with N (0: oneDNN "
+                             "for every call) instead of profiling")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -109,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     greedy = SamplingParams(max_tokens=128, temperature=0.0, ignore_eos=True)
     dec = decode_chunks(args.decode_seqs, args.decode_context, pages_per_seq)
     dec_rows = [SampleRow(greedy, [1] * args.decode_context, []) for _ in dec]
+    if args.panel_rows_against is not None:
+        for _ in range(3):  # warm-up
+            run_step(runner, sampler, dec, dec_rows)
+        panel_rows_ab(runner, sampler, dec, dec_rows, args.steps, args.panel_rows_against)
+        return 0
     profile_step("decode", runner, sampler, dec, dec_rows, args.steps, args.top)
     pre = prefill_chunks(args.prefill_seqs, args.prefill_len, pages_per_seq)
     pre_rows = [SampleRow(greedy, c.token_ids, []) for c in pre]
