@@ -140,7 +140,7 @@ static void run_tile(const int rows, const int panels, const uint16_t *xb, const
  * logits must keep their fp32 sums) and the layers' decode-sized calls (cpu_linear.py). The packed panels are already
  * what a tile reads as its right operand: 16 consecutive K pairs of a panel are one [16 pairs][16 columns][2] tile.
  * Up to 16 rows (a tile's height) x 4 panels (64 columns, four tiles of sums) at a time, K in steps of 32; from 17
- * rows on, 32 rows x 2 panels (amx_block_2x2). On an AMX Xeon this ran 1.2-1.6x oneDNN's speed up to 64 rows and
+ * rows on, 2 panels at a time, over blocks of 32 rows (amx_block_2x2) and then the rows left. On an AMX Xeon this ran 1.2-1.6x oneDNN's speed up to 64 rows and
  * 0.86-1.29x by layer at 272 (matmul_bench), so the layers take it for decode steps and oneDNN beyond
  * (cpu_linear.py). */
 static inline int width_full(const int panels, const int64_t n, const int64_t n0) {
@@ -164,14 +164,19 @@ static void amx_finish(const float *sums, const int rows, const uint16_t *bias, 
     }
 }
 
-static void amx_block(const int rows, const int panels, const uint16_t *xb, const int64_t xs, const int64_t kp,
-                      const uint16_t *panel, const uint16_t *bias, void *y, const int y_f32, const int64_t n,
-                      const int64_t n0) {
-    float sums[4][16 * 16] __attribute__((aligned(64)));
+/* tiles 0-3: the sums */
+static inline void zero_sums(void) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
+}
+
+static void amx_block(const int rows, const int panels, const uint16_t *xb, const int64_t xs, const int64_t kp,
+                      const uint16_t *panel, const uint16_t *bias, void *y, const int y_f32, const int64_t n,
+                      const int64_t n0) {
+    float sums[4][16 * 16] __attribute__((aligned(64)));
+    zero_sums();
     for (int64_t k0 = 0; k0 < kp; k0 += 32) {
         const uint16_t *b = panel + k0 * PANEL;
         _tile_loadd(4, xb + k0, xs * 2);
@@ -206,14 +211,11 @@ static void amx_block(const int rows, const int panels, const uint16_t *xb, cons
 }
 
 /* 32 rows x 2 panels, the tiles configured 16 rows high: each operand tile loaded serves two products, where
- * amx_block's 16 x 4 loads five tiles for four products (used from 32 rows on, where the rows are many) */
+ * amx_block's 16 x 4 loads five tiles for four products */
 static void amx_block_2x2(const uint16_t *xb, const int64_t xs, const int64_t kp, const uint16_t *panel,
                           const uint16_t *bias, void *y, const int y_f32, const int64_t n, const int64_t n0) {
     float sums[16 * 16] __attribute__((aligned(64)));
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    zero_sums();
     for (int64_t k0 = 0; k0 < kp; k0 += 32) {
         const uint16_t *b = panel + k0 * PANEL;
         _tile_loadd(4, xb + k0, xs * 2);
