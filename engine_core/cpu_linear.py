@@ -27,7 +27,7 @@ A bf16 model (`--dtype bfloat16`, or `auto` on a CPU with AMX or AVX512_BF16) ma
 [out, in] whose address finds oneDNN's copy (what duet::cpu_linear takes). Without AMX, on AVX512_BF16, Duet's
 kernel's panels serve every call (kernels/cpu_bf16_linear.py). On AMX oneDNN's bf16 inner product on a packed
 copy runs on the tiles and measured 1.2x F.linear on the bf16 weight at 16 rows; Duet's kernel on the tiles
-measured 1.2-1.6x oneDNN up to 64 rows and fell behind from about 128 (matmul_bench, docs/benchmarks.md), so the
+measured 1.1-1.6x oneDNN up to 64 rows and fell behind from about 128 (matmul_bench, docs/benchmarks.md), so the
 layers keep both copies and duet::cpu_linear takes the panels for calls of up to PANEL_ROWS rows (decode steps),
 oneDNN's copy for the rest (prefill): one more bf16 copy of the layers' weights. Where the CPU has neither (no
 AVX512_BF16), only oneDNN's copy. There is no transformers parity to keep in bf16 (two bf16 kernels round
@@ -179,7 +179,7 @@ class DecodePackedLinear(nn.Module):
 class BF16PackedLinear(nn.Module):
     """y = x W^T + b in bf16, on prepared copies of W: the panels of Duet's bf16 kernel (kernels/cpu_bf16_linear.py)
     for every call where the CPU has AVX512_BF16 and no AMX; oneDNN's packed layout where it has neither. On AMX
-    both: Duet's kernel runs calls of up to PANEL_ROWS rows on the tiles at 1.2-1.6x oneDNN's speed (decode steps;
+    both: Duet's kernel runs calls of up to PANEL_ROWS rows on the tiles at 1.1-1.6x oneDNN's speed (decode steps;
     loadtests/profiles/matmul_bench.py, docs/benchmarks.md) and falls behind from about 128 rows (prefill), which
     oneDNN takes; the second copy costs one more bf16 copy of the layers' weights. The LM head (`fp32_out`) runs
     only Duet's kernel where it can, for its fp32 logits. `weight` is a one-element stand-in of W's shape (for

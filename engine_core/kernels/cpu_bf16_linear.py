@@ -11,7 +11,7 @@ What it wins: on a CPU with AVX512_BF16 and no AMX, oneDNN's bf16 inner product 
 the machine's memory speed and its dot-product rate (csrc/bf16_linear.c says by how much); this kernel reads each
 weight vector once per 8 rows, as it lies, into 8 x 48 sums held in registers. cpu_linear.BF16PackedLinear takes
 it for every call where `serves_here()`: the vector loop built, and no AMX. On AMX the kernel runs on the tiles,
-1.2-1.6x oneDNN's speed up to 64 rows and behind it from about 128 (loadtests/profiles/matmul_bench.py, on an
+1.1-1.6x oneDNN's speed up to 64 rows and behind it from about 128 (loadtests/profiles/matmul_bench.py, on an
 AMX Xeon, docs/benchmarks.md): there the layers take it for decode-sized calls and oneDNN for the rest, and the
 LM head for every call (its fp32 logits). Elsewhere the library's portable loop computes the same sums (the tests
 hold both to one reference) but slower than oneDNN, which stays. DUET_NATIVE_CPU_BF16=0 keeps oneDNN.

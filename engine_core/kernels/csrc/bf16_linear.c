@@ -140,9 +140,9 @@ static void run_tile(const int rows, const int panels, const uint16_t *xb, const
  * logits must keep their fp32 sums) and the layers' decode-sized calls (cpu_linear.py). The packed panels are already
  * what a tile reads as its right operand: 16 consecutive K pairs of a panel are one [16 pairs][16 columns][2] tile.
  * Up to 16 rows (a tile's height) x 4 panels (64 columns, four tiles of sums) at a time, K in steps of 32; from 17
- * rows on, 2 panels at a time, over blocks of 32 rows (amx_block_2x2) and then the rows left. On an AMX Xeon this ran 1.2-1.6x oneDNN's speed up to 64 rows and
- * 0.86-1.29x by layer at 272 (matmul_bench), so the layers take it for decode steps and oneDNN beyond
- * (cpu_linear.py). */
+ * rows on, 2 panels at a time, over blocks of 32 rows (amx_block_2x2) and then the rows left. On an AMX Xeon this
+ * ran 1.1-1.6x oneDNN's speed up to 64 rows and 0.88-1.43x by layer at 272 (matmul_bench), so the layers take it
+ * for decode steps and oneDNN beyond (cpu_linear.py). */
 static inline int width_full(const int panels, const int64_t n, const int64_t n0) {
     return n - n0 >= panels * PANEL;
 }
