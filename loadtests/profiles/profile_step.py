@@ -77,7 +77,7 @@ def profile_step(name: str, runner, sampler, chunks, rows, steps: int, top: int)
             "tokens": tokens}
 
 
-def panel_rows_ab(runner, sampler, chunks, rows, steps: int, against: int) -> dict:
+def panel_rows_ab(runner, sampler, chunks, rows, steps: int, against: int, clock=time.perf_counter) -> dict:
     """The decode step with bf16 calls of up to cpu_linear.PANEL_ROWS rows on Duet's AMX panels, alternating step by
     step with `against` as the limit (0: oneDNN for every call) in this process, so that the machine's drift between
     sittings falls on both sides alike; the median of the pairs' ratios."""
@@ -87,9 +87,9 @@ def panel_rows_ab(runner, sampler, chunks, rows, steps: int, against: int) -> di
         for _ in range(steps):
             for limit in (default, against):
                 cpu_linear.PANEL_ROWS = limit
-                start = time.perf_counter()
+                start = clock()
                 run_step(runner, sampler, chunks, rows)
-                times[limit].append(time.perf_counter() - start)
+                times[limit].append(clock() - start)
     finally:
         cpu_linear.PANEL_ROWS = default
     ratio = statistics.median(a / b for a, b in zip(times[default], times[against]))
