@@ -19,6 +19,7 @@ from duet.model_dir import ModelDirError
 from duet.tokenizer import TokenizerError
 from gateway import gc_policy
 from gateway.config import ConfigError, load, parse_api_keys
+from gateway.ticks import tick_wait
 
 
 def setup_tracing(enabled: bool):
@@ -60,8 +61,8 @@ class QuietServer(uvicorn.Server):
         counter = 0
         while not await self.on_tick(counter):  # counter % 10 == 0 every time: the date header each tick
             counter = (counter + 10) % 864000
-            try:
-                await asyncio.wait_for(self._exit_event.wait(), self.TICK_S)
+            try:  # to the next whole second, with the gateway's other periodic tasks (gateway/ticks.py)
+                await asyncio.wait_for(self._exit_event.wait(), tick_wait(self.TICK_S))
             except TimeoutError:
                 pass
 

@@ -32,6 +32,7 @@ from gateway.backends.engine_client import EngineCallError, EngineClient, GrpcEn
 from gateway.metrics import GatewayMetrics
 from gateway.routing.prefix_index import WorkerBlockIndex
 from gateway.routing.route_types import WorkerView
+from gateway.ticks import sleep_to_tick
 
 log = logging.getLogger("duet.gateway.workers")
 
@@ -171,7 +172,7 @@ class Fleet:
 
     async def _poll_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._poll_interval_s)
+            await sleep_to_tick(self._poll_interval_s)
             try:
                 await self.poll_once()
             except Exception:  # the loop must outlive any one bad poll

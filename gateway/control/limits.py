@@ -23,7 +23,6 @@ Redis being down must not take the API down: the limiter then answers from per-p
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import logging
@@ -34,6 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from gateway.errors import ModelNotFound, RateLimited
+from gateway.ticks import sleep_to_tick
 
 log = logging.getLogger("duet.gateway.limits")
 
@@ -235,7 +235,7 @@ class KeyLimiter:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(LEASE_S / 3)
+            await sleep_to_tick(LEASE_S / 3)
             await self.renew_leases()
 
     async def close(self) -> None:

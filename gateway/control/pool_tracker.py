@@ -28,7 +28,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -37,6 +36,7 @@ from duet.contract import ENGINE_KINDS as KINDS
 from duet.contract import PAGED, PAGED_CAPABILITIES, PREFIX, PREFIX_CAPABILITIES
 from gateway.control.pool_planner import PlannerConfig, PoolPlanner, WorkMeter, kind_work
 from gateway.routing.route_types import RouteDecision, WorkerView
+from gateway.ticks import sleep_to_tick
 
 _CAPABILITIES_OF = {PAGED: PAGED_CAPABILITIES, PREFIX: PREFIX_CAPABILITIES}
 RATE_WINDOW = 32  # first tokens per worker the observed prefill rate is measured over
@@ -190,7 +190,7 @@ class PoolTracker:
     async def run(self, views: Callable[[], Iterable[WorkerView]], interval_s: float = 1.0) -> None:
         """The planner's tick every `interval_s` over the views routing reads (the gateway's lifespan task)."""
         while True:
-            await asyncio.sleep(interval_s)
+            await sleep_to_tick(interval_s)
             self.tick(time.monotonic(), views())
 
     def report(self, now: float) -> dict:

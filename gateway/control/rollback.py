@@ -22,7 +22,6 @@ baseline arm throughout the ramp, and a failed bound is a breach like the two ab
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import math
@@ -35,6 +34,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gateway.control.gates import Figures, GateError, Gates, check
 from gateway.control.stats import RequestStats, WindowStats
+from gateway.ticks import sleep_to_tick
 
 log = logging.getLogger("duet.gateway.rollback")
 
@@ -238,7 +238,7 @@ class RollbackController:
     async def run(self, interval_s: float = 1.0) -> None:
         """`tick` every `interval_s` (the gateway's lifespan task)."""
         while True:
-            await asyncio.sleep(interval_s)
+            await sleep_to_tick(interval_s)
             await self.tick()
 
     async def tick(self, now: float | None = None) -> None:

@@ -12,11 +12,11 @@ on them; the configuration is what they share.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from gateway.control.shadow import ShadowConfig, ShadowError, ShadowLedger
 from gateway.control.state import StateUnavailable
+from gateway.ticks import sleep_to_tick
 
 KIND, DOC_ID = "shadow", "configs"
 TTL_S = 10 * 365 * 86400.0  # the store's documents expire; this one should not
@@ -73,7 +73,7 @@ class ShadowSync:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
+            await sleep_to_tick(self.interval_s)
             try:
                 wanted = await self._read()
             except StateUnavailable as e:  # the store is down: keep what runs, try again

@@ -31,6 +31,7 @@ from gateway.routing.route_types import RouteDecision
 from gateway.serving.generation import Prepared, to_pb
 from gateway.serving.pending import PendingRequests
 from gateway.serving.request_class import request_class
+from gateway.ticks import sleep_to_tick
 
 log = logging.getLogger("duet.gateway.mirror")
 LAG_PROBE_S = 0.05  # how often `run` measures the event loop's lag while a shadow runs
@@ -101,7 +102,7 @@ class Mirror:
         model has a shadow (`tap` reads it only then); without one, look again every IDLE_CHECK_S."""
         while True:
             if not self.ledger.configs:
-                await asyncio.sleep(IDLE_CHECK_S)
+                await sleep_to_tick(IDLE_CHECK_S)
                 continue
             t0 = time.perf_counter()
             await asyncio.sleep(LAG_PROBE_S)

@@ -1,9 +1,10 @@
 """Timeouts that end every wait on an engine, told apart by what the engine is doing.
 
 `Timeouts` is the config (`timeouts:` in the gateway YAML, docs/operations.md). `StreamWatchdog` enforces
-them for every Generate call of the gateway with one task that wakes every `tick_s` while it watches a stream (a
-stream is expired at most one tick late; with none it sleeps until one comes: an idle loop's wake-ups are most of an
-idle gateway's CPU), so the per-token path costs one clock read and no timer. A stream is
+them for every Generate call of the gateway with one task that wakes once a second while it watches a stream, with
+the gateway's other periodic tasks (gateway/ticks.py), and every `tick_s` (0.25 s) while one of them carries a
+client deadline; a stream is expired at most one tick late; with none it sleeps until one comes (a loop's wake-ups
+are most of an idle gateway's CPU). The per-token path costs one clock read and no timer. A stream is
 in one of three phases, and each has its own rule:
 
     queued     sent, the engine has not started it: no deadline of its own. Waiting behind other
@@ -41,10 +42,12 @@ from dataclasses import dataclass
 
 from gateway.backends.engine_client import EngineCallError, GenerateStream
 from gateway.errors import InvalidRequest
+from gateway.ticks import tick_wait
 
 log = logging.getLogger("duet.gateway.timeouts")
 
 OK, ERROR, STALL, FIRST_TOKEN, DEADLINE = "ok", "error", "stall", "first_token", "deadline"
+COARSE_TICK_S = 1.0  # the watchdog's tick while no watched stream carries a client deadline (module doc)
 
 
 @dataclass(frozen=True)
@@ -189,12 +192,15 @@ class StreamWatchdog:
         self._streams: set[WatchedStream] = set()
         self._heard: dict[str, float] = {}  # worker id -> last message on any of its streams
         self._watching = asyncio.Event()  # set while there are streams to tick for (`run`)
+        self._nap: asyncio.Future | None = None  # `run`'s sleep between ticks, woken early by a client deadline
 
     def watch(self, stream: GenerateStream, worker_id: str, deadline: float | None = None) -> WatchedStream:
         watched = WatchedStream(stream, worker_id, self, deadline)
         self._streams.add(watched)
         if not self._watching.is_set():
             self._watching.set()
+        if deadline is not None and self._nap is not None:
+            _wake(self._nap)  # `run` may be on the coarse tick: it takes the fine one from now on
         return watched
 
     def report(self, worker_id: str, outcome: str) -> None:
@@ -243,13 +249,29 @@ class StreamWatchdog:
                 self.report(s.worker_id, s.expired_kind)
         return expired
 
+    def tick(self) -> float:
+        """The seconds between checks now: `tick_s` while a watched stream carries a client deadline, else
+        COARSE_TICK_S (the stall and first-token limits are tens of seconds; module doc)."""
+        return self.tick_s if any(s.deadline is not None for s in self._streams) else COARSE_TICK_S
+
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             if not self._streams:  # nothing to expire: sleep until `watch` has a stream (module doc)
                 self._watching.clear()
                 await self._watching.wait()
-            await asyncio.sleep(self.tick_s)
+            self._nap = loop.create_future()
+            timer = loop.call_later(tick_wait(self.tick()), _wake, self._nap)
+            try:
+                await self._nap
+            finally:
+                timer.cancel()
             try:
                 self.check()
             except Exception:  # the watchdog must outlive any one bad stream
                 log.exception("stream watchdog tick failed")
+
+
+def _wake(nap: asyncio.Future) -> None:
+    if not nap.done():
+        nap.set_result(None)

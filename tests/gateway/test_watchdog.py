@@ -204,3 +204,38 @@ async def test_the_watchdog_ticks_only_while_it_watches_a_stream():
         assert len(checks) <= n + 1  # the tick in flight when the stream went, then none
     finally:
         task.cancel()
+
+
+async def test_without_a_client_deadline_the_watchdog_ticks_once_a_second_with_the_other_periodic_tasks():
+    # the stall and first-token limits are tens of seconds: a quarter-second tick was three wake-ups a second more
+    # than the gateway's other loops (gateway/ticks.py), each a cold wake of the process
+    dog = StreamWatchdog(T, tick_s=0.05)
+    wakes = []
+    dog.check = lambda: wakes.append(asyncio.get_running_loop().time()) or []
+    task = asyncio.ensure_future(dog.run())
+    try:
+        dog.watch(FakeStream(), "w")
+        await asyncio.sleep(2.2)
+        assert 1 <= len(wakes) <= 3  # 0.05 s ticks would be 44
+        assert all(min(t % 1.0, 1.0 - t % 1.0) < 0.1 for t in wakes)  # on whole seconds of the loop's clock
+    finally:
+        task.cancel()
+
+
+async def test_a_client_deadline_watched_during_a_coarse_tick_still_expires_on_time():
+    clock = Clock()
+    dog = StreamWatchdog(Timeouts(first_token_s=None, stall_s=None), tick_s=0.05, clock=clock)
+    task = asyncio.ensure_future(dog.run())
+    try:
+        dog.watch(FakeStream(), "a")  # no deadline: the watchdog naps until the next whole second
+        await asyncio.sleep(0.05)
+        inner = FakeStream()
+        watched = dog.watch(inner, "b", deadline=1.0)
+        clock.now = 2.0  # past it: the next fine tick expires it, long before the coarse one
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(ClientDeadline):
+            await _next(watched)
+        assert inner.cancelled and loop.time() - t0 < 0.5
+    finally:
+        task.cancel()
