@@ -24,8 +24,16 @@ async def test_loops_started_at_different_moments_wake_on_the_same_ticks():
     assert len(wakes["b"]) >= 2
     for tb in wakes["b"]:  # "b" started 0.13 s later, yet woke in the same turns of the loop as "a"
         assert min(abs(tb - ta) for ta in wakes["a"]) < 0.01
-    for t in wakes["a"] + wakes["b"]:
-        assert min(t % 0.2, 0.2 - t % 0.2) < 0.05  # on multiples of the interval
+
+
+async def test_the_wait_ends_on_a_multiple_of_the_interval():
+    # the target, not the wake (a loaded machine wakes late): the clock plus the wait is a multiple of the interval
+    loop = asyncio.get_running_loop()
+    for interval in (0.2, 1.0, 10.0):
+        now = loop.time()
+        target = now + tick_wait(interval)
+        assert min(target % interval, interval - target % interval) < 0.001
+        assert target > now
 
 
 async def test_a_tick_just_passed_is_not_taken_again():

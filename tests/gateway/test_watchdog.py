@@ -22,6 +22,7 @@ from gateway.serving.timeouts import (
     Timeouts,
     client_timeout_s,
 )
+from gateway.ticks import tick_wait
 
 T = Timeouts(first_token_s=5.0, stall_s=2.0)
 
@@ -217,7 +218,7 @@ async def test_without_a_client_deadline_the_watchdog_ticks_once_a_second_with_t
         dog.watch(FakeStream(), "w")
         await asyncio.sleep(2.2)
         assert 1 <= len(wakes) <= 3  # 0.05 s ticks would be 44
-        assert all(min(t % 1.0, 1.0 - t % 1.0) < 0.1 for t in wakes)  # on whole seconds of the loop's clock
+        assert dog.tick() == 1.0  # the coarse tick, on whole seconds (gateway/ticks.py, tested there)
     finally:
         task.cancel()
 
@@ -228,14 +229,15 @@ async def test_a_client_deadline_watched_during_a_coarse_tick_still_expires_on_t
     task = asyncio.ensure_future(dog.run())
     try:
         dog.watch(FakeStream(), "a")  # no deadline: the watchdog naps until the next whole second
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(tick_wait(1.0) + 0.05)  # just past a whole second: the coarse nap has ~0.95 s left
         inner = FakeStream()
         watched = dog.watch(inner, "b", deadline=1.0)
+        assert dog.tick() == 0.05
         clock.now = 2.0  # past it: the next fine tick expires it, long before the coarse one
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         with pytest.raises(ClientDeadline):
             await _next(watched)
-        assert inner.cancelled and loop.time() - t0 < 0.5
+        assert inner.cancelled and loop.time() - t0 < 0.5  # the coarse nap would end ~0.95 s on
     finally:
         task.cancel()
